@@ -1,0 +1,1 @@
+"""Command modules for ``python -m longctx``; each exposes ``register(subparsers)``."""
