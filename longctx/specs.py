@@ -1,0 +1,229 @@
+"""Model and hardware specifications: the numbers every calculator starts from.
+
+Every number carries a ``source`` (a config file, a datasheet or a paper). Models follow the Llama
+architecture: ``num_layers`` blocks of attention (``num_heads`` query heads, ``num_kv_heads`` key/value
+heads, ``head_dim`` per head) and a gated MLP (three ``d_model x intermediate_size`` matrices).
+
+Parameter count from shapes (Llama layout, no biases)::
+
+    per layer  = d_model*(H_q*d_head) + 2*d_model*(H_kv*d_head) + (H_q*d_head)*d_model   # q, k, v, o
+               + 3*d_model*intermediate_size                                          # gate, up, down
+               + 2*d_model                                                            # two RMSNorms
+    total      = L*per_layer + vocab*d_model*(1 if tied else 2) + d_model                # + final norm
+
+This reproduces the published counts: Llama-2-7B 6.74e9, Llama-3-8B 8.03e9, Llama-3.1-70B 70.55e9,
+Mistral-7B 7.24e9, SmolLM2-135M 134.5e6.
+
+Units: FLOP/s, bytes/s and bytes; GB = 1e9 bytes (datasheets), GiB = 2**30 bytes (see ``memory``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Bytes per stored element. int4 packs two values per byte (scales and zero points not counted).
+DTYPE_BYTES: dict[str, float] = {
+    "fp32": 4.0,
+    "fp16": 2.0,
+    "bf16": 2.0,
+    "fp8": 1.0,
+    "int8": 1.0,
+    "int4": 0.5,
+}
+
+
+def dtype_bytes(name: str) -> float:
+    """Bytes per element of a dtype name (``fp32`` 4, ``fp16``/``bf16`` 2, ``fp8``/``int8`` 1, ``int4`` 0.5)."""
+    key = str(name).lower()
+    if key not in DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {name!r}; allowed: {', '.join(DTYPE_BYTES)}")
+    return DTYPE_BYTES[key]
+
+
+def _positive_int(owner: str, name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{owner}: {name} must be a positive integer, got {value!r}")
+
+
+def _positive_number(owner: str, name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{owner}: {name} must be a positive number, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shapes of a decoder-only transformer (Llama layout).
+
+    ``num_params`` is computed from the shapes when not given; give it explicitly only when the shapes
+    that determine it are unknown (the source's round "7B" teaching model). ``d_attn = H_q * d_head`` is
+    the attention width used in the attention FLOPs (it equals ``d_model`` for every model here).
+    """
+
+    name: str
+    num_layers: int
+    d_model: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    source: str
+    intermediate_size: int | None = None
+    vocab_size: int | None = None
+    rope_theta: float | None = None
+    max_context: int | None = None
+    tie_embeddings: bool = False
+    sliding_window: int | None = None
+    num_params: int | None = None
+    notes: str = ""
+    params_from_shapes: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        owner = f"ModelSpec {self.name!r}"
+        if not self.source:
+            raise ValueError(f"{owner}: source must name where the numbers come from (URL or paper)")
+        for name in ("num_layers", "d_model", "num_heads", "num_kv_heads", "head_dim"):
+            _positive_int(owner, name, getattr(self, name))
+        for name in ("intermediate_size", "vocab_size", "max_context", "sliding_window"):
+            if getattr(self, name) is not None:
+                _positive_int(owner, name, getattr(self, name))
+        if self.rope_theta is not None:
+            _positive_number(owner, "rope_theta", self.rope_theta)
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"{owner}: num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                f"({self.num_kv_heads}) so query heads share KV heads evenly (GQA)"
+            )
+        if self.num_params is None:
+            if self.intermediate_size is None or self.vocab_size is None:
+                raise ValueError(
+                    f"{owner}: give num_params, or intermediate_size and vocab_size to compute it"
+                )
+            object.__setattr__(self, "num_params", param_count_from_shapes(self))
+            object.__setattr__(self, "params_from_shapes", True)
+        else:
+            _positive_int(owner, "num_params", self.num_params)
+
+    @property
+    def d_attn(self) -> int:
+        """Attention width H_q * d_head (the ``d_model`` of the attention FLOPs formula)."""
+        return self.num_heads * self.head_dim
+
+    @property
+    def gqa_group(self) -> int:
+        """Query heads per KV head (1 for MHA)."""
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def embedding_params(self) -> int | None:
+        """Parameters of one token-embedding table (vocab * d_model); None if the vocab is unknown."""
+        return None if self.vocab_size is None else self.vocab_size * self.d_model
+
+
+def param_count_from_shapes(m: ModelSpec) -> int:
+    """Parameter count of a Llama-layout model from its shapes (formula in the module docstring)."""
+    if m.intermediate_size is None or m.vocab_size is None:
+        raise ValueError(f"{m.name}: intermediate_size and vocab_size are needed to count parameters")
+    q_out = m.num_heads * m.head_dim
+    kv_out = m.num_kv_heads * m.head_dim
+    attn = m.d_model * q_out + 2 * m.d_model * kv_out + q_out * m.d_model
+    mlp = 3 * m.d_model * m.intermediate_size
+    per_layer = attn + mlp + 2 * m.d_model
+    embeddings = m.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
+    return m.num_layers * per_layer + embeddings + m.d_model
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """One accelerator: dense peak throughput, HBM bandwidth and capacity (datasheet numbers).
+
+    ``peak_flops_per_s`` is dense bf16/fp16 tensor-core throughput (no 2:4 sparsity). ``memory_bytes``
+    is the advertised capacity in decimal GB (the usable amount reported by ``nvidia-smi`` is a little
+    different).
+    """
+
+    name: str
+    peak_flops_per_s: float
+    memory_bandwidth_bytes_per_s: float
+    memory_bytes: float
+    source: str
+    peak_fp8_flops_per_s: float | None = None
+
+    def __post_init__(self) -> None:
+        owner = f"HardwareSpec {self.name!r}"
+        if not self.source:
+            raise ValueError(f"{owner}: source must name the datasheet the numbers come from")
+        for name in ("peak_flops_per_s", "memory_bandwidth_bytes_per_s", "memory_bytes"):
+            _positive_number(owner, name, getattr(self, name))
+        if self.peak_fp8_flops_per_s is not None:
+            _positive_number(owner, "peak_fp8_flops_per_s", self.peak_fp8_flops_per_s)
+
+    @property
+    def ridge_flops_per_byte(self) -> float:
+        """Arithmetic intensity (FLOPs/byte) above which a kernel is compute bound."""
+        return self.peak_flops_per_s / self.memory_bandwidth_bytes_per_s
+
+
+_HF = "https://huggingface.co/{}/blob/main/config.json"
+_SEED = "seed 003 (course source material), Exercise 2: round 7B MHA teaching model"
+
+MODELS: dict[str, ModelSpec] = {
+    m.name: m
+    for m in (
+        ModelSpec("llama-2-7b", 32, 4096, 32, 32, 128, _HF.format("meta-llama/Llama-2-7b-hf"),
+                  intermediate_size=11008, vocab_size=32000, rope_theta=10000.0, max_context=4096,
+                  notes="MHA: every query head has its own K/V head"),
+        ModelSpec("llama-3-8b", 32, 4096, 32, 8, 128, _HF.format("meta-llama/Meta-Llama-3-8B"),
+                  intermediate_size=14336, vocab_size=128256, rope_theta=500000.0, max_context=8192,
+                  notes="GQA 4:1"),
+        ModelSpec("llama-3.1-70b", 80, 8192, 64, 8, 128, _HF.format("meta-llama/Llama-3.1-70B"),
+                  intermediate_size=28672, vocab_size=128256, rope_theta=500000.0, max_context=131072,
+                  notes="GQA 8:1; llama3 RoPE scaling (factor 8) from an 8K original context"),
+        ModelSpec("mistral-7b", 32, 4096, 32, 8, 128, _HF.format("mistralai/Mistral-7B-v0.1"),
+                  intermediate_size=14336, vocab_size=32000, rope_theta=10000.0, max_context=32768,
+                  sliding_window=4096,
+                  notes="GQA 4:1; v0.1 uses sliding-window attention (4096): a KV cache can be capped "
+                        "at the window; the calculators here count the full context"),
+        ModelSpec("smollm2-135m", 30, 576, 9, 3, 64, _HF.format("HuggingFaceTB/SmolLM2-135M-Instruct"),
+                  intermediate_size=1536, vocab_size=49152, rope_theta=100000.0, max_context=8192,
+                  tie_embeddings=True, notes="the course's real model (GQA 3:1, tied embeddings)"),
+        ModelSpec("teaching-7b-mha", 32, 4096, 32, 32, 128, _SEED, num_params=7_000_000_000,
+                  notes="the source's round N = 7e9 used in its Exercises 1 and 2"),
+    )
+}
+
+HARDWARE: dict[str, HardwareSpec] = {
+    h.name: h
+    for h in (
+        HardwareSpec("a100", 312e12, 2.039e12, 80e9,
+                     "NVIDIA A100 datasheet (SXM 80GB): 312 TFLOPS bf16 dense, 2,039 GB/s "
+                     "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
+                     "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"),
+        HardwareSpec("h100", 989e12, 3.35e12, 80e9,
+                     "NVIDIA H100 SXM datasheet: 989 TFLOPS bf16 dense (1,979 with sparsity), 3.35 TB/s "
+                     "https://www.nvidia.com/en-us/data-center/h100/",
+                     peak_fp8_flops_per_s=1979e12),
+        HardwareSpec("h200", 989e12, 4.8e12, 141e9,
+                     "NVIDIA H200 SXM datasheet: 989 TFLOPS bf16 dense, 4.8 TB/s, 141 GB "
+                     "https://www.nvidia.com/en-us/data-center/h200/",
+                     peak_fp8_flops_per_s=1979e12),
+    )
+}
+
+
+def get_model(name: str | ModelSpec) -> ModelSpec:
+    """The registered ModelSpec called ``name`` (a ModelSpec passes through unchanged)."""
+    if isinstance(name, ModelSpec):
+        return name
+    key = str(name).lower()
+    if key not in MODELS:
+        raise ValueError(f"unknown model {name!r}; allowed: {', '.join(MODELS)}")
+    return MODELS[key]
+
+
+def get_hardware(name: str | HardwareSpec) -> HardwareSpec:
+    """The registered HardwareSpec called ``name`` (a HardwareSpec passes through unchanged)."""
+    if isinstance(name, HardwareSpec):
+        return name
+    key = str(name).lower()
+    if key not in HARDWARE:
+        raise ValueError(f"unknown hardware {name!r}; allowed: {', '.join(HARDWARE)}")
+    return HARDWARE[key]
