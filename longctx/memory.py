@@ -1,0 +1,201 @@
+"""KV-cache memory: bytes per token, per request, per pool; paged blocks; prefix sharing; capacity.
+
+Every layer stores one key and one value vector per KV head for every token, so::
+
+    kv_bytes_per_token = 2 * L * H_kv * d_head * b          (b = bytes per element of the KV dtype)
+
+(Pope et al. 2022, "Efficiently Scaling Transformer Inference"; GQA: Ainslie et al. 2023.)
+
+Paged cache (vLLM, Kwon et al. 2023): a request holds ``ceil(tokens / block_size)`` blocks of
+``block_size`` tokens each, so the last block may be partly empty. Prefix caching shares only *full*
+blocks of a common prefix: with paging, ``floor(prefix / block_size)`` blocks are stored once and the
+partial block of the prefix is stored by every request. Without paging (``block_size=None``) the whole
+prefix is stored once, which is the source's capstone arithmetic.
+
+Units: bytes (ints). ``GiB = 2**30`` and ``GB = 1e9`` are the only unit constants; convert explicitly.
+Functions accept a ModelSpec or a registered model name.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+
+from longctx.specs import ModelSpec, dtype_bytes, get_model
+
+KiB = 2**10
+MiB = 2**20
+GiB = 2**30
+GB = 10**9
+
+
+def _tokens(name: str, value: object, *, allow_zero: bool = True) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise ValueError(f"{name} must be an integer number of tokens, got {value!r}")
+    value = int(value)  # numpy integers
+    if value < 0 or (value == 0 and not allow_zero):
+        allowed = ">= 0" if allow_zero else ">= 1"
+        raise ValueError(f"{name} must be {allowed} tokens, got {value}")
+    return value
+
+
+def _block_size(block_size: int | None) -> int | None:
+    if block_size is None:
+        return None
+    return _tokens("block_size", block_size, allow_zero=False)
+
+
+def _budget(budget_bytes: float) -> float:
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, numbers.Real):
+        raise ValueError(f"budget_bytes must be a number of bytes, got {budget_bytes!r}")
+    if not float(budget_bytes) > 0 or float(budget_bytes) == float("inf"):
+        raise ValueError(f"budget_bytes must be a finite number > 0 bytes, got {budget_bytes!r}")
+    return float(budget_bytes)
+
+
+def kv_bytes_per_token(model: ModelSpec | str, dtype: str = "fp16") -> int:
+    """Bytes of K and V for one token over all layers: ``2 * L * H_kv * d_head * b``.
+
+    Always a whole number (for int4, 2 * 0.5 = 1). Llama-2-7B fp16: 524,288 B = 512 KiB.
+    """
+    m = get_model(model)
+    return int(2 * m.num_layers * m.num_kv_heads * m.head_dim * dtype_bytes(dtype))
+
+
+def blocks_needed(tokens: int, block_size: int) -> int:
+    """Number of paged blocks holding ``tokens`` tokens: ``ceil(tokens / block_size)``."""
+    tokens = _tokens("tokens", tokens)
+    block_size = _block_size(block_size)
+    return -(-tokens // block_size)
+
+
+def padded_tokens(tokens: int, block_size: int | None) -> int:
+    """Token slots actually reserved: ``tokens`` rounded up to a whole number of blocks."""
+    tokens = _tokens("tokens", tokens)
+    if block_size is None:
+        return tokens
+    return blocks_needed(tokens, block_size) * block_size
+
+
+def kv_bytes_per_request(
+    model: ModelSpec | str, tokens: int, dtype: str = "fp16", block_size: int | None = None
+) -> int:
+    """KV bytes of one request of ``tokens`` tokens (rounded up to whole blocks if ``block_size``)."""
+    return padded_tokens(tokens, block_size) * kv_bytes_per_token(model, dtype)
+
+
+@dataclass(frozen=True)
+class KVPool:
+    """KV memory of ``num_requests`` requests that share a prefix.
+
+    ``shared_bytes`` is stored once; ``per_request_bytes`` is stored by every request.
+    """
+
+    shared_bytes: int
+    per_request_bytes: int
+    num_requests: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.shared_bytes + self.num_requests * self.per_request_bytes
+
+
+def _split_prefix(tokens: int, shared_prefix_tokens: int, block_size: int | None) -> tuple[int, int]:
+    """(token slots stored once, token slots stored per request)."""
+    tokens = _tokens("tokens_per_request", tokens)
+    prefix = _tokens("shared_prefix_tokens", shared_prefix_tokens)
+    if prefix > tokens:
+        raise ValueError(
+            f"shared_prefix_tokens ({prefix}) must be <= tokens_per_request ({tokens}): "
+            "the prefix is part of each request's context"
+        )
+    block_size = _block_size(block_size)
+    if block_size is None:
+        return prefix, tokens - prefix
+    shared = (prefix // block_size) * block_size  # only full blocks can be shared
+    return shared, padded_tokens(tokens - shared, block_size)
+
+
+def kv_pool(
+    model: ModelSpec | str,
+    num_requests: int,
+    tokens_per_request: int,
+    dtype: str = "fp16",
+    shared_prefix_tokens: int = 0,
+    block_size: int | None = None,
+) -> KVPool:
+    """KV memory of a pool of equal-length requests, with an optional prefix stored once."""
+    num_requests = _tokens("num_requests", num_requests)
+    bpt = kv_bytes_per_token(model, dtype)
+    shared, unique = _split_prefix(tokens_per_request, shared_prefix_tokens, block_size)
+    if num_requests == 0:
+        shared = 0
+    return KVPool(shared * bpt, unique * bpt, num_requests)
+
+
+def kv_pool_bytes(
+    model: ModelSpec | str,
+    num_requests: int,
+    tokens_per_request: int,
+    dtype: str = "fp16",
+    shared_prefix_tokens: int = 0,
+    block_size: int | None = None,
+) -> int:
+    """Total bytes of :func:`kv_pool`. Capstone: 64 x 8K Llama-3-8B fp8 with a 2K prefix = 24.125 GiB."""
+    return kv_pool(model, num_requests, tokens_per_request, dtype, shared_prefix_tokens, block_size).total_bytes
+
+
+def max_concurrent_requests(
+    model: ModelSpec | str,
+    budget_bytes: float,
+    tokens_per_request: int,
+    dtype: str = "fp16",
+    shared_prefix_tokens: int = 0,
+    block_size: int | None = None,
+) -> int:
+    """Most requests of ``tokens_per_request`` tokens whose KV fits in ``budget_bytes``.
+
+    ``floor((budget - shared) / per_request)``; 0 if even one does not fit. Raises ValueError when each
+    request adds no bytes (the prefix is the whole context), since the answer would be unbounded.
+    """
+    budget = _budget(budget_bytes)
+    tokens_per_request = _tokens("tokens_per_request", tokens_per_request, allow_zero=False)
+    pool = kv_pool(model, 1, tokens_per_request, dtype, shared_prefix_tokens, block_size)
+    if pool.per_request_bytes == 0:
+        raise ValueError(
+            "each request adds no KV bytes (shared_prefix_tokens == tokens_per_request), so any number "
+            "fits; use a prefix shorter than the context"
+        )
+    if pool.shared_bytes > budget:
+        return 0
+    return int((budget - pool.shared_bytes) // pool.per_request_bytes)
+
+
+def max_context_tokens(
+    model: ModelSpec | str,
+    budget_bytes: float,
+    dtype: str = "fp16",
+    num_requests: int = 1,
+    block_size: int | None = None,
+) -> int:
+    """Longest context per request such that ``num_requests`` requests fit ``budget_bytes``.
+
+    ``floor(budget / (num_requests * kv_bytes_per_token))``, rounded down to whole blocks if paged.
+    """
+    budget = _budget(budget_bytes)
+    num_requests = _tokens("num_requests", num_requests, allow_zero=False)
+    block_size = _block_size(block_size)
+    tokens = int(budget // (num_requests * kv_bytes_per_token(model, dtype)))
+    if block_size is not None:
+        tokens = (tokens // block_size) * block_size
+    return tokens
+
+
+def to_gib(num_bytes: float) -> float:
+    """Bytes to GiB (2**30 bytes)."""
+    return num_bytes / GiB
+
+
+def to_gb(num_bytes: float) -> float:
+    """Bytes to GB (1e9 bytes)."""
+    return num_bytes / GB
