@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from longctx.memory import _tokens, kv_bytes_per_token
+from longctx.memory import check_token_count, kv_bytes_per_token
 from longctx.specs import ModelSpec, dtype_bytes, get_model
 
 ATTENTION_KINDS = ("causal", "full")
@@ -56,13 +56,13 @@ def linear_params(model: ModelSpec | str, params: str = "all") -> int:
 
 def linear_flops(model: ModelSpec | str, tokens: int, params: str = "all") -> int:
     """``2 * T * N``: FLOPs of the weight matmuls for ``tokens`` tokens."""
-    return 2 * _tokens("tokens", tokens) * linear_params(model, params)
+    return 2 * check_token_count("tokens", tokens) * linear_params(model, params)
 
 
 def attention_pairs(chunk_tokens: int, cached_tokens: int = 0, attention: str = "causal") -> int:
     """(query, key) pairs scored by ``chunk_tokens`` queries after ``cached_tokens`` cached tokens."""
-    c = _tokens("chunk_tokens", chunk_tokens)
-    s = _tokens("cached_tokens", cached_tokens)
+    c = check_token_count("chunk_tokens", chunk_tokens)
+    s = check_token_count("cached_tokens", cached_tokens)
     if _attention(attention) == "full":
         return c * (s + c)
     return c * s + c * (c + 1) // 2  # query i (0-based) sees S + i + 1 keys
@@ -145,7 +145,7 @@ def crossover_tokens(model: ModelSpec | str, attention: str = "causal", params: 
 
 def source_seed_linear_flops(tokens: int, num_params: float = 7e9) -> float:
     """Seed 003's ``2 * T * N`` with its N = 7e9 (although it names Llama-3-8B, N ~ 8.03e9)."""
-    return 2.0 * _tokens("tokens", tokens) * num_params
+    return 2.0 * check_token_count("tokens", tokens) * num_params
 
 
 def source_seed_attention_flops(tokens: int, num_layers: int = 32, d_model: int = 4096) -> float:
@@ -153,7 +153,7 @@ def source_seed_attention_flops(tokens: int, num_layers: int = 32, d_model: int 
 
     4K: 8.80e12; 32K: 5.629e14 (the seed prints 563.2 TFLOPs); 128K: 9.007e15; 1M: 5.7646e17.
     """
-    t = _tokens("tokens", tokens)
+    t = check_token_count("tokens", tokens)
     return 4.0 * num_layers * float(t) ** 2 * d_model
 
 

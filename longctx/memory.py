@@ -29,7 +29,8 @@ GiB = 2**30
 GB = 10**9
 
 
-def _tokens(name: str, value: object, *, allow_zero: bool = True) -> int:
+def check_token_count(name: str, value: object, *, allow_zero: bool = True) -> int:
+    """Validate a token count (an integer >= 0, or >= 1 without allow_zero) and return it as int."""
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise ValueError(f"{name} must be an integer number of tokens, got {value!r}")
     value = int(value)  # numpy integers
@@ -42,7 +43,7 @@ def _tokens(name: str, value: object, *, allow_zero: bool = True) -> int:
 def _block_size(block_size: int | None) -> int | None:
     if block_size is None:
         return None
-    return _tokens("block_size", block_size, allow_zero=False)
+    return check_token_count("block_size", block_size, allow_zero=False)
 
 
 def _budget(budget_bytes: float) -> float:
@@ -64,14 +65,14 @@ def kv_bytes_per_token(model: ModelSpec | str, dtype: str = "fp16") -> int:
 
 def blocks_needed(tokens: int, block_size: int) -> int:
     """Number of paged blocks holding ``tokens`` tokens: ``ceil(tokens / block_size)``."""
-    tokens = _tokens("tokens", tokens)
+    tokens = check_token_count("tokens", tokens)
     block_size = _block_size(block_size)
     return -(-tokens // block_size)
 
 
 def padded_tokens(tokens: int, block_size: int | None) -> int:
     """Token slots actually reserved: ``tokens`` rounded up to a whole number of blocks."""
-    tokens = _tokens("tokens", tokens)
+    tokens = check_token_count("tokens", tokens)
     if block_size is None:
         return tokens
     return blocks_needed(tokens, block_size) * block_size
@@ -102,8 +103,8 @@ class KVPool:
 
 def _split_prefix(tokens: int, shared_prefix_tokens: int, block_size: int | None) -> tuple[int, int]:
     """(token slots stored once, token slots stored per request)."""
-    tokens = _tokens("tokens_per_request", tokens)
-    prefix = _tokens("shared_prefix_tokens", shared_prefix_tokens)
+    tokens = check_token_count("tokens_per_request", tokens)
+    prefix = check_token_count("shared_prefix_tokens", shared_prefix_tokens)
     if prefix > tokens:
         raise ValueError(
             f"shared_prefix_tokens ({prefix}) must be <= tokens_per_request ({tokens}): "
@@ -125,7 +126,7 @@ def kv_pool(
     block_size: int | None = None,
 ) -> KVPool:
     """KV memory of a pool of equal-length requests, with an optional prefix stored once."""
-    num_requests = _tokens("num_requests", num_requests)
+    num_requests = check_token_count("num_requests", num_requests)
     bpt = kv_bytes_per_token(model, dtype)
     shared, unique = _split_prefix(tokens_per_request, shared_prefix_tokens, block_size)
     if num_requests == 0:
@@ -159,7 +160,7 @@ def max_concurrent_requests(
     request adds no bytes (the prefix is the whole context), since the answer would be unbounded.
     """
     budget = _budget(budget_bytes)
-    tokens_per_request = _tokens("tokens_per_request", tokens_per_request, allow_zero=False)
+    tokens_per_request = check_token_count("tokens_per_request", tokens_per_request, allow_zero=False)
     pool = kv_pool(model, 1, tokens_per_request, dtype, shared_prefix_tokens, block_size)
     if pool.per_request_bytes == 0:
         raise ValueError(
@@ -183,7 +184,7 @@ def max_context_tokens(
     ``floor(budget / (num_requests * kv_bytes_per_token))``, rounded down to whole blocks if paged.
     """
     budget = _budget(budget_bytes)
-    num_requests = _tokens("num_requests", num_requests, allow_zero=False)
+    num_requests = check_token_count("num_requests", num_requests, allow_zero=False)
     block_size = _block_size(block_size)
     tokens = int(budget // (num_requests * kv_bytes_per_token(model, dtype)))
     if block_size is not None:
