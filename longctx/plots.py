@@ -1,0 +1,106 @@
+"""Pictures the lessons draw. Every function takes an optional matplotlib Axes, returns the Axes it drew
+on, labels axes with units, and never calls ``plt.show()``.
+
+matplotlib is imported inside the functions so that ``import longctx.plots`` stays cheap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+# One colour per kind of iteration, used by every timeline in the course.
+KIND_COLOURS = {"decode": "#1f77b4", "prefill": "#ff7f0e", "mixed": "#9467bd", "idle": "#cccccc"}
+
+
+@dataclass(frozen=True)
+class IterationRecord:
+    """One scheduler iteration as a timeline shows it: when it ran and which tokens it processed."""
+
+    start_s: float
+    duration_s: float
+    num_prefill_tokens: int
+    num_decode_tokens: int
+
+    @property
+    def kind(self) -> str:
+        if self.num_prefill_tokens and self.num_decode_tokens:
+            return "mixed"
+        if self.num_prefill_tokens:
+            return "prefill"
+        return "decode" if self.num_decode_tokens else "idle"
+
+
+def _axes(ax):
+    if ax is None:
+        import matplotlib.pyplot as plt
+
+        _, ax = plt.subplots(figsize=(8, 3))
+    return ax
+
+
+def plot_roofline(peak_flops_per_s: float, bandwidth_bytes_per_s: float, points: Sequence[tuple[str, float]] = (),
+                  ax=None, title: str | None = None):
+    """Log-log roofline: attainable FLOP/s = min(peak, intensity × bandwidth).
+
+    ``points`` are (label, arithmetic intensity in FLOPs/byte); each is placed on the roof.
+    """
+    import numpy as np
+
+    if peak_flops_per_s <= 0 or bandwidth_bytes_per_s <= 0:
+        raise ValueError("peak_flops_per_s and bandwidth_bytes_per_s must be positive")
+    ax = _axes(ax)
+    ridge = peak_flops_per_s / bandwidth_bytes_per_s
+    intensities = [p[1] for p in points] + [ridge]
+    lo, hi = min(intensities) / 4, max(intensities) * 4
+    x = np.logspace(np.log10(lo), np.log10(hi), 200)
+    roof = np.minimum(peak_flops_per_s, x * bandwidth_bytes_per_s)
+    ax.loglog(x, roof / 1e12, color="black", lw=2)
+    ax.axvline(ridge, color="grey", ls=":", lw=1)
+    ax.annotate(f"ridge {ridge:.0f} FLOP/B", (ridge, peak_flops_per_s / 1e12), textcoords="offset points",
+                xytext=(5, -15), fontsize=8, color="grey")
+    for label, intensity in points:
+        attained = min(peak_flops_per_s, intensity * bandwidth_bytes_per_s) / 1e12
+        bound = "compute-bound" if intensity >= ridge else "memory-bound"
+        ax.plot([intensity], [attained], "o", ms=8)
+        ax.annotate(f"{label}\n({bound})", (intensity, attained), textcoords="offset points", xytext=(6, -28),
+                    fontsize=8)
+    ax.set_xlabel("arithmetic intensity (FLOPs per byte moved)")
+    ax.set_ylabel("attainable TFLOP/s")
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+def plot_iteration_timeline(iterations: Iterable[IterationRecord], ax=None, title: str | None = None,
+                            time_unit: str = "ms"):
+    """Each iteration as a bar along time, coloured by what it ran (decode, prefill, or both mixed)."""
+    scale = {"s": 1.0, "ms": 1e3}[time_unit]
+    ax = _axes(ax)
+    seen = set()
+    for it in iterations:
+        label = it.kind if it.kind not in seen else None
+        seen.add(it.kind)
+        ax.broken_barh([(it.start_s * scale, it.duration_s * scale)], (0, 1), facecolors=KIND_COLOURS[it.kind],
+                       edgecolor="white", linewidth=0.5, label=label)
+    ax.set_yticks([])
+    ax.set_xlabel(f"time ({time_unit})")
+    ax.legend(loc="upper right", fontsize=8, ncol=3)
+    ax.set_ylim(0, 1.6)
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+def plot_token_gaps(token_times_s: Sequence[float], ax=None, label: str | None = None, time_unit: str = "ms"):
+    """Inter-token latency of one stream against the time each token arrived (a stall shows as a spike)."""
+    import numpy as np
+
+    scale = {"s": 1.0, "ms": 1e3}[time_unit]
+    ax = _axes(ax)
+    times = np.asarray(token_times_s, dtype=float)
+    if times.size >= 2:
+        ax.plot(times[1:] * scale, np.diff(times) * scale, marker=".", drawstyle="steps-pre", label=label)
+    ax.set_xlabel(f"time ({time_unit})")
+    ax.set_ylabel(f"inter-token latency ({time_unit})")
+    return ax
