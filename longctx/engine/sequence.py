@@ -1,0 +1,112 @@
+"""A request as the engine sees it: token ids, how many are in the KV cache, timestamps.
+
+A sequence holds ``prompt_token_ids + output_token_ids``. ``num_computed_tokens`` of them have their K/V in
+the cache. Each step advances a sequence by some tokens (a prefill chunk, or one decode token); when every
+token is computed the step samples one new output token. So:
+
+- a *prefill* still has ``num_uncomputed_tokens > 1`` (or has produced nothing yet);
+- a *decode* has exactly one uncomputed token: the last output token, fed back in.
+
+Preemption by recompute (vLLM's ``RECOMPUTE`` mode) throws the cache away: ``num_computed_tokens`` drops to
+0 and the sequence, prompt and outputs so far, is prefilled again later. Its outputs are kept.
+
+Times are seconds on the engine's clock.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"  # arrived, not started, or preempted: owns no KV blocks
+    RUNNING = "running"  # owns KV blocks, is being prefilled or decoded
+    FINISHED = "finished"  # done; its blocks were freed
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request. Created by ``Engine.add_request``; read it, don't mutate it from a scheduler."""
+
+    seq_id: int
+    prompt_token_ids: list[int]
+    max_tokens: int
+    arrival_s: float = 0.0
+    eos_token_id: int | None = None
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0
+    output_token_ids: list[int] = field(default_factory=list)
+    token_times_s: list[float] = field(default_factory=list)  # clock time each output token appeared
+    first_scheduled_s: float | None = None
+    finished_s: float | None = None
+    finish_reason: str | None = None  # "length" (max_tokens) or "stop" (EOS)
+    num_preemptions: int = 0
+
+    # ---- lengths ----
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus output tokens."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        """Tokens that still have to go through the model before the next output token can be sampled."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_decode(self) -> bool:
+        """True when only the last output token is left to compute (one token per step)."""
+        return self.num_output_tokens > 0 and self.num_uncomputed_tokens == 1
+
+    @property
+    def is_prefill(self) -> bool:
+        """True while the prompt (or, after preemption, prompt + outputs) is being computed."""
+        return not self.is_decode
+
+    @property
+    def is_prefill_in_progress(self) -> bool:
+        """A prefill that already has part of its tokens in the cache (a started chunked prefill)."""
+        return self.is_prefill and self.num_computed_tokens > 0
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def token_ids(self, start: int = 0, stop: int | None = None) -> list[int]:
+        """Token ids at positions ``[start, stop)`` of prompt + output."""
+        n_prompt = len(self.prompt_token_ids)
+        stop = self.num_tokens if stop is None else stop
+        if stop <= n_prompt:
+            return self.prompt_token_ids[start:stop]
+        return (self.prompt_token_ids + self.output_token_ids)[start:stop]
+
+    # ---- timestamps ----
+    @property
+    def first_token_s(self) -> float | None:
+        return self.token_times_s[0] if self.token_times_s else None
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Time to first token: first output token time minus arrival time."""
+        return None if not self.token_times_s else self.token_times_s[0] - self.arrival_s
+
+    @property
+    def itl_s(self) -> list[float]:
+        """Inter-token latencies: gaps between consecutive output tokens (len = outputs - 1)."""
+        t = self.token_times_s
+        return [b - a for a, b in zip(t, t[1:], strict=False)]
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence(id={self.seq_id}, {self.status.value}, prompt={self.num_prompt_tokens}, "
+            f"out={self.num_output_tokens}/{self.max_tokens}, computed={self.num_computed_tokens})"
+        )
