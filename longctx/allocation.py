@@ -190,12 +190,17 @@ class AllocationResult:
     capacity_tokens: int
     steps: int
     slot_steps: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
+    backlog_steps: int = 0  # steps during which some request was still waiting for memory
+    backlog_slot_steps: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
     finished: int = 0
     preemptions: int = 0
     concurrency_sum: int = 0
 
-    def fraction(self, category: str) -> float:
-        """Time-averaged fraction of the pool in ``category``."""
+    def fraction(self, category: str, backlog_only: bool = False) -> float:
+        """Time-averaged fraction of the pool in ``category``: over all steps, or (``backlog_only``) over the
+        steps during which requests were waiting, i.e. while memory was the limit."""
+        if backlog_only:
+            return self.backlog_slot_steps[category] / (self.capacity_tokens * max(self.backlog_steps, 1))
         return self.slot_steps[category] / (self.capacity_tokens * self.steps)
 
     @property
@@ -248,6 +253,9 @@ def simulate(requests: list[Request], allocator, max_steps: int = 100_000) -> Al
             tally["free"] = free
         for k in CATEGORIES:
             result.slot_steps[k] += tally[k]
+            if waiting:
+                result.backlog_slot_steps[k] += tally[k]
+        result.backlog_steps += bool(waiting)
         result.concurrency_sum += len(running)
         result.steps += 1
         # 3. every running request produces one token; finished ones leave

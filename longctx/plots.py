@@ -104,3 +104,75 @@ def plot_token_gaps(token_times_s: Sequence[float], ax=None, label: str | None =
     ax.set_xlabel(f"time ({time_unit})")
     ax.set_ylabel(f"inter-token latency ({time_unit})")
     return ax
+
+
+def plot_heatmap(values, row_labels: Sequence[str], col_labels: Sequence[str], ax=None, fmt: str = "{:.3g}",
+                 colorbar_label: str = "", title: str | None = None, log: bool = True):
+    """A table of numbers as a heatmap with each cell's value written in it (log colour scale by default).
+
+    ``values[i][j]`` belongs to ``row_labels[i]`` and ``col_labels[j]``; ``fmt`` formats the cell text and
+    ``colorbar_label`` names the quantity and its unit.
+    """
+    import matplotlib.colors as mcolors
+    import numpy as np
+
+    data = np.asarray(values, dtype=float)
+    if data.shape != (len(row_labels), len(col_labels)):
+        raise ValueError(f"values has shape {data.shape}, labels say {(len(row_labels), len(col_labels))}")
+    ax = _axes(ax)
+    norm = mcolors.LogNorm(vmin=data.min(), vmax=data.max()) if log and data.min() > 0 else None
+    image = ax.imshow(data, cmap="viridis", norm=norm, aspect="auto")
+    ax.set_xticks(range(len(col_labels)), labels=list(col_labels))
+    ax.set_yticks(range(len(row_labels)), labels=list(row_labels))
+    mid = np.sqrt(data.min() * data.max()) if norm is not None else (data.min() + data.max()) / 2
+    for i in range(data.shape[0]):
+        for j in range(data.shape[1]):
+            ax.text(j, i, fmt.format(data[i, j]), ha="center", va="center", fontsize=9,
+                    color="white" if data[i, j] < mid else "black")
+    ax.figure.colorbar(image, ax=ax, label=colorbar_label)
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+def plot_stacked_bars(labels: Sequence[str], parts: dict[str, Sequence[float]], ax=None, ylabel: str = "",
+                      title: str | None = None, colours: dict[str, str] | None = None, percent: bool = True):
+    """One vertical bar per label, split into ``parts`` (name -> one value per label), bottom to top.
+
+    With ``percent`` the values are fractions and each segment of at least 3 % is labelled with its share.
+    """
+    ax = _axes(ax)
+    bottoms = [0.0] * len(labels)
+    for name, values in parts.items():
+        values = [float(v) for v in values]
+        colour = (colours or {}).get(name)
+        ax.bar(list(labels), [v * (100 if percent else 1) for v in values], bottom=[b * (100 if percent else 1)
+               for b in bottoms], label=name, color=colour, edgecolor="white", width=0.6)
+        if percent:
+            for i, v in enumerate(values):
+                if v >= 0.03:
+                    ax.text(i, (bottoms[i] + v / 2) * 100, f"{v:.0%}", ha="center", va="center", fontsize=9)
+        bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
+    ax.set_ylabel(ylabel)
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=9)
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+def plot_attention_share(tokens: Sequence[int], series: dict[str, Sequence[float]], ax=None,
+                         title: str | None = None, styles: dict[str, str] | None = None):
+    """Attention's share (fractions, drawn in %) against sequence length (log2 axis), one line per series."""
+    ax = _axes(ax)
+    for name, shares in series.items():
+        ax.plot(list(tokens), [100 * float(s) for s in shares], (styles or {}).get(name, "o-"), label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(tokens), labels=[f"{t:,}" for t in tokens])
+    ax.set_xlabel("sequence length T (tokens)")
+    ax.set_ylabel("attention share of the forward pass (%)")
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=9)
+    if title:
+        ax.set_title(title)
+    return ax

@@ -80,6 +80,8 @@ def test_every_slot_is_in_exactly_one_category(seed, block_size, max_new):
     requests = mixed_workload(40, seed=seed, max_model_len=4096, max_new_tokens=1024 if max_new is None else max_new)
     for res in compare(requests, 16 * 4096, 4096, max_new, block_size).values():
         assert sum(res.slot_steps.values()) == res.capacity_tokens * res.steps
+        assert sum(res.backlog_slot_steps.values()) == res.capacity_tokens * res.backlog_steps
+        assert all(res.backlog_slot_steps[c] <= res.slot_steps[c] for c in CATEGORIES)
         assert res.finished == len(requests)
         assert all(res.slot_steps[c] >= 0 for c in CATEGORIES)
         assert 0.0 <= res.waste_fraction <= 1.0
@@ -93,6 +95,8 @@ def test_paged_wastes_less_and_serves_more():
     assert contiguous.fraction("external") > 0.0 and paged.fraction("external") == 0.0
     assert paged.mean_concurrency > 1.5 * contiguous.mean_concurrency
     assert paged.steps < contiguous.steps
+    assert paged.fraction("used", backlog_only=True) > 0.9  # while requests wait, the pool is nearly full
+    assert contiguous.fraction("used", backlog_only=True) < 0.5
 
 
 def test_block_size_trades_internal_waste():
