@@ -59,11 +59,15 @@ class ScheduledBatch:
     entries: list[ScheduledChunk] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
     block_tables: dict[int, list[int]] = field(default_factory=dict)
+    _added: set = field(default_factory=set, init=False, repr=False, compare=False)  # sequences via add()
 
     def add(self, seq: Sequence, num_tokens: int) -> None:
         self.entries.append(ScheduledChunk(seq, int(num_tokens)))
+        self._added.add(seq)
 
     def __contains__(self, seq: object) -> bool:
+        if len(self._added) == len(self.entries):  # every entry came through add(): O(1)
+            return seq in self._added
         return any(e.seq is seq for e in self.entries)
 
     def __iter__(self):

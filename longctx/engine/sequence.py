@@ -60,12 +60,13 @@ class Sequence:
     @property
     def num_uncomputed_tokens(self) -> int:
         """Tokens that still have to go through the model before the next output token can be sampled."""
-        return self.num_tokens - self.num_computed_tokens
+        return len(self.prompt_token_ids) + len(self.output_token_ids) - self.num_computed_tokens
 
     @property
     def is_decode(self) -> bool:
         """True when only the last output token is left to compute (one token per step)."""
-        return self.num_output_tokens > 0 and self.num_uncomputed_tokens == 1
+        n_out = len(self.output_token_ids)  # inlined properties: the simulator calls this millions of times
+        return n_out > 0 and len(self.prompt_token_ids) + n_out - self.num_computed_tokens == 1
 
     @property
     def is_prefill(self) -> bool:

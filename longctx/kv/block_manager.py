@@ -72,7 +72,8 @@ class BlockManager:
         if num_new_tokens < 0:
             raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
         have = len(self._tables.get(seq_id, ()))
-        return max(0, blocks_for_tokens(self.num_tokens(seq_id) + num_new_tokens, self.block_size) - have)
+        need = -(-(self._num_tokens.get(seq_id, 0) + num_new_tokens) // self.block_size)  # ceil
+        return max(0, need - have)
 
     def can_allocate(self, seq_id: int, num_new_tokens: int) -> bool:
         """Whether ``seq_id`` (new or not) can get slots for ``num_new_tokens`` more tokens right now."""
@@ -99,6 +100,12 @@ class BlockManager:
         Creates the block table of a new sequence. Raises ``ValueError`` if the pool lacks blocks (ask
         ``can_allocate`` first); nothing changes then.
         """
+        table = self._tables.get(seq_id)
+        if table is not None and 0 <= num_new_tokens and (
+            self._num_tokens[seq_id] + num_new_tokens <= len(table) * self.block_size
+        ):  # fast path (most decode steps): the last block has room
+            self._num_tokens[seq_id] += num_new_tokens
+            return []
         need = self.blocks_needed(seq_id, num_new_tokens)
         if need > len(self._free):
             raise ValueError(

@@ -1,0 +1,44 @@
+"""The serving simulator: the engine with a cost-model executor and a virtual clock (no torch).
+
+    from longctx.sim import make_workload, simulate, LogNormal
+    from longctx.engine import ChunkedPrefillScheduler
+    wl = make_workload(1000, rate_qps=5, prompt_tokens=LogNormal(2048, 0.6, high=8000), output_tokens=256)
+    res = simulate(wl, ChunkedPrefillScheduler(token_budget=1024), model="llama-3-8b", hardware="h100")
+    res.metrics.itl.p(99), res.to_dict()["ttft_s"]["p50"]
+
+- ``cost_model``: ``CostModelExecutor``, ``CostFactors``, ``calibrate``, ``RecordingExecutor``.
+- ``workload``: ``make_workload`` with Poisson / gamma arrivals; ``Fixed``, ``Uniform``, ``LogNormal``, ``Trace``.
+- ``run``: ``simulate`` -> ``SimResult``; ``build_sim_engine``; ``kv_pool_blocks``.
+- ``scenarios``: ``exercise1`` (16 decodes + a 12K prompt), ``capacity`` (highest rate under an ITL SLO).
+"""
+
+from longctx.sim.cost_model import (
+    Calibration,
+    CostFactors,
+    CostModelExecutor,
+    MeasuredStep,
+    RecordingExecutor,
+    calibrate,
+)
+from longctx.sim.run import SimResult, build_sim_engine, kv_pool_blocks, simulate
+from longctx.sim.workload import Fixed, LogNormal, Request, Trace, Uniform, arrival_times, make_workload
+
+__all__ = [
+    "Calibration",
+    "CostFactors",
+    "CostModelExecutor",
+    "Fixed",
+    "LogNormal",
+    "MeasuredStep",
+    "RecordingExecutor",
+    "Request",
+    "SimResult",
+    "Trace",
+    "Uniform",
+    "arrival_times",
+    "build_sim_engine",
+    "calibrate",
+    "kv_pool_blocks",
+    "make_workload",
+    "simulate",
+]

@@ -1,0 +1,178 @@
+"""The simulator's run loop: the real ``Engine`` with a ``CostModelExecutor`` and a ``VirtualClock``.
+
+Nothing is re-implemented: the scheduler, the block manager (KV capacity, preemption by recompute) and
+the metrics are the engine's own. Only the executor (modelled time, no tokens) and the clock differ, so a
+policy written for the real model runs unchanged at H100 scale.
+
+KV pool: what is left of ``gpu_memory_utilization * memory_bytes`` after the weights, in blocks of
+``block_size`` tokens (activation memory is ignored, so the pool is slightly optimistic).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from longctx.engine import SLO, Engine, Scheduler, StepRecord, VirtualClock, summarize
+from longctx.engine.metrics import RequestMetrics, RunMetrics, request_metrics
+from longctx.memory import kv_bytes_per_token
+from longctx.sim.cost_model import CostFactors, CostModelExecutor
+from longctx.sim.workload import Request
+from longctx.specs import HardwareSpec, ModelSpec, dtype_bytes, get_hardware, get_model
+
+PERCENTILE_KEYS = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0}
+
+
+def kv_pool_blocks(
+    model: ModelSpec | str,
+    hardware: HardwareSpec | str,
+    block_size: int = 16,
+    gpu_memory_utilization: float = 0.9,
+    weight_dtype: str = "bf16",
+    kv_dtype: str = "bf16",
+) -> int:
+    """KV blocks that fit: ``(utilization * memory - weight bytes) // (block_size * KV bytes per token)``."""
+    m, hw = get_model(model), get_hardware(hardware)
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    free_bytes = gpu_memory_utilization * hw.memory_bytes - m.num_params * dtype_bytes(weight_dtype)
+    blocks = int(free_bytes // (block_size * kv_bytes_per_token(m, kv_dtype)))
+    if blocks < 1:
+        raise ValueError(
+            f"{m.name} ({weight_dtype} weights) leaves no room for a KV cache in "
+            f"{gpu_memory_utilization:.0%} of {hw.name}'s {hw.memory_bytes / 1e9:.0f} GB"
+        )
+    return blocks
+
+
+@dataclass
+class SimResult:
+    """A finished simulation: per-request metrics, aggregate metrics, every step, and the configuration."""
+
+    config: dict
+    requests: list[RequestMetrics]
+    metrics: RunMetrics
+    steps: list[StepRecord]
+    scheduling_delay_s: list[float]  # first scheduled - arrival, per request (Sarathi-Serve's queueing delay)
+    num_preemptions: int
+    wall_s: float = field(default=0.0, compare=False)
+
+    def to_dict(self) -> dict:
+        """JSON-ready summary: ``ttft_s``, ``tpot_s``, ``itl_s``, ``e2e_s`` (p50/p90/p95/p99/mean) etc."""
+        m = self.metrics
+
+        def dist(d) -> dict:
+            out = {k: _num(d.percentiles[q]) for k, q in PERCENTILE_KEYS.items()}
+            out["mean"] = _num(d.mean)
+            return out
+
+        return {
+            "config": self.config,
+            "completed": m.completed,
+            "duration_s": m.duration_s,
+            "ttft_s": dist(m.ttft),
+            "tpot_s": dist(m.tpot),
+            "itl_s": dist(m.itl),
+            "e2e_s": dist(m.e2e),
+            "throughput_tok_s": m.output_throughput,
+            "total_throughput_tok_s": m.total_token_throughput,
+            "request_throughput_req_s": m.request_throughput,
+            "goodput_req_s": m.goodput,
+            "scheduling_delay_s": {"p50": _num(np.median(self.scheduling_delay_s))},
+            "num_steps": len(self.steps),
+            "num_preemptions": self.num_preemptions,
+        }
+
+
+def _num(x: float) -> float | None:
+    x = float(x)
+    return None if x != x else x  # NaN (e.g. no TPOT with 1-token outputs) -> null in JSON
+
+
+def build_sim_engine(
+    scheduler: Scheduler,
+    model: ModelSpec | str = "llama-3-8b",
+    hardware: HardwareSpec | str = "h100",
+    factors: CostFactors | None = None,
+    block_size: int = 16,
+    num_blocks: int | None = None,
+    gpu_memory_utilization: float = 0.9,
+    max_model_len: int | None = None,
+    weight_dtype: str = "bf16",
+    kv_dtype: str = "bf16",
+) -> Engine:
+    """An ``Engine`` with a ``CostModelExecutor`` and a ``VirtualClock``; KV pool sized from the GPU."""
+    m, hw = get_model(model), get_hardware(hardware)
+    executor = CostModelExecutor(m, hw, factors, weight_dtype, kv_dtype)
+    if num_blocks is None:
+        num_blocks = kv_pool_blocks(m, hw, block_size, gpu_memory_utilization, weight_dtype, kv_dtype)
+    if max_model_len is None:
+        max_model_len = m.max_context or num_blocks * block_size
+    return Engine(executor, scheduler, num_blocks=num_blocks, block_size=block_size, clock=VirtualClock(),
+                  max_model_len=max_model_len)
+
+
+def simulate(
+    workload: list[Request],
+    scheduler: Scheduler,
+    model: ModelSpec | str = "llama-3-8b",
+    hardware: HardwareSpec | str = "h100",
+    factors: CostFactors | None = None,
+    slo: SLO | None = None,
+    block_size: int = 16,
+    num_blocks: int | None = None,
+    gpu_memory_utilization: float = 0.9,
+    max_model_len: int | None = None,
+    progress: bool = False,
+) -> SimResult:
+    """Run ``workload`` through the engine with modelled step times; returns a ``SimResult``.
+
+    ``progress=True`` draws a tqdm bar on stderr (finished requests). Deterministic: no wall time
+    enters the result except ``wall_s``.
+    """
+    if not workload:
+        raise ValueError("the workload is empty")
+    t0 = time.perf_counter()
+    engine = build_sim_engine(scheduler, model, hardware, factors, block_size, num_blocks,
+                              gpu_memory_utilization, max_model_len)
+    for r in workload:
+        engine.add_request([0] * r.prompt_tokens, r.output_tokens, arrival_s=r.arrival_s)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(workload), unit="req", file=sys.stderr, desc="simulating", leave=False)
+    done = 0
+    while engine.has_unfinished():
+        engine.step()
+        if bar is not None and len(engine.finished) - done >= 100:
+            bar.update(len(engine.finished) - done)
+            done = len(engine.finished)
+    if bar is not None:
+        bar.update(len(engine.finished) - done)
+        bar.close()
+    seqs = sorted(engine.finished, key=lambda s: s.seq_id)
+    reqs = [request_metrics(s) for s in seqs]
+    m, hw = get_model(model), get_hardware(hardware)
+    config = {
+        "model": m.name,
+        "gpu": hw.name,
+        "scheduler": repr(scheduler),
+        "token_budget": getattr(scheduler, "token_budget", None),
+        "num_requests": len(workload),
+        "num_blocks": engine.block_manager.num_blocks,
+        "block_size": block_size,
+        "factors": vars(engine.executor.factors),
+    }
+    return SimResult(
+        config=config,
+        requests=reqs,
+        metrics=summarize(reqs, slo=slo),
+        steps=engine.history,
+        scheduling_delay_s=[s.first_scheduled_s - s.arrival_s for s in seqs],
+        num_preemptions=sum(s.num_preemptions for s in seqs),
+        wall_s=time.perf_counter() - t0,
+    )
