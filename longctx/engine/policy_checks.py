@@ -53,7 +53,9 @@ class RecordingScheduler(Scheduler):
         if not isinstance(batch, ScheduledBatch):
             raise AssertionError(f"schedule must return a ScheduledBatch, got {type(batch).__name__}")
         chosen = {e.seq.seq_id: e.num_tokens for e in batch.entries}
-        self.decisions.append(Decision(len(self.decisions), decoding, in_progress, new, chosen, len(batch.preempted)))
+        self.decisions.append(
+            Decision(len(self.decisions), decoding, in_progress, new, chosen, len(batch.preempted))
+        )
         return batch
 
 
@@ -64,26 +66,38 @@ class ToyRequest:
     arrival_s: float
 
 
-def chat_plus_long_prompts(num_streams: int = 4, long_prompts: tuple[int, ...] = (600,),
-                           stream_tokens: int = 40) -> list[ToyRequest]:
+def chat_plus_long_prompts(
+    num_streams: int = 4, long_prompts: tuple[int, ...] = (600,), stream_tokens: int = 40
+) -> list[ToyRequest]:
     """``num_streams`` short chats decoding from t=0, then long prompts arriving while they decode."""
     chats = [ToyRequest(8, stream_tokens, 0.0) for _ in range(num_streams)]
-    return chats + [ToyRequest(p, 4, 0.02 + 0.01 * i) for i, p in enumerate(long_prompts)]
+    return chats + [ToyRequest(p, 4, 0.1 + 0.01 * i) for i, p in enumerate(long_prompts)]
 
 
 def random_workload(num_requests: int, seed: int) -> list[ToyRequest]:
     """Seeded mixed workload: prompt lengths 1..400, outputs 1..30, arrivals spread over 0.5 s."""
     rng = random.Random(seed)
-    return [ToyRequest(rng.randint(1, 400), rng.randint(1, 30), rng.uniform(0, 0.5)) for _ in range(num_requests)]
+    return [
+        ToyRequest(rng.randint(1, 400), rng.randint(1, 30), rng.uniform(0, 0.5)) for _ in range(num_requests)
+    ]
 
 
-def run_policy(scheduler: Scheduler, workload: list[ToyRequest], num_blocks: int = 4096,
-               block_size: int = 16, max_steps: int = 20_000) -> tuple[Engine, RecordingScheduler]:
+def run_policy(
+    scheduler: Scheduler,
+    workload: list[ToyRequest],
+    num_blocks: int = 4096,
+    block_size: int = 16,
+    max_steps: int = 20_000,
+) -> tuple[Engine, RecordingScheduler]:
     """Run ``workload`` through the real engine with ``scheduler``; returns the engine and the recording."""
     recorder = RecordingScheduler(scheduler)
-    engine = Engine(ToyExecutor(), recorder, num_blocks=num_blocks, block_size=block_size, clock=VirtualClock())
+    engine = Engine(
+        ToyExecutor(), recorder, num_blocks=num_blocks, block_size=block_size, clock=VirtualClock()
+    )
     for r in workload:
-        engine.add_request(list(range(1, r.prompt_tokens + 1)), max_tokens=r.max_tokens, arrival_s=r.arrival_s)
+        engine.add_request(
+            list(range(1, r.prompt_tokens + 1)), max_tokens=r.max_tokens, arrival_s=r.arrival_s
+        )
     try:
         engine.run_until_done(max_steps=max_steps)
     except RuntimeError as exc:  # the engine's own contract checks, or no progress
@@ -92,8 +106,9 @@ def run_policy(scheduler: Scheduler, workload: list[ToyRequest], num_blocks: int
     return engine, recorder
 
 
-def check_stall_free(scheduler: Scheduler, workload: list[ToyRequest], *, check_fill: bool = True,
-                     **engine_kwargs) -> Engine:
+def check_stall_free(
+    scheduler: Scheduler, workload: list[ToyRequest], *, check_fill: bool = True, **engine_kwargs
+) -> Engine:
     """Run ``scheduler`` on ``workload`` and assert the five rules above; returns the engine."""
     budget = scheduler.token_budget
     if budget is None:
@@ -101,8 +116,10 @@ def check_stall_free(scheduler: Scheduler, workload: list[ToyRequest], *, check_
     engine, recorder = run_policy(scheduler, workload, **engine_kwargs)
     for d in recorder.decisions:
         total = sum(d.chosen.values())
-        where = f"step {d.step} (decoding {len(d.decoding)}, prefills in progress {len(d.in_progress)}, " \
-                f"new {len(d.new)}; you scheduled {d.chosen})"
+        where = (
+            f"step {d.step} (decoding {len(d.decoding)}, prefills in progress {len(d.in_progress)}, "
+            f"new {len(d.new)}; you scheduled {d.chosen})"
+        )
         if total > budget:
             raise AssertionError(f"{where}: {total} tokens exceed token_budget={budget}")
         if d.preempted:
@@ -110,19 +127,25 @@ def check_stall_free(scheduler: Scheduler, workload: list[ToyRequest], *, check_
         prefilled = any(i not in d.decoding for i in d.chosen)
         decodes_done = sum(1 for i in d.decoding if i in d.chosen)
         if prefilled and decodes_done < min(len(d.decoding), budget):
-            raise AssertionError(f"{where}: a prefill ran while {len(d.decoding) - decodes_done} running decodes "
-                                 "were left out. Schedule every running decode first (1 token each).")
+            raise AssertionError(
+                f"{where}: a prefill ran while {len(d.decoding) - decodes_done} running decodes "
+                "were left out. Schedule every running decode first (1 token each)."
+            )
         if any(i in d.new for i in d.chosen):
             short = [i for i, left in d.in_progress.items() if d.chosen.get(i, 0) < left]
             if short:
-                raise AssertionError(f"{where}: a new prompt started while prefill(s) {short} already in "
-                                     "progress did not get all their remaining tokens. Continue them first.")
+                raise AssertionError(
+                    f"{where}: a new prompt started while prefill(s) {short} already in "
+                    "progress did not get all their remaining tokens. Continue them first."
+                )
         if check_fill and total < budget:
             unserved_in_progress = any(d.chosen.get(i, 0) < left for i, left in d.in_progress.items())
             unserved_new = any(d.chosen.get(i, 0) < left for i, left in d.new.items())
             if unserved_in_progress or unserved_new:
-                raise AssertionError(f"{where}: only {total} of {budget} budget tokens used while prompt "
-                                     "tokens were waiting. Chunk the prefills to fill the budget.")
+                raise AssertionError(
+                    f"{where}: only {total} of {budget} budget tokens used while prompt "
+                    "tokens were waiting. Chunk the prefills to fill the budget."
+                )
     unfinished = [s.seq_id for s in engine.sequences if not s.is_finished]
     if unfinished:
         raise AssertionError(f"requests {unfinished} never finished")

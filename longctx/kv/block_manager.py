@@ -101,8 +101,10 @@ class BlockManager:
         ``can_allocate`` first); nothing changes then.
         """
         table = self._tables.get(seq_id)
-        if table is not None and 0 <= num_new_tokens and (
-            self._num_tokens[seq_id] + num_new_tokens <= len(table) * self.block_size
+        if (
+            table is not None
+            and 0 <= num_new_tokens
+            and (self._num_tokens[seq_id] + num_new_tokens <= len(table) * self.block_size)
         ):  # fast path (most decode steps): the last block has room
             self._num_tokens[seq_id] += num_new_tokens
             return []

@@ -1,0 +1,202 @@
+"""A Llama decoder, top-down in one file: model -> block -> attention over the paged KV cache / MLP.
+
+    h = embed(tokens)
+    for each layer:  h = h + Attention(RMSNorm(h));  h = h + MLP(RMSNorm(h))
+    logits = RMSNorm(h) @ W_out^T                    (W_out = the embedding matrix when tied)
+
+Attention is grouped-query (GQA): ``num_heads`` query heads share ``num_kv_heads`` K/V heads. Rotary position
+embeddings (RoPE, Su et al. 2021) rotate q and k by angles ``position * theta^(-2i/d_head)`` in the
+"rotate-half" layout of Meta's and transformers' Llama. The MLP is SwiGLU: ``down(silu(gate(x)) * up(x))``.
+
+A step's tokens from all sequences are concatenated into one ``[T, d_model]`` matrix: every linear layer
+runs once per step, whatever mixes of prefill chunks and decodes the scheduler chose. Only attention
+looks at sequences one by one (decodes are grouped into one padded batch). The config is separate from
+the weights: ``Llama(config, device, dtype)`` builds any Llama shape; ``init_random_`` fills it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from longctx.kv.cache import AttentionMetadata, PagedKVCache
+from longctx.model.config import LlamaConfig
+
+MAX_SCORES_PER_CALL = 1 << 24  # query rows x keys x heads per attention call; bounds memory on long prompts
+
+
+class RMSNorm(nn.Module):
+    """``x / sqrt(mean(x^2) + eps) * weight`` (Zhang & Sennrich 2019), computed in float32."""
+
+    def __init__(self, dim: int, eps: float, device=None, dtype=None):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, head_dim: int, theta: float, dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the RoPE angles, ``[T, head_dim]`` each (the angle list repeated for both halves)."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
+    angles = positions.float()[:, None] * inv_freq[None, :]  # [T, d/2]
+    emb = torch.cat([angles, angles], dim=-1)  # [T, d]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` [T, H, d] by position: ``x * cos + rotate_half(x) * sin``, rotate_half(a, b) = (-b, a)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]  # cos: [T, 1, d]
+
+
+def _sdpa(q, k, v, mask=None, is_causal=False):
+    """Scaled dot-product attention with GQA: q [B, H, n, d], k/v [B, H_kv, L, d] -> [B, H, n, d]."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k = k.repeat_interleave(groups, dim=1)  # [B, H, L, d]
+        v = v.repeat_interleave(groups, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: LlamaConfig, device=None, dtype=None):
+        super().__init__()
+        c = config
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        kw = {"bias": False, "device": device, "dtype": dtype}
+        self.q_proj = nn.Linear(c.d_model, c.num_heads * c.head_dim, **kw)
+        self.k_proj = nn.Linear(c.d_model, c.num_kv_heads * c.head_dim, **kw)
+        self.v_proj = nn.Linear(c.d_model, c.num_kv_heads * c.head_dim, **kw)
+        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.d_model, **kw)
+
+    def forward(self, x, cos, sin, kv: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata):
+        """x: [T, d_model]; kv: this layer's flat cache ``[num_slots, H_kv, d]`` K and V."""
+        T = x.shape[0]
+        q = apply_rope(self.q_proj(x).view(T, self.num_heads, self.head_dim), cos, sin)  # [T, H, d]
+        k = apply_rope(self.k_proj(x).view(T, self.num_kv_heads, self.head_dim), cos, sin)  # [T, H_kv, d]
+        v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)  # [T, H_kv, d]
+        k_cache, v_cache = kv
+        k_cache[meta.slot_mapping] = k  # write the new keys/values at their pool slots
+        v_cache[meta.slot_mapping] = v
+        out = torch.empty_like(q)  # [T, H, d]
+        for i in meta.prefill_indices:
+            self._prefill(q, k, v, k_cache, v_cache, meta, i, out)
+        if meta.decode_rows is not None:
+            self._decodes(q, k_cache, v_cache, meta, out)
+        return self.o_proj(out.view(T, self.num_heads * self.head_dim))
+
+    def _prefill(self, q, k, v, k_cache, v_cache, meta, i, out):
+        """Chunk i: its n queries attend causally to all kv_len keys of its sequence (cached + new)."""
+        start, n, kv_len = meta.q_starts[i], meta.q_lens[i], meta.kv_lens[i]
+        if kv_len == n:  # nothing cached yet: use the fresh keys, plain causal attention
+            keys, values = k[start : start + n], v[start : start + n]
+        else:  # gather this sequence's keys back from the pool through its block table
+            keys, values = k_cache[meta.kv_slots[i]], v_cache[meta.kv_slots[i]]  # [kv_len, H_kv, d]
+        keys = keys.transpose(0, 1).unsqueeze(0)  # [1, H_kv, kv_len, d]
+        values = values.transpose(0, 1).unsqueeze(0)
+        rows = max(1, MAX_SCORES_PER_CALL // (kv_len * self.num_heads))
+        for r0 in range(0, n, rows):  # query tiles bound the [rows, kv_len] score matrix on long prompts
+            r1 = min(n, r0 + rows)
+            qi = q[start + r0 : start + r1].transpose(0, 1).unsqueeze(0)  # [1, H, r1-r0, d]
+            if kv_len == n and r0 == 0 and r1 == n:
+                o = _sdpa(qi, keys, values, is_causal=True)
+            else:  # query row j (position kv_len - n + j) sees keys at positions <= its own
+                q_pos = torch.arange(kv_len - n + r0, kv_len - n + r1, device=q.device)
+                mask = torch.arange(kv_len, device=q.device)[None, :] <= q_pos[:, None]  # [rows, kv_len]
+                o = _sdpa(qi, keys, values, mask=mask)
+            out[start + r0 : start + r1] = o.squeeze(0).transpose(0, 1)  # [rows, H, d]
+
+    def _decodes(self, q, k_cache, v_cache, meta, out):
+        """All decodes at once: one query each, keys padded to the longest context and masked."""
+        rows = meta.decode_rows  # [B]
+        qd = q[rows].unsqueeze(2)  # [B, H, 1, d]
+        keys = k_cache[meta.decode_kv_slots].transpose(1, 2)  # [B, L, H_kv, d] -> [B, H_kv, L, d]
+        values = v_cache[meta.decode_kv_slots].transpose(1, 2)
+        mask = meta.decode_mask[:, None, None, :]  # [B, 1, 1, L]
+        out[rows] = _sdpa(qd, keys, values, mask=mask).squeeze(2)  # [B, H, d]
+
+
+class MLP(nn.Module):
+    """SwiGLU (Shazeer 2020): ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, config: LlamaConfig, device=None, dtype=None):
+        super().__init__()
+        kw = {"bias": False, "device": device, "dtype": dtype}
+        self.gate_proj = nn.Linear(config.d_model, config.ffn_dim, **kw)
+        self.up_proj = nn.Linear(config.d_model, config.ffn_dim, **kw)
+        self.down_proj = nn.Linear(config.ffn_dim, config.d_model, **kw)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, config: LlamaConfig, device=None, dtype=None):
+        super().__init__()
+        self.attn_norm = RMSNorm(config.d_model, config.rms_norm_eps, device, dtype)
+        self.attn = Attention(config, device, dtype)
+        self.mlp_norm = RMSNorm(config.d_model, config.rms_norm_eps, device, dtype)
+        self.mlp = MLP(config, device, dtype)
+
+    def forward(self, h, cos, sin, kv, meta):
+        h = h + self.attn(self.attn_norm(h), cos, sin, kv, meta)
+        return h + self.mlp(self.mlp_norm(h))
+
+
+class Llama(nn.Module):
+    """A Llama of any shape. ``forward`` runs one engine step over the paged cache."""
+
+    def __init__(self, config: LlamaConfig, device=None, dtype=None):
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model, device=device, dtype=dtype)
+        self.layers = nn.ModuleList(Block(config, device, dtype) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.d_model, config.rms_norm_eps, device, dtype)
+        if not config.tie_embeddings:
+            self.lm_head = nn.Linear(
+                config.d_model, config.vocab_size, bias=False, device=device, dtype=dtype
+            )
+
+    @property
+    def output_weight(self) -> torch.Tensor:
+        """``[vocab, d_model]``: the embedding matrix when tied (SmolLM2), else ``lm_head.weight``."""
+        return self.embed.weight if self.config.tie_embeddings else self.lm_head.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        cache: PagedKVCache,
+        meta: AttentionMetadata,
+        logits_rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """input_ids: [T] tokens of the step (all sequences concatenated). Writes their K/V into ``cache``.
+
+        Returns logits ``[len(logits_rows), vocab]`` for the chosen rows (default: all ``T`` rows): the
+        engine needs only the last row of each sequence, which saves the big output matmul elsewhere.
+        """
+        h = self.embed(input_ids)  # [T, d_model]
+        cos, sin = rope_cos_sin(meta.positions, self.config.head_dim, self.config.rope_theta, h.dtype)
+        for layer, block in enumerate(self.layers):
+            h = block(h, cos, sin, cache.flat(layer), meta)
+        if logits_rows is not None:
+            h = h[logits_rows]  # [R, d_model]
+        return F.linear(self.norm(h), self.output_weight)  # [R, vocab]
+
+    @torch.no_grad()
+    def init_random_(self, seed: int = 0, std: float = 0.02) -> Llama:
+        """Random weights (normal(0, std), norms at 1) for speed/memory experiments at any shape."""
+        gen = torch.Generator(device=self.embed.weight.device).manual_seed(seed)
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, std, generator=gen)
+        return self

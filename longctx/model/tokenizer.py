@@ -1,0 +1,105 @@
+"""SmolLM2's tokenizer and chat template, built from the GGUF's metadata (no transformers needed).
+
+The GGUF stores a GPT-2 style byte-level BPE (``tokenizer.ggml.model == "gpt2"``): the vocabulary already
+spelled in GPT-2's byte-to-unicode alphabet, and the merges in rank order. We rebuild it as a
+``tokenizers.Tokenizer`` with SmolLM2's own pre-tokenizer (every digit on its own, then GPT-2's regex; llama.cpp
+calls this pre-tokenizer ``smollm``) and cache its JSON. transformers' GGUF conversion does the same in ~10-30 s;
+loading the cached JSON takes a fraction of a second.
+
+The chat template is ChatML: ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message, a default system
+message first when there is none, then ``<|im_start|>assistant\\n`` to ask for the answer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+CONTROL_TOKEN_TYPE = 3  # llama.cpp's token type for special (control) tokens
+DEFAULT_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+def build_tokenizer_files(meta: dict, directory: Path) -> None:
+    """Write ``tokenizer.json`` and ``tokenizer_meta.json`` into ``directory`` from GGUF metadata."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    if meta.get("tokenizer.ggml.model") != "gpt2":
+        raise ValueError(
+            f"expected a byte-level BPE tokenizer, the GGUF has {meta.get('tokenizer.ggml.model')!r}"
+        )
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    token_types = list(meta["tokenizer.ggml.token_type"])
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"),  # each digit alone ("smollm")
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    special = [t for t, ty in zip(tokens, token_types, strict=True) if ty == CONTROL_TOKEN_TYPE]
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
+    tok.save(str(directory / "tokenizer.json"))
+    info = {
+        "bos_token_id": int(meta.get("tokenizer.ggml.bos_token_id", 1)),
+        "eos_token_id": int(meta.get("tokenizer.ggml.eos_token_id", 2)),
+        "special_tokens": special,
+        "chat_template": meta.get("tokenizer.chat_template", ""),
+    }
+    (directory / "tokenizer_meta.json").write_text(json.dumps(info, indent=1))
+
+
+def render_chat(messages: list[dict], add_generation_prompt: bool = True) -> str:
+    """SmolLM2's chat template (ChatML), hand-written; equals the GGUF's jinja template (tested)."""
+    parts = []
+    if messages and messages[0]["role"] != "system":
+        parts.append(f"<|im_start|>system\n{DEFAULT_SYSTEM_PROMPT}<|im_end|>\n")
+    for m in messages:
+        parts.append(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n")
+    if add_generation_prompt:
+        parts.append("<|im_start|>assistant\n")
+    return "".join(parts)
+
+
+class ChatTokenizer:
+    """Encode / decode text and chats. ``eos_token_id`` (``<|im_end|>``) ends an assistant turn."""
+
+    def __init__(self, directory: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        info = json.loads((directory / "tokenizer_meta.json").read_text())
+        self.bos_token_id: int = info["bos_token_id"]
+        self.eos_token_id: int = info["eos_token_id"]
+        self.chat_template: str = info["chat_template"]
+        self.special_tokens: list[str] = info["special_tokens"]
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (special tokens written in the text are recognised; no BOS is added)."""
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict] | str, add_generation_prompt: bool = True) -> str:
+        """The prompt text for ``messages`` (a string is one user message)."""
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        return render_chat(messages, add_generation_prompt)
+
+    def encode_chat(self, messages: list[dict] | str, add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of the chat prompt (what ``generate`` feeds the model unless ``--raw``)."""
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt))
+
+
+def load_tokenizer() -> ChatTokenizer:
+    """SmolLM2's tokenizer from the cache (building the cache first if needed)."""
+    from longctx.model.weights import fetch_model
+
+    return ChatTokenizer(fetch_model())
