@@ -300,13 +300,7 @@ def calibrate(
                 break
             compute_bound = new_bound
     rel = np.abs(predict(best) - y) / y
-    factors = replace(
-        k0,
-        step_overhead_s=float(best[0]),
-        per_sequence_overhead_s=float(best[1]),
-        compute_efficiency=float(1 / best[2]),
-        attention_efficiency=float(1 / best[3]),
-        memory_efficiency=float(1 / best[4]),
-    )
+    values = [float(best[0]), float(best[1]), float(1 / best[2]), float(1 / best[3]), float(1 / best[4])]
+    factors = replace(k0, **{n: v for n, v in zip(FACTOR_NAMES, values, strict=True) if n in fit})
     clipped = tuple(n for j, n in enumerate(FACTOR_NAMES) if j >= 2 and n in fit and best[j] <= 1.0 + 1e-12)
     return Calibration(factors, float(np.median(rel)), float(np.max(rel)), len(steps), clipped)

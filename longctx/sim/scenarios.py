@@ -1,0 +1,242 @@
+"""Ready-made simulator experiments used by the lessons and ``benchmarks/``.
+
+- ``exercise1``: the source's Exercise 1 at H100 scale: 16 streams decoding, then one 12K-token prompt
+  arrives; with a monolithic scheduler every stream stalls for the whole prefill, with chunked prefill
+  each stream waits at most one budget-sized step. Returns every iteration and every stream's token times.
+- ``sweep_rates`` / ``capacity``: Sarathi-Serve's capacity experiment (Agrawal et al., OSDI 2024, §5):
+  the highest request rate whose P99 inter-token latency stays under an SLO while the median scheduling
+  delay stays under 2 s (so the queue does not grow without bound).
+- ``load_recorded``: results of ``benchmarks/capacity.py`` stored in ``longctx/data/recorded/``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+
+import numpy as np
+
+from longctx.engine import ChunkedPrefillScheduler, MonolithicScheduler, Scheduler, StepRecord
+from longctx.sim.cost_model import CostFactors
+from longctx.sim.run import build_sim_engine, simulate
+from longctx.sim.workload import LogNormal, make_workload
+
+# ---- Exercise 1 ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Exercise1Result:
+    """One scheduler's run of Exercise 1. Times in seconds on the simulated clock.
+
+    ``steps``: every iteration from the long prompt's arrival until ``tail_steps`` after its first token.
+    ``stream_token_times_s``: for each of the decoding streams, the times of its tokens in that window
+    (including the last token before the arrival). ``steady_itl_s``: median gap before the arrival.
+    """
+
+    scheduler: str
+    arrival_s: float
+    long_prompt_ttft_s: float
+    steady_itl_s: float
+    max_itl_s: float
+    steps: list[StepRecord] = field(repr=False)
+    stream_token_times_s: list[list[float]] = field(repr=False)
+
+    @property
+    def jitter(self) -> float:
+        """Worst gap after the arrival over the steady gap (the source's 57x, on its own numbers)."""
+        return self.max_itl_s / self.steady_itl_s
+
+    def stream_itl_s(self) -> list[list[float]]:
+        """Inter-token gaps of each stream in the window."""
+        return [list(np.diff(t)) for t in self.stream_token_times_s]
+
+
+def _scheduler_name(s: Scheduler) -> str:
+    budget = getattr(s, "token_budget", None)
+    return "monolithic" if budget is None else f"chunked-{budget}"
+
+
+def exercise1(
+    scheduler: Scheduler,
+    model: str = "teaching-7b-mha",
+    hardware: str = "h100",
+    num_decode_streams: int = 16,
+    prompt_tokens: int = 12_000,
+    stream_context_tokens: int = 1024,
+    warmup_steps: int = 20,
+    tail_steps: int = 10,
+    factors: CostFactors | None = None,
+) -> Exercise1Result:
+    """Run Exercise 1 with ``scheduler``: streams decode, then a ``prompt_tokens`` prompt arrives."""
+    if num_decode_streams < 1 or prompt_tokens < 1:
+        raise ValueError("num_decode_streams and prompt_tokens must be >= 1")
+    max_len = prompt_tokens + stream_context_tokens + 100_000
+    engine = build_sim_engine(scheduler, model, hardware, factors, max_model_len=max_len)
+    streams = [engine.add_request([0] * stream_context_tokens, 100_000, arrival_s=0.0)
+               for _ in range(num_decode_streams)]
+    while not all(s.is_decode and s.num_output_tokens > 1 for s in streams):
+        engine.step()
+    for _ in range(warmup_steps):
+        engine.step()
+    arrival_s = engine.clock.now()
+    steady = float(np.median([g for s in streams for g in s.itl_s[-warmup_steps:]]))
+    first = {s.seq_id: len(s.token_times_s) - 1 for s in streams}
+    n_hist = len(engine.history)
+    long_req = engine.add_request([0] * prompt_tokens, 16, arrival_s=arrival_s)
+    while not long_req.token_times_s:
+        engine.step()
+    for _ in range(tail_steps):
+        engine.step()
+    times = [s.token_times_s[first[s.seq_id]:] for s in streams]
+    gaps = [g for t in times for g in np.diff(t)]
+    return Exercise1Result(
+        scheduler=_scheduler_name(scheduler),
+        arrival_s=arrival_s,
+        long_prompt_ttft_s=float(long_req.ttft_s),
+        steady_itl_s=steady,
+        max_itl_s=float(max(gaps)),
+        steps=engine.history[n_hist:],
+        stream_token_times_s=times,
+    )
+
+
+def exercise1_compare(
+    budgets: Sequence[int] = (512, 1024, 2048), **kwargs
+) -> dict[str, Exercise1Result]:
+    """Exercise 1 with the monolithic scheduler and chunked prefill at each budget, keyed by name."""
+    out = {"monolithic": exercise1(MonolithicScheduler(), **kwargs)}
+    for b in budgets:
+        out[f"chunked-{b}"] = exercise1(ChunkedPrefillScheduler(token_budget=b), **kwargs)
+    return out
+
+
+# ---- capacity (Sarathi-Serve) -----------------------------------------------------------------------------
+
+# A long-prompt workload, kept under Llama-3-8B's 8K context (assumed shape, not a recorded dataset).
+CAPACITY_PROMPT = LogNormal(median=2048, sigma=0.8, low=64, high=7168)
+CAPACITY_OUTPUT = LogNormal(median=256, sigma=0.8, low=8, high=1024)
+MAX_MEDIAN_SCHEDULING_DELAY_S = 2.0  # Sarathi-Serve's bound on queueing at "capacity"
+
+
+# vLLM V0 without chunked prefill batches whole prompts up to max(max_model_len, 2048) tokens per step.
+MONOLITHIC_MAX_BATCHED_TOKENS = 8192
+
+
+def default_schedulers(budgets: Sequence[int] = (512, 1024, 2048)) -> dict[str, Callable[[], Scheduler]]:
+    """``monolithic`` (at most 8,192 batched prompt tokens, as vLLM V0) and ``chunked-<budget>``."""
+    out: dict[str, Callable[[], Scheduler]] = {
+        "monolithic": lambda: MonolithicScheduler(max_num_batched_tokens=MONOLITHIC_MAX_BATCHED_TOKENS)
+    }
+    for b in budgets:
+        out[f"chunked-{b}"] = lambda b=b: ChunkedPrefillScheduler(token_budget=b)
+    return out
+
+
+@dataclass(frozen=True)
+class RatePoint:
+    """One simulated load: P99 ITL and median scheduling delay at ``rate_qps``."""
+
+    rate_qps: float
+    p99_itl_s: float
+    p50_ttft_s: float
+    p50_scheduling_delay_s: float
+    throughput_tok_s: float
+
+    def meets(self, slo_p99_itl_s: float, max_delay_s: float = MAX_MEDIAN_SCHEDULING_DELAY_S) -> bool:
+        return self.p99_itl_s <= slo_p99_itl_s and self.p50_scheduling_delay_s <= max_delay_s
+
+
+def run_rate(
+    scheduler_factory: Callable[[], Scheduler],
+    rate_qps: float,
+    model: str = "llama-3-8b",
+    hardware: str = "h100",
+    num_requests: int = 300,
+    prompt_tokens=CAPACITY_PROMPT,
+    output_tokens=CAPACITY_OUTPUT,
+    seed: int = 0,
+    factors: CostFactors | None = None,
+) -> RatePoint:
+    """Simulate one load. The same seed gives the same requests, arrivals scaled by 1/rate."""
+    wl = make_workload(num_requests, rate_qps, prompt_tokens, output_tokens, seed=seed)
+    r = simulate(wl, scheduler_factory(), model, hardware, factors)
+    m = r.metrics
+    return RatePoint(float(rate_qps), m.itl.p(99), m.ttft.median, float(np.median(r.scheduling_delay_s)),
+                     m.output_throughput)
+
+
+def sweep_rates(
+    scheduler_factory: Callable[[], Scheduler], rates_qps: Sequence[float], **kwargs
+) -> list[RatePoint]:
+    """``run_rate`` at each rate (for a P99-ITL-versus-load curve)."""
+    return [run_rate(scheduler_factory, r, **kwargs) for r in rates_qps]
+
+
+def capacity(
+    scheduler_factory: Callable[[], Scheduler],
+    slo_p99_itl_s: float,
+    low_qps: float = 0.25,
+    high_qps: float = 64.0,
+    iterations: int = 9,
+    max_delay_s: float = MAX_MEDIAN_SCHEDULING_DELAY_S,
+    cache: dict[float, RatePoint] | None = None,
+    **kwargs,
+) -> float:
+    """Highest rate (QPS) meeting the SLO: double from ``low_qps`` to the first failing rate, then bisect
+    on a log scale ``iterations`` times between the last passing and the first failing rate.
+
+    Returns 0.0 if even ``low_qps`` fails, ``high_qps`` if that passes. ``cache`` (rate -> RatePoint)
+    lets several SLOs share the simulated loads of one scheduler.
+    """
+    cache = {} if cache is None else cache
+
+    def ok(rate: float) -> bool:
+        if rate not in cache:
+            cache[rate] = run_rate(scheduler_factory, rate, **kwargs)
+        return cache[rate].meets(slo_p99_itl_s, max_delay_s)
+
+    if not ok(low_qps):
+        return 0.0
+    lo = low_qps  # scan up by doublings to the first failure (a short run can pass again when overloaded)
+    while True:
+        hi = min(2 * lo, high_qps)
+        if not ok(hi):
+            break
+        if hi >= high_qps:
+            return high_qps
+        lo = hi
+    for _ in range(iterations):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo
+
+
+def capacity_table(
+    models: Sequence[str] = ("llama-3-8b", "mistral-7b"),
+    slos_s: Sequence[float] = (0.1, 0.5),
+    schedulers: dict[str, Callable[[], Scheduler]] | None = None,
+    hardware: str = "h100",
+    **kwargs,
+) -> list[dict]:
+    """Rows ``{model, gpu, scheduler, slo_p99_itl_s, capacity_qps}`` for every combination."""
+    schedulers = schedulers or default_schedulers()
+    rows = []
+    for model in models:
+        caches: dict[str, dict] = {name: {} for name in schedulers}
+        for slo in slos_s:
+            for name, factory in schedulers.items():
+                cap = capacity(factory, slo, model=model, hardware=hardware, cache=caches[name], **kwargs)
+                rows.append({"model": model, "gpu": hardware, "scheduler": name, "slo_p99_itl_s": slo,
+                             "capacity_qps": cap})
+    return rows
+
+
+def load_recorded(name: str = "sim_capacity.json") -> dict:
+    """A JSON result recorded by ``benchmarks/`` (in ``longctx/data/recorded/``)."""
+    path = resources.files("longctx") / "data" / "recorded" / name
+    if not path.is_file():
+        raise ValueError(f"no recorded result {name!r}; run benchmarks/capacity.py to produce it")
+    return json.loads(path.read_text())

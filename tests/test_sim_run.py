@@ -1,0 +1,77 @@
+"""The simulator's run loop: deterministic, metrics as vLLM defines them, KV limits and preemption."""
+
+import json
+
+import pytest
+
+from longctx.engine import SLO, ChunkedPrefillScheduler, MonolithicScheduler
+from longctx.sim import kv_pool_blocks, make_workload, simulate
+from longctx.sim.scenarios import capacity, exercise1, exercise1_compare, run_rate
+
+
+def _run(seed=0, **kw):
+    wl = make_workload(60, 10.0, 512, 32, seed=seed)
+    return simulate(wl, ChunkedPrefillScheduler(256), "llama-3-8b", "h100", **kw)
+
+
+def test_same_seed_identical_json():
+    a, b = _run(3).to_dict(), _run(3).to_dict()
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    assert json.dumps(_run(4).to_dict()) != json.dumps(a)
+
+
+def test_result_keys_and_consistency():
+    r = _run(slo=SLO(ttft_s=10.0))
+    d = r.to_dict()
+    for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
+        assert set(d[key]) >= {"p50", "p90", "p95", "p99"}
+        assert d[key]["p50"] <= d[key]["p90"] <= d[key]["p95"] <= d[key]["p99"]
+    assert d["completed"] == 60 and d["goodput_req_s"] == pytest.approx(d["request_throughput_req_s"])
+    assert d["throughput_tok_s"] == pytest.approx(60 * 32 / d["duration_s"])
+    # steps are back to back or idle gaps, never overlapping
+    for s, t in zip(r.steps, r.steps[1:], strict=False):
+        assert t.start_s >= s.end_s - 1e-12
+
+
+def test_kv_pool_from_gpu_memory():
+    # (0.9 * 80e9 - 8.03e9 * 2) / (16 * 131072) for Llama-3-8B bf16 on an H100
+    assert kv_pool_blocks("llama-3-8b", "h100") == int((0.9 * 80e9 - 2 * 8_030_261_248) // (16 * 131072))
+    with pytest.raises(ValueError, match="no room"):
+        kv_pool_blocks("llama-3.1-70b", "h100")
+
+
+def test_small_pool_preempts_and_still_finishes():
+    wl = make_workload(40, float("inf"), 400, 200, seed=0)
+    r = simulate(wl, ChunkedPrefillScheduler(512), "llama-3-8b", "h100", num_blocks=120)
+    assert r.metrics.completed == 40 and r.num_preemptions > 0
+
+
+def test_chunking_bounds_the_decode_stall():
+    mono, chunk = exercise1(MonolithicScheduler()), exercise1(ChunkedPrefillScheduler(512))
+    # Monolithic: a stream's gap covers the whole 12K prefill; chunked: about one 512-token step.
+    assert mono.max_itl_s > 0.2 and mono.max_itl_s > 10 * mono.steady_itl_s
+    assert chunk.max_itl_s < 0.05 and chunk.long_prompt_ttft_s >= mono.long_prompt_ttft_s
+    assert len(mono.stream_token_times_s) == 16 and mono.steps
+
+
+def test_exercise1_compare_budgets_order():
+    res = exercise1_compare(budgets=(512, 2048))
+    assert list(res) == ["monolithic", "chunked-512", "chunked-2048"]
+    assert res["chunked-512"].max_itl_s < res["chunked-2048"].max_itl_s < res["monolithic"].max_itl_s
+
+
+def test_chunked_prefill_meets_a_strict_itl_slo_that_monolithic_misses():
+    mono = run_rate(lambda: MonolithicScheduler(8192), 4.0, num_requests=60)
+    chunk = run_rate(lambda: ChunkedPrefillScheduler(512), 4.0, num_requests=60)
+    assert not mono.meets(0.1) and chunk.meets(0.1)
+    assert chunk.p99_itl_s < 0.05 < 0.1 < mono.p99_itl_s
+
+
+def test_capacity_search_brackets_the_answer():
+    cache = {}
+    cap = capacity(lambda: ChunkedPrefillScheduler(512), 0.1, low_qps=1.0, high_qps=64.0, iterations=2,
+                   max_delay_s=0.2, num_requests=40, cache=cache)
+    assert 1.0 <= cap < 64.0
+    passing = [r for r, p in cache.items() if p.meets(0.1, 0.2)]
+    failing = [r for r, p in cache.items() if not p.meets(0.1, 0.2)]
+    assert cap == max(r for r in passing if r < min(failing))
