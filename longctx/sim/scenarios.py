@@ -175,6 +175,22 @@ def sweep_rates(
     return [run_rate(scheduler_factory, r, **kwargs) for r in rates_qps]
 
 
+def p99_itl_curve(
+    rates_qps: Sequence[float] = (1, 2, 4, 8, 16),
+    schedulers: dict[str, Callable[[], Scheduler]] | None = None,
+    num_requests: int = 150,
+    **kwargs,
+) -> dict[str, list[RatePoint]]:
+    """Lesson 02's live curve: P99 ITL (and scheduling delay) versus load for each scheduler.
+
+    Small by default (150 requests per load, about a second per point on one core); the full experiment
+    is ``benchmarks/capacity.py`` (its results: ``load_recorded()``).
+    """
+    schedulers = schedulers or {k: v for k, v in default_schedulers((512,)).items()}
+    return {name: sweep_rates(f, rates_qps, num_requests=num_requests, **kwargs)
+            for name, f in schedulers.items()}
+
+
 def capacity(
     scheduler_factory: Callable[[], Scheduler],
     slo_p99_itl_s: float,

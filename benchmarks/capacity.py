@@ -1,0 +1,95 @@
+"""Sarathi-Serve's capacity experiment at H100 scale, in the simulator.
+
+Capacity = the highest Poisson request rate whose P99 inter-token latency stays under an SLO while the
+median scheduling delay stays under 2 s (Agrawal et al., OSDI 2024, §5.1). Monolithic prefill-first
+(vLLM V0, <= 8,192 batched tokens) versus chunked prefill with budgets 512, 1024 and 2048, for Llama-3-8B
+and Mistral-7B on one H100, strict (100 ms) and relaxed (500 ms) SLOs. Workload: lognormal prompts
+(median 2,048, sigma 0.8, 64-7,168 tokens) and outputs (median 256, sigma 0.8, 8-1,024): an assumed
+long-prompt mix, not a recorded dataset. Cost-model factors: the uncalibrated defaults of
+``longctx.sim.cost_model``.
+
+    .venv/bin/python benchmarks/capacity.py [--num-requests 400] [--plot capacity.png] [--record]
+
+``--record`` writes ``longctx/data/recorded/sim_capacity.json`` (read it with
+``longctx.sim.scenarios.load_recorded()``). The paper reports 2.6x more capacity for Mistral-7B on one A100
+under the strict SLO; compare the shape (who wins, by how much, under which SLO), not the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import pathlib
+import platform
+import time
+
+from longctx.sim.cost_model import CostFactors
+from longctx.sim.scenarios import CAPACITY_OUTPUT, CAPACITY_PROMPT, capacity_table
+
+RECORD = pathlib.Path(__file__).resolve().parents[1] / "longctx" / "data" / "recorded" / "sim_capacity.json"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--num-requests", type=int, default=400)
+    ap.add_argument("--iterations", type=int, default=6, help="bisection steps after the doubling scan")
+    ap.add_argument("--gpu", default="h100")
+    ap.add_argument("--plot", default=None, help="save a bar chart (png/pdf)")
+    ap.add_argument("--record", action="store_true", help=f"write {RECORD.name} for the lessons")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    rows = capacity_table(hardware=args.gpu, num_requests=args.num_requests, iterations=args.iterations)
+    wall_s = time.perf_counter() - t0
+    print(f"{'model':<12}{'SLO P99 ITL':>12}  {'scheduler':<14}{'capacity req/s':>15}{'x monolithic':>14}")
+    for r in rows:
+        base = next(x["capacity_qps"] for x in rows if x["model"] == r["model"]
+                    and x["slo_p99_itl_s"] == r["slo_p99_itl_s"] and x["scheduler"] == "monolithic")
+        r["gain_vs_monolithic"] = r["capacity_qps"] / base if base else None
+        gain = "-" if r["gain_vs_monolithic"] is None else f"{r['gain_vs_monolithic']:.2f}x"
+        print(f"{r['model']:<12}{1e3 * r['slo_p99_itl_s']:>10.0f}ms  {r['scheduler']:<14}"
+              f"{r['capacity_qps']:>15.2f}{gain:>14}")
+    print(f"({wall_s:.0f} s; {args.num_requests} requests per load; Sarathi-Serve: 2.6x for Mistral-7B on A100)")
+    if args.plot:
+        plot(rows, args.plot)
+    if args.record:
+        RECORD.parent.mkdir(parents=True, exist_ok=True)
+        RECORD.write_text(json.dumps({
+            "what": "capacity (req/s) under a P99 ITL SLO and median scheduling delay <= 2 s, simulated",
+            "produced_by": "benchmarks/capacity.py",
+            "date": datetime.date.today().isoformat(),
+            "python": platform.python_version(),
+            "num_requests": args.num_requests,
+            "workload": {"prompt_tokens": vars(CAPACITY_PROMPT), "output_tokens": vars(CAPACITY_OUTPUT),
+                         "arrival": "poisson", "seed": 0},
+            "factors": vars(CostFactors()),
+            "rows": rows,
+        }, indent=1) + "\n")
+        print(f"recorded {RECORD}")
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = sorted({r["model"] for r in rows})
+    slos = sorted({r["slo_p99_itl_s"] for r in rows})
+    scheds = list(dict.fromkeys(r["scheduler"] for r in rows))
+    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 3.6), squeeze=False)
+    width = 0.8 / len(scheds)
+    for ax, model in zip(axes[0], models, strict=True):
+        for j, s in enumerate(scheds):
+            ys = [next(r["capacity_qps"] for r in rows if r["model"] == model and r["scheduler"] == s
+                       and r["slo_p99_itl_s"] == slo) for slo in slos]
+            ax.bar([i + j * width for i in range(len(slos))], ys, width, label=s)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(slos))], [f"P99 ITL < {1e3 * s:.0f} ms" for s in slos])
+        ax.set(title=f"{model} on {rows[0]['gpu']}", ylabel="capacity (req/s)")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+if __name__ == "__main__":
+    main()
