@@ -106,12 +106,13 @@ def run_checks() -> list[Check]:
 
 
 def _model_cache_check() -> Check:
-    try:
-        from longctx.model.weights import cache_status  # written with the engine; optional here
-    except ImportError:
-        return Check("model cache", True, "engine not installed in this version")
-    ok, detail = cache_status()
-    return Check("model cache", ok, detail, "python -m longctx fetch-model")
+    """The dequantized model cache that ``fetch-model`` writes (the lessons load it in about a second)."""
+    from longctx.model.weights import is_cached, model_dir
+
+    directory = model_dir()
+    if is_cached(directory):
+        return Check("model cache", True, str(directory))
+    return Check("model cache", False, f"{directory} is empty", "python -m longctx fetch-model")
 
 
 def format_report(checks: list[Check]) -> str:
