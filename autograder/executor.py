@@ -79,6 +79,11 @@ def main():
                         return None
             return super().output(outs, msg, display_id, cell_index)
 
+        async def _async_handle_timeout(self, timeout, cell=None):
+            if self.current_index not in status["timeouts"]:
+                status["timeouts"].append(self.current_index)
+            return await super()._async_handle_timeout(timeout, cell)
+
     client = CappedClient(nb, timeout=int(job["cell_timeout_s"]), kernel_name="lcgrader", allow_errors=True,
                           interrupt_on_timeout=True, record_timing=False, shutdown_kernel="immediate",
                           resources={"metadata": {"path": "/"}}, startup_timeout=120)
@@ -102,10 +107,12 @@ def main():
                                   detail=f"the notebook used up its {job['deadline_s']} s time limit")
                     return
                 client.timeout = int(min(float(job["cell_timeout_s"]), remaining))
+                client.current_index = index
                 try:
                     await client.async_execute_cell(cell, index, execution_count=None)
                 except CellTimeoutError:
-                    status["timeouts"].append(index)
+                    if index not in status["timeouts"]:
+                        status["timeouts"].append(index)
                 except DeadKernelError:
                     code = kernel_exit()
                     status.update(state="kernel_died", failed_cell=index, kernel_exit=code,
@@ -116,6 +123,7 @@ def main():
                     nbformat.write(nb, out_path + ".tmp")
                     os.replace(out_path + ".tmp", out_path)
                     write_json_atomic(status_path, status)
+                await contain_fork_bomb(client, job, status, index)
                 if not await client.km.is_alive():
                     code = kernel_exit()
                     status.update(state="kernel_died", failed_cell=index, kernel_exit=code,
@@ -132,6 +140,40 @@ def main():
     os.replace(out_path + ".tmp", out_path)
     status["elapsed_s"] = round(time.monotonic() - start, 2)
     write_json_atomic(status_path, status)
+
+
+REAP = ("import os as _o\nwhile True:\n    try:\n        _p, _ = _o.waitpid(-1, _o.WNOHANG)\n"
+        "    except ChildProcessError:\n        break\n    if _p == 0:\n        break\ndel _o")
+
+
+async def contain_fork_bomb(client, job, status, index):
+    """When a cell leaves at least half the process limit behind, stop those processes and reap them."""
+    uid = int(job["uid"])
+    try:
+        kernel_pid = client.km.provisioner.process.pid
+    except Exception:  # noqa: BLE001
+        return
+    strays = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != kernel_pid:
+            try:
+                if os.stat(f"/proc/{name}").st_uid == uid:
+                    strays.append(int(name))
+            except OSError:
+                continue
+    if len(strays) < int(job["max_processes"]) // 2:
+        return
+    for pid in strays:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    status.setdefault("process_limit_cells", []).append(index)
+    try:
+        await client.kc.execute_interactive(REAP, silent=True, store_history=False, timeout=30,
+                                            output_hook=lambda msg: None)
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def describe_exit(code):

@@ -475,6 +475,8 @@ def _status_text(job):
             extra.append(f"{len(r.timeouts)} cell(s) timed out")
         if r.truncated_cells:
             extra.append("output truncated")
+        if r.process_limit_cells:
+            extra.append("process limit hit")
         return "ok" + (f" ({', '.join(extra)})" if extra else "")
     if r.state == "kernel_died":
         return "out of memory" if "memory" in r.detail else "kernel died"
@@ -498,6 +500,9 @@ def write_reports(root, jobs, skipped):
                     lines.append(f"  cells stopped by the per-cell time limit: {', '.join(map(str, r.timeouts))}")
                 if r.truncated_cells:
                     lines.append(f"  cells whose output was cut: {', '.join(map(str, r.truncated_cells))}")
+                if r.process_limit_cells:
+                    lines.append("  process limit: cells " + ", ".join(map(str, r.process_limit_cells)) +
+                                 " left too many processes behind (a fork bomb?); they were stopped")
             oom = _looks_out_of_memory(job)
             if oom:
                 lines.append(f"  out of memory: {oom}")

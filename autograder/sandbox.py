@@ -55,6 +55,7 @@ class RunResult:
     timeouts: list = field(default_factory=list)
     truncated_cells: list = field(default_factory=list)
     kernel_exit: int | None = None
+    process_limit_cells: list = field(default_factory=list)
     elapsed_s: float = 0.0
     sandbox_log: str = ""
     oom_killed: bool = False
@@ -192,6 +193,7 @@ def build_command(*, course_root: str, ctl_dir: str, submission_dir: str, limits
     cmd = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
            "--unshare-uts", "--unshare-cgroup-try", "--hostname", "grader",
            "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_CHOWN",
+           "--cap-add", "CAP_KILL",
            *_bind_system(),
            "--proc", "/proc", "--dev", "/dev",
            "--perms", "1777", "--size", str(limits.tmpfs_bytes), "--tmpfs", "/tmp",
@@ -292,7 +294,8 @@ def run(*, course_root: str, ctl_dir: str, submission_dir: str, slot: int, limit
     result = RunResult(state=status.get("state", "sandbox_failed"), detail=status.get("detail", ""),
                        cells_done=status.get("cells_done", 0), failed_cell=status.get("failed_cell"),
                        timeouts=status.get("timeouts", []), truncated_cells=status.get("truncated_cells", []),
-                       kernel_exit=status.get("kernel_exit"), elapsed_s=round(elapsed, 1),
+                       kernel_exit=status.get("kernel_exit"),
+                       process_limit_cells=status.get("process_limit_cells", []), elapsed_s=round(elapsed, 1),
                        sandbox_log=log.text(), oom_killed=oom)
     if killed:
         result.state, result.detail = "timeout", f"the notebook ran past its {limits.wall_s:g} s time limit"
