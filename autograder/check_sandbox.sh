@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Says whether this machine can run `make grade`'s sandbox, and what to install if not.
+# Usage: autograder/check_sandbox.sh [--install]     (--install: apt-get install bubblewrap when missing)
+set -u
+ok=1
+say() { printf '%s\n' "$*"; }
+if [ "$(uname -s)" != "Linux" ]; then say "MISSING: Linux (the sandbox uses Linux namespaces)"; exit 1; fi
+if [ "$(id -u)" != 0 ]; then
+  say "MISSING: root. Run as root (sudo make grade, or the CI container): the sandbox switches each notebook"
+  say "         to an unprivileged user and mounts its private view of the filesystem."
+  ok=0
+fi
+if ! command -v bwrap >/dev/null 2>&1; then
+  if [ "${1:-}" = "--install" ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    say "installing bubblewrap ..."
+    (apt-get install -y bubblewrap >/dev/null 2>&1 || (apt-get update >/dev/null 2>&1 && apt-get install -y bubblewrap >/dev/null 2>&1)) \
+      || say "MISSING: bubblewrap (apt-get install -y bubblewrap failed)"
+  fi
+fi
+if ! command -v bwrap >/dev/null 2>&1; then
+  say "MISSING: bubblewrap: apt-get install -y bubblewrap (Debian/Ubuntu) or dnf install bubblewrap"
+  ok=0
+elif ! bwrap --die-with-parent --unshare-pid --unshare-net --ro-bind / / --proc /proc --dev /dev -- /bin/true 2>/tmp/.bwrap_probe.$$; then
+  say "MISSING: permission to create namespaces: $(cat /tmp/.bwrap_probe.$$)"
+  say "         (in Docker: --privileged, or --security-opt seccomp=unconfined --cap-add SYS_ADMIN)"
+  ok=0
+fi
+rm -f /tmp/.bwrap_probe.$$
+if [ -w /sys/fs/cgroup/memory ] && [ -w /sys/fs/cgroup/pids ]; then
+  say "ok: cgroup v1 memory+pids writable: each notebook also gets a total memory and process limit"
+else
+  say "note: no writable cgroup v1 memory/pids hierarchy: limits are per process (RLIMIT_AS, RLIMIT_NPROC)"
+fi
+if [ $ok = 1 ]; then say "ok: the grading sandbox works here (bubblewrap $(bwrap --version | cut -d' ' -f2))"; exit 0; fi
+exit 1
