@@ -281,9 +281,12 @@ def prepare(job, config, root, work):
         shutil.copyfile(blank, path)
         nb = sanitize(nbformat.read(path, as_version=4))
 
-    student_code = "\n".join(c.source for c in nb.cells if c.cell_type == "code" and not
-                             (utils.is_grade(c) and not utils.is_solution(c)))
-    job.flags = sorted({word for word in SUSPICIOUS if word in student_code})
+    def student_code(notebook):  # answer cells and cells the student added, not the lesson's own cells
+        return "\n".join(c.source for c in notebook.cells if c.cell_type == "code" and
+                          (utils.is_solution(c) or "nbgrader" not in c.get("metadata", {})))
+
+    released_code = student_code(nbformat.read(blank, as_version=4))
+    job.flags = sorted({w for w in SUSPICIOUS if w in student_code(nb) and w not in released_code})
 
     grading_path = os.path.join(root, "longctx", "grading.py")
     preamble = ("import sys as _lcg_sys, importlib.util as _lcg_iu, warnings as _lcg_w; "
@@ -411,12 +414,8 @@ def main(argv=None):
 
 
 def extra_read_only_paths():
-    """Folders the lessons may read at grading time (model caches), mounted read-only when present."""
+    """Extra folders the lessons may read ($LONGCTX_GRADER_READONLY); the model cache is always mounted."""
     paths = [p for p in os.environ.get("LONGCTX_GRADER_READONLY", "").split(os.pathsep) if p]
-    for env in ("LONGCTX_CACHE", "LONGCTX_CACHE_DIR"):
-        if os.environ.get(env):
-            paths.append(os.environ[env])
-    paths.append(os.path.join(os.path.expanduser("~"), ".cache", "longctx"))
     return [os.path.abspath(p) for p in paths if os.path.isdir(p)]
 
 

@@ -61,6 +61,11 @@ class RunResult:
     oom_killed: bool = False
 
 
+def model_cache_dir() -> str:
+    """longctx's model cache (longctx.model.weights.cache_dir): $LONGCTX_CACHE_DIR or ~/.cache/longctx."""
+    return os.path.abspath(os.path.expanduser(os.environ.get("LONGCTX_CACHE_DIR") or "~/.cache/longctx"))
+
+
 def venv_python() -> str:
     return sys.executable
 
@@ -207,6 +212,10 @@ def build_command(*, course_root: str, ctl_dir: str, submission_dir: str, limits
     for path in extra_ro or []:
         if os.path.exists(path):
             cmd += ["--ro-bind", path, path]
+    cache = model_cache_dir()
+    if os.path.isdir(cache):  # the dequantized model, read-only, where longctx looks for it
+        cmd += ["--ro-bind", cache, cache]
+        env["LONGCTX_CACHE_DIR"] = cache
     cmd += ["--clearenv"]
     for key, value in env.items():
         cmd += ["--setenv", key, value]

@@ -87,3 +87,25 @@ def test_missing_sandbox_is_reported_clearly(monkeypatch, capsys):
     monkeypatch.setattr(grade.sandbox, "check", lambda: ["bubblewrap is not installed: `apt-get install -y bubblewrap`"])
     assert grade.main(["--course-root", h.REPO]) == 2
     assert "apt-get install -y bubblewrap" in capsys.readouterr().out
+
+
+def _released_lessons():
+    lessons = os.path.join(h.REPO, "lessons")
+    return sorted(d for d in os.listdir(lessons) if os.path.isfile(os.path.join(h.REPO, "solutions", d, f"{d}.ipynb"))
+                  and os.path.isfile(os.path.join(lessons, d, f"{d}.ipynb"))) if os.path.isdir(lessons) else []
+
+
+@pytest.mark.skipif(not _released_lessons(), reason="no released lessons yet")
+def test_real_lessons_solutions_full_marks_released_zero(tmp_path):
+    """Every real lesson: its solution earns every point, its untouched release earns none."""
+    lessons = _released_lessons()
+    root = h.make_course(tmp_path, lessons=lessons, use_real_lessons=True)
+    for lesson in lessons:
+        h.submit(root, "solution", lesson, h.solution(root, lesson))
+        h.submit(root, "untouched", lesson, h.released(root, lesson))
+    result = h.grade(root, "--jobs", "2", timeout=1500)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    _, rows = h.read_grades(root)
+    for row in rows:
+        expected = float(row["max_score"]) if row["student_id"] == "solution" else 0.0
+        assert float(row["score"]) == expected, (row, h.report(root, row["student_id"]))
