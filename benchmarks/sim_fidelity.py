@@ -1,7 +1,7 @@
 """Simulator fidelity: calibrate on one workload run by the real engine on this CPU, predict another.
 
 1. Measure this CPU (numpy GEMM peak, copy bandwidth) as a ``HardwareSpec``.
-2. Workload A (calibration): the real engine (SmolLM2-135M, fp32, ``TorchExecutor``) serves 16 requests
+2. Workload A (calibration): the real engine (SmolLM2-135M, fp32, ``TorchExecutor``) serves 10 requests
    sent at once, chunked prefill with a 256-token budget; every step's composition and time is recorded
    and ``calibrate`` fits the cost model's efficiencies and overheads.
 3. Workload B (prediction, different lengths, arrivals and budget): Poisson arrivals, lognormal prompts,
@@ -68,21 +68,21 @@ def main() -> None:
     vocab = model.config.vocab_size
     hw = measure_cpu_hardware()
     print(f"CPU ({torch.get_num_threads()} torch threads): {hw.peak_flops_per_s / 1e9:.1f} GFLOP/s fp32 GEMM, "
-          f"{hw.memory_bandwidth_bytes_per_s / 1e9:.1f} GB/s copy")
+          f"{hw.memory_bandwidth_bytes_per_s / 1e9:.1f} GB/s copy", flush=True)
     ex = CostModelExecutor("smollm2-135m", hw, weight_dtype="fp32", kv_dtype="fp32")
 
     # warm-up (first torch calls are slow)
     run_real(model, make_workload(2, float("inf"), 64, 4, seed=99), ChunkedPrefillScheduler(256), vocab)
 
-    wl_a = make_workload(16, float("inf"), Uniform(32, 700), Uniform(8, 40), seed=1)
+    wl_a = make_workload(10, float("inf"), Uniform(32, 500), Uniform(8, 24), seed=1)
     t0 = time.perf_counter()
     _, steps_a = run_real(model, wl_a, ChunkedPrefillScheduler(256), vocab)
     cal = calibrate(ex, steps_a)
     print(f"calibration on A: {len(steps_a)} steps in {time.perf_counter() - t0:.1f} s; fit median |error| "
-          f"{100 * cal.median_abs_rel_error:.1f} %, max {100 * cal.max_abs_rel_error:.1f} %; clipped {cal.clipped}")
+          f"{100 * cal.median_abs_rel_error:.1f} %, max {100 * cal.max_abs_rel_error:.1f} %; clipped {cal.clipped}", flush=True)
     print("  factors: " + ", ".join(f"{k}={v:.3g}" for k, v in vars(cal.factors).items()))
 
-    wl_b = make_workload(24, 1.5, LogNormal(300, 0.7, low=32, high=1500), Uniform(16, 48), seed=2)
+    wl_b = make_workload(12, 1.0, LogNormal(250, 0.6, low=32, high=1000), Uniform(12, 32), seed=2)
     t0 = time.perf_counter()
     real_b, steps_b = run_real(model, wl_b, ChunkedPrefillScheduler(512), vocab, seed=2)
     real_wall_s = time.perf_counter() - t0
@@ -96,7 +96,7 @@ def main() -> None:
         ("median ITL", m_sim.itl.median, m_real.itl.median),
         ("median E2E", m_sim.e2e.median, m_real.e2e.median),
     ]
-    print(f"\nworkload B: {len(wl_b)} requests, Poisson 1.5 req/s, chunked-512 "
+    print(f"\nworkload B: {len(wl_b)} requests, Poisson 1 req/s, chunked-512 "
           f"(real {real_wall_s:.1f} s, simulated in {sim_wall_s:.2f} s)")
     print(f"{'metric':<14}{'predicted ms':>14}{'measured ms':>13}{'error':>9}  target")
     out = []
