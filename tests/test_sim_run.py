@@ -75,3 +75,14 @@ def test_capacity_search_brackets_the_answer():
     passing = [r for r, p in cache.items() if p.meets(0.1, 0.2)]
     failing = [r for r, p in cache.items() if not p.meets(0.1, 0.2)]
     assert cap == max(r for r in passing if r < min(failing))
+
+
+def test_recorded_capacity_and_live_curve():
+    from longctx.sim.scenarios import load_recorded, p99_itl_curve
+
+    rec = load_recorded()
+    assert {"model", "scheduler", "slo_p99_itl_s", "capacity_qps"} <= set(rec["rows"][0])
+    with pytest.raises(ValueError, match="no recorded result"):
+        load_recorded("sim_nothing.json")
+    curve = p99_itl_curve(rates_qps=(2.0,), num_requests=20)
+    assert list(curve) == ["monolithic", "chunked-512"] and curve["monolithic"][0].rate_qps == 2.0
