@@ -35,13 +35,16 @@ lab: $(SETUP)
 	$(VENV)/bin/jupyter lab --no-browser --port=$(PORT) --ServerApp.root_dir=lessons
 
 test: $(SETUP)
-	$(VENV)/bin/ruff check longctx tests benchmarks autograder
+	autograder/check_sandbox.sh --install
+	$(VENV)/bin/ruff check longctx tests benchmarks autograder scripts
 	$(PY) -m pytest
 
 release: $(SETUP)
 	$(PY) scripts/release.py
 
+# Grading runs each submission in a bubblewrap sandbox (root, Linux): see autograder/README.md.
 grade: $(SETUP)
+	autograder/check_sandbox.sh --install
 	$(PY) autograder/grade.py $(if $(JOBS),--jobs $(JOBS))
 
 bench: $(SETUP)
