@@ -88,7 +88,7 @@ SMOLLM2_135M = LlamaConfig(
     head_dim=64,
     ffn_dim=1536,
     rope_theta=100000.0,
-    rms_norm_eps=1e-5,
+    rms_norm_eps=9.999999747378752e-06,  # 1e-5 as the GGUF stores it (float32)
     max_model_len=8192,
     tie_embeddings=True,
 )

@@ -1,0 +1,200 @@
+"""Decode starvation, measured: 8 decoding streams, then one long prompt arrives.
+
+Monolithic prefill-first scheduling stops every stream for the whole prefill of the long prompt; chunked
+prefill (Sarathi-Serve's stall-free order) caps each step at ``token_budget`` tokens, so the streams keep
+decoding while the prompt is prefilled a chunk per step. For each scheduler this prints the streams' inter-
+token latency (median, P99, max, and max over the decode-only median measured before the arrival) and the
+long prompt's time to first token. It recommends the largest budget whose max ITL stays within
+``--max-ratio`` (3x) of the decode-only median ITL.
+
+    python benchmarks/decode_starvation.py                       # the full table (~1-2 min on 2 cores)
+    python benchmarks/decode_starvation.py --prompt-tokens 1024 --budgets 64,256 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+STREAM_TOPICS = [
+    "the water cycle",
+    "how bees make honey",
+    "why the sky is blue",
+    "the history of chess",
+    "how a bicycle stays upright",
+    "what causes the seasons",
+    "how vaccines work",
+    "the life of a star",
+    "how rainbows form",
+    "the rules of football",
+    "how computers add numbers",
+    "why leaves change colour",
+]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--prompt-tokens", type=int, default=2048, help="tokens of the long prompt")
+    p.add_argument("--streams", type=int, default=8, help="decoding streams already running")
+    p.add_argument("--budgets", default="32,64,128,256", help="comma-separated token budgets to try")
+    p.add_argument("--no-monolithic", action="store_true", help="skip the monolithic baseline")
+    p.add_argument(
+        "--warmup-tokens", type=int, default=8, help="stream tokens before the long prompt arrives"
+    )
+    p.add_argument(
+        "--after-tokens", type=int, default=4, help="long-prompt tokens to generate before stopping"
+    )
+    p.add_argument("--max-ratio", type=float, default=3.0, help="max ITL / decode-only median ITL allowed")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
+    args = p.parse_args(argv)
+    args.budgets = [int(b) for b in args.budgets.split(",") if b.strip()]
+    if args.prompt_tokens < 1 or args.streams < 1 or any(b < 1 for b in args.budgets):
+        p.error("--prompt-tokens, --streams and every budget must be >= 1")
+    return args
+
+
+def long_prompt_ids(tokenizer, n: int) -> list[int]:
+    text = (
+        "The committee met on a grey morning to review the annual report on river water quality. "
+        "Sampling stations along the upper valley recorded nitrate levels, temperature, and flow, "
+        "and each section of the report compares this year with the previous decade. "
+    )
+    ids: list[int] = []
+    while len(ids) < n:
+        ids += tokenizer.encode(text)
+    return ids[:n]
+
+
+def run_one(model, tokenizer, scheduler, args) -> dict:
+    from longctx.engine import Engine
+    from longctx.engine.torch_executor import TorchExecutor
+    from longctx.kv.block_manager import BlockManager, blocks_for_tokens
+
+    stream_ids = [
+        tokenizer.encode_chat(f"Explain {STREAM_TOPICS[i % len(STREAM_TOPICS)]} in detail.")
+        for i in range(args.streams)
+    ]
+    long_ids = long_prompt_ids(tokenizer, args.prompt_tokens)
+    max_stream_tokens = 512
+    num_blocks = blocks_for_tokens(args.prompt_tokens + 64, 16) + sum(
+        blocks_for_tokens(len(s) + max_stream_tokens, 16) for s in stream_ids
+    )
+    engine = Engine(TorchExecutor(model, num_blocks, 16), scheduler, BlockManager(num_blocks, 16))
+    streams = [engine.add_request(ids, max_tokens=max_stream_tokens, eos_token_id=-1) for ids in stream_ids]
+    while min(s.num_output_tokens for s in streams) < args.warmup_tokens + 1:
+        engine.step()
+    arrival_s = engine.clock.now()
+    base = [g for s in streams for g in s.itl_s]  # decode-only gaps before the arrival
+    first_token_index = {s.seq_id: s.num_output_tokens for s in streams}
+    long = engine.add_request(long_ids, max_tokens=args.after_tokens + 1, eos_token_id=-1)
+    while long.num_output_tokens < args.after_tokens + 1:
+        engine.step()
+        if any(s.num_output_tokens > max_stream_tokens - 2 for s in streams):
+            raise RuntimeError("the streams ran out of tokens before the long prompt finished")
+    gaps = []  # stream gaps from the last token before the arrival to the end
+    for s in streams:
+        t = s.token_times_s[first_token_index[s.seq_id] - 1 :]
+        gaps += [b - a for a, b in zip(t, t[1:], strict=False)]
+    gaps.sort()
+    base_median = statistics.median(base)
+    itl_max = max(gaps)
+    prefill_steps = [r for r in engine.history if r.end_s > arrival_s and long.seq_id in r.seq_ids]
+    return {
+        "scheduler": "monolithic" if scheduler.token_budget is None else "chunked",
+        "token_budget": scheduler.token_budget,
+        "itl_median_s": statistics.median(gaps),
+        "itl_p99_s": gaps[min(len(gaps) - 1, int(round(0.99 * (len(gaps) - 1))))],
+        "itl_max_s": itl_max,
+        "itl_decode_only_median_s": base_median,
+        "max_over_decode_only_median": itl_max / base_median,
+        "ttft_long_s": long.ttft_s,
+        "long_prefill_steps": len(prefill_steps) - args.after_tokens,
+        "num_stream_gaps": len(gaps),
+        "timeline": [
+            {
+                "start_s": round(r.start_s - arrival_s, 5),
+                "duration_s": round(r.duration_s, 5),
+                "prefill_tokens": r.num_prefill_tokens,
+                "decode_tokens": r.num_decode_tokens,
+            }
+            for r in engine.history
+        ],
+    }
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    from longctx.engine import ChunkedPrefillScheduler, MonolithicScheduler
+    from longctx.model.tokenizer import load_tokenizer
+    from longctx.model.weights import load_model
+
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load_model(), load_tokenizer()
+    schedulers = [] if args.no_monolithic else [MonolithicScheduler()]
+    schedulers += [ChunkedPrefillScheduler(token_budget=b) for b in args.budgets]
+    rows = []
+    t0 = time.perf_counter()
+    for sch in schedulers:
+        rows.append(run_one(model, tokenizer, sch, args))
+    ok = [
+        r["token_budget"]
+        for r in rows
+        if r["token_budget"] and r["max_over_decode_only_median"] <= args.max_ratio
+    ]
+    best = max(ok) if ok else None
+
+    print(
+        f"{args.streams} decoding streams + one {args.prompt_tokens}-token prompt, torch {torch.__version__}, "
+        f"{args.threads} threads (ITL of the streams; TTFT of the long prompt)"
+    )
+    head = (
+        f"{'scheduler':<14}{'median ITL':>12}{'P99 ITL':>10}{'max ITL':>10}{'max/base':>10}{'TTFT long':>11}"
+    )
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        name = "monolithic" if r["token_budget"] is None else f"chunked {r['token_budget']}"
+        print(
+            f"{name:<14}{r['itl_median_s']:>11.3f}s{r['itl_p99_s']:>9.3f}s{r['itl_max_s']:>9.3f}s"
+            f"{r['max_over_decode_only_median']:>9.1f}x{r['ttft_long_s']:>10.2f}s"
+        )
+    base = statistics.median(r["itl_decode_only_median_s"] for r in rows)
+    print(f"base = median ITL of decode-only steps before the prompt arrived (~{base:.3f}s)")
+    if best is None:
+        print(f"no budget keeps max ITL within {args.max_ratio:g}x base")
+    else:
+        print(f"largest budget with max ITL <= {args.max_ratio:g}x base: {best} tokens")
+    print(f"({time.perf_counter() - t0:.0f} s)")
+    if args.json:
+        out = {
+            "benchmark": "decode_starvation",
+            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "recommended_token_budget": best,
+            "rows": rows,
+            "provenance": {
+                "date": datetime.date.today().isoformat(),
+                "torch": torch.__version__,
+                "python": platform.python_version(),
+                "machine": platform.machine(),
+                "processor": platform.processor() or platform.machine(),
+                "threads": args.threads,
+                "device": "cpu",
+            },
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=1))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

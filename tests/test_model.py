@@ -1,0 +1,172 @@
+"""Our Llama, tokenizer and weights against transformers' LlamaForCausalLM loaded from the same GGUF."""
+
+import pytest
+import torch
+from model_fixtures import PROMPTS, hf_reference, our_model, our_tokenizer
+
+from longctx.model.config import SMOLLM2_135M, LlamaConfig
+from longctx.model.llama import Llama
+from longctx.model.tokenizer import render_chat
+
+CHATS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [
+        {"role": "system", "content": "You answer in one word."},
+        {"role": "user", "content": "Colour of the sky?"},
+        {"role": "assistant", "content": "Blue."},
+        {"role": "user", "content": "And at night?"},
+    ],
+]
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+        LlamaConfig(
+            vocab_size=10, d_model=8, num_layers=1, num_heads=3, num_kv_heads=2, head_dim=4, ffn_dim=8
+        )
+    with pytest.raises(ValueError, match="head_dim must be even"):
+        LlamaConfig(
+            vocab_size=10, d_model=8, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=3, ffn_dim=8
+        )
+
+
+def naive_logits(model: Llama, ids: list[int]) -> torch.Tensor:
+    """A dense, cache-free forward pass written independently: the reference for the paged one."""
+    from longctx.model.llama import apply_rope, rope_cos_sin
+
+    c = model.config
+    T = len(ids)
+    h = model.embed(torch.tensor(ids))
+    cos, sin = rope_cos_sin(torch.arange(T), c.head_dim, c.rope_theta, h.dtype)
+    causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    for blk in model.layers:
+        x = blk.attn_norm(h)
+        q = apply_rope(blk.attn.q_proj(x).view(T, c.num_heads, c.head_dim), cos, sin)
+        k = apply_rope(blk.attn.k_proj(x).view(T, c.num_kv_heads, c.head_dim), cos, sin)
+        v = blk.attn.v_proj(x).view(T, c.num_kv_heads, c.head_dim)
+        k = k.repeat_interleave(c.num_queries_per_kv, dim=1)
+        v = v.repeat_interleave(c.num_queries_per_kv, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q, k) / c.head_dim**0.5
+        att = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+        h = h + blk.attn.o_proj(torch.einsum("hqk,khd->qhd", att, v).reshape(T, -1))
+        h = h + blk.mlp(blk.mlp_norm(h))
+    return model.norm(h) @ model.output_weight.T
+
+
+def test_paged_forward_matches_naive_attention_on_a_tiny_random_model():
+    """Shuffled block tables, chunks that straddle blocks, decodes batched with a prefill chunk."""
+    from longctx.kv.cache import PagedKVCache, build_attention_metadata
+
+    cfg = LlamaConfig(
+        vocab_size=50, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, ffn_dim=48
+    )
+    model = Llama(cfg).init_random_(seed=1, std=0.2).eval()
+    g = torch.Generator().manual_seed(0)
+    a = torch.randint(0, 50, (23,), generator=g).tolist()
+    b = torch.randint(0, 50, (9,), generator=g).tolist()
+    ref_a, ref_b = naive_logits(model, a), naive_logits(model, b)
+    bs = 4
+    cache = PagedKVCache.for_model(cfg, 16, bs)
+    table_a, table_b = [9, 2, 14, 0, 7, 11], [3, 12, 5]
+    steps = [  # (chunks of a and b): (tokens, start) per sequence; None = idle
+        ((a[:5], 0), (b[:8], 0)),
+        ((a[5:18], 5), (b[8:9], 8)),  # b's last prompt token rides along as a one-token chunk
+        ((a[18:23], 18), None),
+    ]
+    with torch.inference_mode():
+        for sa, sb in steps:
+            chunks, ids, ref_rows = [], [], []
+            for part, table, ref in ((sa, table_a, ref_a), (sb, table_b, ref_b)):
+                if part is None:
+                    continue
+                toks, start = part
+                chunks.append((table, start, len(toks)))
+                ids += toks
+                ref_rows.append(ref[start : start + len(toks)])
+            meta = build_attention_metadata(chunks, bs)
+            got = model(torch.tensor(ids), cache, meta)
+            torch.testing.assert_close(got, torch.cat(ref_rows), atol=1e-4, rtol=1e-4)
+
+
+def test_chat_template_equals_the_gguf_jinja_template():
+    jinja2 = pytest.importorskip("jinja2")
+    import json
+
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    from longctx.model.weights import fetch_model
+
+    template = json.loads((fetch_model() / "tokenizer_meta.json").read_text())["chat_template"]
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined
+    )
+    for chat in CHATS:
+        for gen in (True, False):
+            expected = env.from_string(template).render(messages=chat, add_generation_prompt=gen)
+            assert render_chat(chat, gen) == expected
+
+
+@pytest.mark.slow
+def test_config_and_tokenizer_from_the_gguf():
+    model, tok = our_model(), our_tokenizer()
+    assert model.config == SMOLLM2_135M
+    assert tok.eos_token_id == 2 and tok.bos_token_id == 1
+    ids = tok.encode("Hello <|im_start|>user\nabc 12345 ü 🤖")
+    assert tok.decode(ids, skip_special_tokens=False) == "Hello <|im_start|>user\nabc 12345 ü 🤖"
+    assert 1 in ids  # the special token stays whole
+
+
+@pytest.mark.slow
+def test_tokenizer_matches_transformers():
+    _, hf_tok = hf_reference()
+    tok = our_tokenizer()
+    texts = PROMPTS + [
+        "  leading spaces, tabs\tand\nnewlines\n\n",
+        "Numbers: 3.14159, 2024-11-29, 1,000,000 and x**2",
+        "Ünïcödé, 中文, emoji 🤖, and <|im_end|> in the middle",
+        tok.apply_chat_template(CHATS[1]),
+    ]
+    for text in texts:
+        assert tok.encode(text) == hf_tok(text, add_special_tokens=False)["input_ids"], text
+    rendered = hf_tok.apply_chat_template(CHATS[0], tokenize=False, add_generation_prompt=True)
+    assert tok.apply_chat_template(CHATS[0]) == rendered
+
+
+def hf_greedy(model, ids: list[int], steps: int) -> list[int]:
+    out, past = [], None
+    x = torch.tensor([ids])
+    with torch.inference_mode():
+        for _ in range(steps):
+            res = model(input_ids=x, past_key_values=past, use_cache=True)
+            past = res.past_key_values
+            nxt = int(res.logits[0, -1].argmax())
+            out.append(nxt)
+            x = torch.tensor([[nxt]])
+    return out
+
+
+@pytest.mark.slow
+def test_logits_match_transformers_within_1e_3():
+    from longctx.engine.torch_executor import chunked_prefill_logits
+
+    hf, _ = hf_reference()
+    tok = our_tokenizer()
+    prompts = [tok.encode(p) for p in PROMPTS] + [tok.encode_chat(c) for c in CHATS]
+    prompts.append(tok.encode(" ".join(PROMPTS) * 8))  # a few hundred tokens
+    worst = 0.0
+    for ids in prompts:
+        ours = chunked_prefill_logits(our_model(), ids, None)
+        with torch.inference_mode():
+            ref = hf(input_ids=torch.tensor([ids])).logits[0].float()
+        worst = max(worst, float((ours - ref).abs().max()))
+    assert worst <= 1e-3, worst
+
+
+@pytest.mark.slow
+def test_greedy_tokens_match_transformers_for_64_steps():
+    from longctx.engine.torch_executor import generate
+
+    hf, _ = hf_reference()
+    tok = our_tokenizer()
+    for ids in (tok.encode_chat(CHATS[0][0]["content"]), tok.encode(PROMPTS[2])):
+        assert generate(our_model(), ids, 64) == hf_greedy(hf, ids, 64)
