@@ -10,7 +10,8 @@
 
     .venv/bin/python benchmarks/sim_fidelity.py [--record]
 
-Target: both errors within 15 %. Other processes on the CPU disturb the measurement: run it alone.
+Target: both errors within 15 %. Runs on one thread (set OMP_NUM_THREADS to change); other processes on
+the CPU disturb the measurement: run it alone.
 """
 
 from __future__ import annotations
@@ -18,15 +19,20 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import pathlib
 import platform
 import time
 
-import numpy as np
+# One core for everything (torch and numpy's BLAS): oversubscribed threads make step times erratic.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
-from longctx.engine import ChunkedPrefillScheduler, Engine, VirtualClock, WallClock, summarize
-from longctx.sim import CostModelExecutor, LogNormal, RecordingExecutor, Uniform, calibrate, make_workload
-from longctx.sim.hardware import measure_cpu_hardware
+import numpy as np  # noqa: E402  (after the thread variables)
+
+from longctx.engine import ChunkedPrefillScheduler, Engine, VirtualClock, WallClock, summarize  # noqa: E402
+from longctx.sim import CostModelExecutor, LogNormal, RecordingExecutor, Uniform, calibrate, make_workload  # noqa: E402
+from longctx.sim.hardware import measure_cpu_hardware  # noqa: E402
 
 RECORD = pathlib.Path(__file__).resolve().parents[1] / "longctx" / "data" / "recorded" / "sim_fidelity.json"
 NUM_BLOCKS, BLOCK_SIZE = 512, 16
@@ -63,6 +69,8 @@ def main() -> None:
     import torch
 
     from longctx.model.weights import load_model
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
     model = load_model()
     vocab = model.config.vocab_size
