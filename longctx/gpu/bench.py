@@ -56,6 +56,7 @@ class BenchConfig:
     ex1_warmup_steps: int = 20
     ex1_tail_steps: int = 10
     slice_layers: int = 4
+    main_layers: int | None = None  # None: all 32 layers of Llama-3-8B
     slice_decode_batch_sizes: tuple[int, ...] = (1, 16, 64, 256)
     slice_decode_contexts: tuple[int, ...] = (4096, 32768)
     slice_attention_contexts: tuple[int, ...] = (4096, 16384, 65536)

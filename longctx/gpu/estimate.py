@@ -49,6 +49,12 @@ def scale_record(record: dict, src: HardwareSpec, dst: HardwareSpec) -> dict:
                          for n, c, t in row["chunks"]]
         row["time_s"] *= sum(t for _, _, t in row["chunks"]) / old
         row["flops_per_s"] = row["flops"] / row["time_s"]
+    fits = [r for r in record.get("decode", []) if r["bytes"] <= 0.9 * dst.memory_bytes]
+    record.setdefault("skipped", []).extend(
+        f"{r['model']} decode batch {r['batch_size']} context {r['context_tokens']} (weights + KV do not fit "
+        f"{dst.name}'s {dst.memory_bytes / 1e9:.0f} GB)" for r in record.get("decode", []) if r not in fits)
+    if "decode" in record:
+        record["decode"] = fits
     for row in record.get("decode", []):
         seqs = [(1, row["context_tokens"])] * row["batch_size"]
         r = s.ratio(counts.executed_flops(cfgs[row["model"]], seqs, row["batch_size"])["flops"], row["bytes"])

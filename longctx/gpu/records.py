@@ -133,10 +133,14 @@ def save_record(record: dict, path: str | pathlib.Path) -> pathlib.Path:
 
 
 def describe(record: dict) -> str:
-    """``"NVIDIA H200, 2026-11-20"`` (plus ``", estimated"`` / ``", toy run"``): for figure titles."""
-    out = f"{record['device']['name']}, {str(record['date'])[:10]}"
+    """``"NVIDIA H200, 2026-11-20"``, or ``"H100 estimated by roofline ratios from the NVIDIA H200 record of
+    2026-11-20"``, plus ``", toy run"`` for a toy record: for figure titles."""
     if record.get("estimated"):
-        out += f", estimated from {record['estimated_from']['device']}"
+        src = record["estimated_from"]
+        out = (f"{record['device']['name']} estimated by roofline ratios from the {src['device']} record of "
+               f"{str(src['date'])[:10]}")
+    else:
+        out = f"{record['device']['name']}, {str(record['date'])[:10]}"
     if record.get("toy"):
         out += ", toy run"
     return out
@@ -158,7 +162,8 @@ def estimate_for(record: dict, target_hw="h100", source_hw=None) -> dict:
     out["estimated_from"] = {"device": record["device"]["name"], "date": record["date"], "source_hw": src.name,
                              "method": "roofline: memory-bound times x source/target bandwidth, compute-bound "
                                        "times x source/target peak FLOP/s"}
-    out["device"] = {**record["device"], "name": f"{dst.name.upper()} (estimated)", "key": dst.name}
+    out["device"] = {**record["device"], "name": dst.name.upper(), "key": dst.name,
+                     "memory_bytes": dst.memory_bytes}
     return out
 
 

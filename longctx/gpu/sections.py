@@ -34,11 +34,11 @@ class Context:
         """The random-weight model ``name`` (built once; building the slice drops the 8B model first)."""
         if name not in self.models:
             self.drop_models()
-            cfg = w.model_configs(self.config.is_toy, self.config.slice_layers)[name]
+            cfg = w.model_configs(self.config.is_toy, self.config.slice_layers, self.config.main_layers)[name]
             self.models[name] = w.build_model(cfg, self.device, self.dtype)
             entry = {"config": cfg.to_dict(), "num_params": sum(p.numel() for p in self.models[name].parameters())}
-            if name == SLICE:
-                entry["note"] = f"{cfg.num_layers} of Llama-3.1-70B's 80 layers, at its real layer shape"
+            if cfg.num_layers < (80 if name == SLICE else 32) and not self.config.is_toy:
+                entry["note"] = f"{cfg.num_layers} of the model's layers, at its real layer shape"
             self.record.setdefault("models", {})[name] = entry
         return self.models[name]
 

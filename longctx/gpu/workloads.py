@@ -27,11 +27,13 @@ TOY = LlamaConfig(vocab_size=512, d_model=64, num_layers=2, num_heads=4, num_kv_
 TOY_WIDE = replace(TOY, d_model=128, num_heads=8, head_dim=16, ffn_dim=320, num_layers=1)
 
 
-def model_configs(toy: bool, slice_layers: int = 4) -> dict[str, LlamaConfig]:
-    """Name -> config: ``llama-3-8b`` and ``llama-3.1-70b-slice`` (``toy``: tiny stand-ins, same names)."""
+def model_configs(toy: bool, slice_layers: int = 4, main_layers: int | None = None) -> dict[str, LlamaConfig]:
+    """Name -> config: ``llama-3-8b`` and ``llama-3.1-70b-slice`` (``toy``: tiny stand-ins, same names).
+    ``main_layers`` keeps only that many of Llama-3-8B's 32 layers (quick live measurements in lessons)."""
     if toy:
         return {"llama-3-8b": TOY, "llama-3.1-70b-slice": TOY_WIDE}
-    return {"llama-3-8b": replace(LLAMA3_8B, max_model_len=1 << 17),
+    main = replace(LLAMA3_8B, max_model_len=1 << 17)
+    return {"llama-3-8b": main if main_layers is None else replace(main, num_layers=main_layers),
             "llama-3.1-70b-slice": replace(LLAMA31_70B, num_layers=slice_layers)}
 
 
