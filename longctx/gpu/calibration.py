@@ -117,3 +117,58 @@ def calibrate_from_record(record: dict, model: str = "llama-3-8b", fit_sources=S
         rows.append({"source": src, "sequences": [list(p) for p in s.sequences], "measured_s": s.duration_s,
                      "predicted_s": pred, "error": pred / s.duration_s - 1})
     return CalibrationReport(cal, tuned, tuple(fit_sources), rows)
+
+
+def synthetic_record(factors=None, hardware: str = "h200", date: str = "2026-01-01T00:00:00+00:00") -> dict:
+    """A valid record at Llama-3-8B shape whose every time is the cost model's prediction with ``factors``
+    on ``hardware`` (datasheet ceilings): for tests and examples of calibration, never for lessons."""
+    from longctx.gpu import counts
+    from longctx.gpu.records import SCHEMA
+    from longctx.model.config import LLAMA3_8B
+    from longctx.sim.cost_model import CostFactors
+    from longctx.specs import get_hardware
+
+    hw = get_hardware(hardware)
+    ex = CostModelExecutor("llama-3-8b", hw, factors or CostFactors())
+    cfg = LLAMA3_8B
+    prefill = []
+    for chunk in (256, 1024, 4096):
+        pieces = [(chunk, s) for s in range(0, 8192, chunk)]
+        chunks = [[n, s, ex.step_time_s([(n, s)])] for n, s in pieces]
+        f = counts.executed_flops(cfg, pieces, len(pieces))
+        total = sum(t for *_, t in chunks)
+        prefill.append({"model": "llama-3-8b", "chunk_size": chunk, "prompt_tokens": 8192, "time_s": total,
+                        **f, "flops_per_s": f["flops"] / total, "chunks": chunks})
+    decode = []
+    for b in (1, 16, 64):
+        for L in (1024, 8192):
+            seqs = [(1, L)] * b
+            t, nbytes = ex.step_time_s(seqs), counts.min_step_bytes(cfg, seqs, 2)
+            decode.append({"model": "llama-3-8b", "batch_size": b, "context_tokens": L, "step_s": t,
+                           "bytes": nbytes, "bytes_per_s": nbytes / t})
+    steps, t0 = [], 1.0
+    for k in range(6):
+        seqs = [[1, 1024 + k]] * 4 + ([[512, 512 * k]] if k < 4 else [])
+        d = ex.step_time_s([tuple(p) for p in seqs])
+        steps.append({"sequences": seqs, "start_s": t0, "end_s": t0 + d, "duration_s": d})
+        t0 += d
+    times = [[1.0] + [st["end_s"] for st in steps]] * 4
+    itl = [b - a for t in times for a, b in zip(t, t[1:], strict=False)]
+    run = {"scheduler": "chunked-512", "ttft_s": [steps[3]["end_s"] - 1.0], "itl_s": itl, "steps": steps,
+           "arrival_s": 1.0, "stream_token_times_s": times, "ttft_median_s": steps[3]["end_s"] - 1.0,
+           "itl_p50_s": sorted(itl)[len(itl) // 2], "itl_p99_s": max(itl), "max_itl_s": max(itl),
+           "steady_itl_s": min(itl)}
+    return {
+        "schema": SCHEMA, "date": date, "toy": False, "dtype": "bfloat16", "synthetic": True,
+        "device": {"name": f"NVIDIA {hw.name.upper()}", "key": hw.name, "torch": "synthetic", "cuda": None,
+                   "driver": None, "memory_bytes": hw.memory_bytes},
+        "models": {"llama-3-8b": {"config": cfg.to_dict()}},
+        "ceilings": {"matmul": {"n": 8192, "median_s": 2 * 8192**3 / hw.peak_flops_per_s,
+                                "flops_per_s": hw.peak_flops_per_s},
+                     "copy": {"bytes": 2**32, "median_s": 2**33 / hw.memory_bandwidth_bytes_per_s,
+                              "bytes_per_s": hw.memory_bandwidth_bytes_per_s}},
+        "prefill_chunks": prefill, "decode": decode, "attention_share": [],
+        "exercise1": {"model": "llama-3-8b", "num_decode_streams": 4, "prompt_tokens": 2048,
+                      "stream_context_tokens": 1024, "runs": {"chunked-512": run}},
+        "skipped": [], "wall_s": 1.0,
+    }

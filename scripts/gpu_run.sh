@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The one prepared GPU run (issue 7): measure this GPU and write its record, then print a summary and the
+# simulator's calibration against it. Nothing is installed: it uses the python that already has torch
+# with CUDA (the lent H200's /opt/torch python3: torch, numpy, matplotlib are there; PyPI is not).
+#
+#   scripts/gpu_run.sh                 # on the GPU machine, from the repo root; ~2-6 minutes
+#   scripts/gpu_run.sh --toy           # the same path on a CPU with tiny models (seconds)
+#
+# Environment: PYTHON (default python3; with --toy .venv/bin/python when present), OUT (folder for the
+# record and the log; default longctx/data/gpu), GPU_BENCH_TIME_CAP_S (default 360: no measurement starts
+# after it; the run is killed at cap + 150 s). Afterwards copy $OUT/<device>.json to longctx/data/gpu/
+# and commit it (the device tool returns files from $OUT only).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TOY=""
+if [[ "${1:-}" == "--toy" ]]; then TOY="--toy"; shift; fi
+if [[ $# -gt 0 ]]; then echo "usage: scripts/gpu_run.sh [--toy]" >&2; exit 2; fi
+
+PY="${PYTHON:-}"
+if [[ -z "$PY" ]]; then
+  if [[ -n "$TOY" && -x .venv/bin/python ]]; then PY=.venv/bin/python; else PY=python3; fi
+fi
+OUT_DIR="${OUT:-longctx/data/gpu}"
+CAP="${GPU_BENCH_TIME_CAP_S:-360}"
+if [[ -n "$TOY" ]]; then CAP="${GPU_BENCH_TIME_CAP_S:-60}"; fi
+mkdir -p "$OUT_DIR"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+
+echo "== $(date -u +%FT%TZ) $(uname -m) $("$PY" --version 2>&1)"
+"$PY" - <<'PYEOF'
+import sys
+try:
+    import torch
+except ImportError:
+    sys.exit("torch is missing for this python: set PYTHON to one with torch")
+print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuda available: {torch.cuda.is_available()}")
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print(f"device {p.name}, {p.total_memory / 2**30:.0f} GiB, {p.multi_processor_count} SMs, sm_{p.major}{p.minor}")
+PYEOF
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.used,clocks.sm --format=csv || true
+
+KEY=$("$PY" -c "from longctx.gpu import available, device_key; print(device_key() if available() else 'cpu')")
+[[ -n "$TOY" ]] && KEY="$KEY-toy"
+RECORD="$OUT_DIR/$KEY.json"
+LOG="$OUT_DIR/gpu-bench-$KEY.log"
+set -o pipefail
+timeout "$(( ${CAP%.*} + 150 ))" "$PY" -m longctx gpu-bench $TOY --out "$RECORD" --time-cap-s "$CAP" 2>&1 | tee "$LOG"
+echo "== calibration of the simulator's cost model against $RECORD" | tee -a "$LOG"
+"$PY" benchmarks/gpu_calibration.py "$RECORD" --fit prefill_chunks,decode 2>&1 | tee -a "$LOG"
+echo "== done: $RECORD ($(wc -c <"$RECORD") bytes), log $LOG"
+[[ -z "$TOY" ]] && echo "== next: copy $RECORD to longctx/data/gpu/$KEY.json and commit it"
+exit 0
