@@ -100,7 +100,10 @@ def plot_token_gaps(token_times_s: Sequence[float], ax=None, label: str | None =
     ax = _axes(ax)
     times = np.asarray(token_times_s, dtype=float)
     if times.size >= 2:
-        ax.plot(times[1:] * scale, np.diff(times) * scale, marker=".", drawstyle="steps-pre", label=label)
+        gaps = np.diff(times)
+        # A gap is drawn as a level over the interval it lasted, from the previous token to this one.
+        ax.plot(times * scale, np.concatenate([gaps[:1], gaps]) * scale, marker=".", markevery=slice(1, None),
+                drawstyle="steps-pre", label=label)
     ax.set_xlabel(f"time ({time_unit})")
     ax.set_ylabel(f"inter-token latency ({time_unit})")
     return ax
