@@ -8,7 +8,7 @@
 #
 # Environment: PYTHON (default python3; with --toy .venv/bin/python when present), OUT (folder for the
 # record and the log; default longctx/data/gpu), GPU_BENCH_TIME_CAP_S (default 360: no measurement starts
-# after it; the run is killed at cap + 150 s). Afterwards copy $OUT/<device>.json to longctx/data/gpu/
+# after it; the run is killed at cap + 150 s), GPU_BENCH_SECTIONS (a comma-separated subset, for tests). Afterwards copy $OUT/<device>.json to longctx/data/gpu/
 # and commit it (the device tool returns files from $OUT only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,25 +28,30 @@ mkdir -p "$OUT_DIR"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 
 echo "== $(date -u +%FT%TZ) $(uname -m) $("$PY" --version 2>&1)"
-"$PY" - <<'PYEOF'
+KEY=$("$PY" - <<'PYEOF'
 import sys
 try:
     import torch
 except ImportError:
     sys.exit("torch is missing for this python: set PYTHON to one with torch")
-print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuda available: {torch.cuda.is_available()}")
+from longctx.gpu import available, device_key
+print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuda available: {torch.cuda.is_available()}",
+      file=sys.stderr)
 if torch.cuda.is_available():
     p = torch.cuda.get_device_properties(0)
-    print(f"device {p.name}, {p.total_memory / 2**30:.0f} GiB, {p.multi_processor_count} SMs, sm_{p.major}{p.minor}")
+    print(f"device {p.name}, {p.total_memory / 2**30:.0f} GiB, {p.multi_processor_count} SMs, sm_{p.major}{p.minor}",
+          file=sys.stderr)
+print(device_key() if available() else "cpu")
 PYEOF
+)
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.used,clocks.sm --format=csv || true
-
-KEY=$("$PY" -c "from longctx.gpu import available, device_key; print(device_key() if available() else 'cpu')")
 [[ -n "$TOY" ]] && KEY="$KEY-toy"
+SECTIONS=()
+[[ -n "${GPU_BENCH_SECTIONS:-}" ]] && SECTIONS=(--sections "$GPU_BENCH_SECTIONS")
 RECORD="$OUT_DIR/$KEY.json"
 LOG="$OUT_DIR/gpu-bench-$KEY.log"
 set -o pipefail
-timeout "$(( ${CAP%.*} + 150 ))" "$PY" -m longctx gpu-bench $TOY --out "$RECORD" --time-cap-s "$CAP" 2>&1 | tee "$LOG"
+timeout "$(( ${CAP%.*} + 150 ))" "$PY" -m longctx gpu-bench $TOY --out "$RECORD" --time-cap-s "$CAP" "${SECTIONS[@]}" 2>&1 | tee "$LOG"
 echo "== calibration of the simulator's cost model against $RECORD" | tee -a "$LOG"
 "$PY" benchmarks/gpu_calibration.py "$RECORD" --fit prefill_chunks,decode 2>&1 | tee -a "$LOG"
 echo "== done: $RECORD ($(wc -c <"$RECORD") bytes), log $LOG"

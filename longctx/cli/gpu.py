@@ -39,6 +39,13 @@ def register(subparsers) -> None:
 def run_gpu_bench(args: argparse.Namespace) -> int:
     from longctx import gpu
 
+    overrides = {}
+    if args.time_cap_s is not None:
+        if not args.time_cap_s > 0:
+            raise ValueError(f"--time-cap-s must be > 0 seconds, got {args.time_cap_s}")
+        overrides["time_cap_s"] = args.time_cap_s
+    if args.sections:
+        overrides["sections"] = tuple(s.strip() for s in args.sections.split(",") if s.strip())
     if not args.toy and not gpu.available():
         sys.stderr.write(NO_CUDA + "\n")
         return 1
@@ -50,13 +57,6 @@ def run_gpu_bench(args: argparse.Namespace) -> int:
     from longctx.gpu.bench import BenchConfig, run_suite, summary_lines
     from longctx.gpu.records import records_dir, save_record
 
-    overrides = {}
-    if args.time_cap_s is not None:
-        if not args.time_cap_s > 0:
-            raise ValueError(f"--time-cap-s must be > 0 seconds, got {args.time_cap_s}")
-        overrides["time_cap_s"] = args.time_cap_s
-    if args.sections:
-        overrides["sections"] = tuple(s.strip() for s in args.sections.split(",") if s.strip())
     config = BenchConfig.toy(**overrides) if args.toy else BenchConfig.full(**overrides)
     log = None if args.quiet else (lambda msg: print(msg, flush=True))
     record = run_suite(config, device="cpu" if args.toy else "cuda", name=args.device_name, log=log)

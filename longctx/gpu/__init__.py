@@ -47,7 +47,7 @@ def device_key(name: str | None = None) -> str:
     -> ``"h100"``, ``"cpu"`` -> ``"cpu"``; otherwise the name in lower case with ``-`` for other characters."""
     name = device_name() if name is None else name
     low = name.lower().replace("nvidia", " ")
-    m = re.search(r"\b([a-z]{1,3}\d{2,4}[a-z]?)\b", low)
+    m = re.search(r"\b([a-z]{1,3}\d{1,4}[a-z]?)\b", low)
     if m:
         return m.group(1)
     slug = re.sub(r"[^a-z0-9]+", "-", low).strip("-")

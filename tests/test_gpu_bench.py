@@ -1,0 +1,97 @@
+"""The GPU suite end to end on the CPU at toy sizes, the gpu-bench command, and scripts/gpu_run.sh --toy."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from longctx.__main__ import main
+from longctx.gpu.bench import SECTIONS, BenchConfig, run_suite, summary_lines
+from longctx.gpu.records import load_recorded, validate_record
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def toy_record(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu") / "toy.json"
+    assert main(["gpu-bench", "--toy", "--quiet", "--out", str(out)]) == 0
+    return out, json.loads(out.read_text())
+
+
+def test_toy_run_writes_a_valid_record_with_every_section(toy_record):
+    path, rec = toy_record
+    assert load_recorded(path=path) == rec
+    assert rec["toy"] is True and rec["device"]["key"] == "cpu" and rec["device"]["torch"] == torch.__version__
+    assert set(rec["models"]) == {"llama-3-8b", "llama-3.1-70b-slice"}
+    for section in ("prefill_chunks", "decode", "attention_share"):
+        assert {r["model"] for r in rec[section]} == {"llama-3-8b", "llama-3.1-70b-slice"}, section
+    sizes = [r["chunk_size"] for r in rec["prefill_chunks"] if r["model"] == "llama-3-8b"]
+    assert sizes == list(BenchConfig.toy().chunk_sizes)
+    for r in rec["prefill_chunks"]:  # every token of the prompt prefilled once, each chunk after the previous
+        assert sum(n for n, _, _ in r["chunks"]) == r["prompt_tokens"]
+        assert [s for _, s, _ in r["chunks"]] == list(range(0, r["prompt_tokens"], r["chunk_size"]))
+    runs = rec["exercise1"]["runs"]
+    assert set(runs) == {"monolithic", "chunked-64", "chunked-128"}
+    streams = rec["exercise1"]["num_decode_streams"]
+    for name, run in runs.items():
+        assert run["ttft_s"] and min(run["itl_s"]) > 0
+        budget = None if name == "monolithic" else int(name.split("-")[1])
+        for st in run["steps"]:
+            assert budget is None or sum(n for n, _ in st["sequences"]) <= budget
+        assert len(run["stream_token_times_s"]) == streams
+    # monolithic: one step prefills the whole prompt, alone (every stream stalls)
+    mono = [st for st in runs["monolithic"]["steps"] if any(n > 1 for n, _ in st["sequences"])]
+    assert mono and all(len(st["sequences"]) == 1 for st in mono)
+    assert any("KV over" in s for s in rec["skipped"])
+
+
+def test_summary_mentions_each_part(toy_record):
+    text = "\n".join(summary_lines(toy_record[1]))
+    for word in ("ceilings", "prefill", "decode", "layer", "exercise1 monolithic", "toy run"):
+        assert word in text
+
+
+def test_time_cap_skips_instead_of_overrunning():
+    cfg = BenchConfig.toy(time_cap_s=1e-6, sections=("ceilings", "decode"))
+    rec = run_suite(cfg, device="cpu")
+    assert rec["decode"] == [] and any("time cap" in s for s in rec["skipped"])
+    validate_record(rec)
+
+
+def test_bad_sections_and_cap_are_value_errors():
+    with pytest.raises(ValueError, match="unknown sections"):
+        BenchConfig.toy(sections=("warp",))
+    with pytest.raises(ValueError, match="time_cap_s"):
+        BenchConfig(time_cap_s=0)
+    assert set(BenchConfig().sections) == set(SECTIONS)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
+def test_gpu_bench_without_cuda_says_so_in_one_line(capsys):
+    assert main(["gpu-bench"]) == 1
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert out == "" and len(lines) == 1
+    assert lines[0].startswith("no CUDA device:") and "use --toy to test the harness on the CPU" in lines[0]
+
+
+@pytest.mark.parametrize("args", [["--time-cap-s", "-1"], ["--sections", "warp"]])
+def test_gpu_bench_bad_arguments_exit_2_in_one_line(args, capsys):
+    assert main(["gpu-bench", "--toy", *args]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_gpu_run_script_toy(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable,
+           "GPU_BENCH_SECTIONS": "ceilings,prefill_chunks"}
+    r = subprocess.run(["bash", "scripts/gpu_run.sh", "--toy"], capture_output=True, text=True, timeout=120,
+                       cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert validate_record(json.loads((tmp_path / "cpu-toy.json").read_text()))["toy"] is True
+    assert "calibrated on prefill_chunks, decode" in r.stdout and "torch" in r.stderr
+    assert (tmp_path / "gpu-bench-cpu-toy.log").is_file()
