@@ -1,9 +1,11 @@
 """Throughput: our engine versus transformers' ``generate`` on the same 16 prompts, same CPU, one run.
 
-Both decode greedily and generate exactly ``--max-tokens`` tokens per prompt (EOS ignored, so both do the
-same work). transformers runs the 16 prompts as one left-padded batch (its fastest mode here; add
-``--hf-sequential`` to also time one prompt at a time). Our engine runs them with continuous batching and
-chunked prefill over the paged KV cache. Prints tokens/s of each and the ratio.
+Both decode greedily up to ``--max-tokens`` tokens per prompt, stopping at EOS (``<|im_end|>``); tokens/s
+counts the tokens each prompt really gets (up to and including its EOS). transformers runs the 16 prompts as
+one left-padded batch (its fastest mode here; ``--hf-sequential`` also times one prompt at a time): the
+batch keeps computing every row until the longest answer ends. Our engine batches continuously over the
+paged KV cache: a finished request leaves the batch at once. ``--ignore-eos`` makes every prompt generate
+exactly ``--max-tokens`` tokens, which removes that advantage (the two then do the same work).
 
     python benchmarks/throughput.py --json out.json
 """
@@ -42,7 +44,8 @@ QUESTIONS = [
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--max-tokens", type=int, default=64, help="tokens generated per prompt")
+    p.add_argument("--max-tokens", type=int, default=128, help="most tokens generated per prompt")
+    p.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-tokens per prompt")
     p.add_argument("--prompts", type=int, default=16, help="how many prompts (at most 16)")
     p.add_argument("--token-budget", type=int, default=512, help="our chunked scheduler's token budget")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
@@ -54,8 +57,9 @@ def parse_args(argv=None):
     return args
 
 
-def load_hf():
+def load_hf(ignore_eos: bool):
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TQDM_DISABLE", "1")
     import torch
     from transformers import LlamaForCausalLM
     from transformers.utils import logging as hf_logging
@@ -67,13 +71,17 @@ def load_hf():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = LlamaForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    model.generation_config.eos_token_id = None  # generate exactly max_new_tokens, like our run
+    model.generation_config.eos_token_id = None if ignore_eos else 2
     model.generation_config.pad_token_id = 2
     return model.eval()
 
 
+def until_eos(ids: list[int], eos: int | None) -> list[int]:
+    return ids[: ids.index(eos) + 1] if eos is not None and eos in ids else ids
+
+
 def hf_generate(model, prompts: list[list[int]], max_tokens: int) -> tuple[float, list[list[int]]]:
-    """One left-padded batch; returns (seconds, generated ids per prompt)."""
+    """One left-padded batch; returns (seconds, generated ids per prompt, cut after EOS)."""
     import torch
 
     width = max(len(p) for p in prompts)
@@ -86,13 +94,14 @@ def hf_generate(model, prompts: list[list[int]], max_tokens: int) -> tuple[float
             input_ids=ids,
             attention_mask=mask,
             max_new_tokens=max_tokens,
-            min_new_tokens=max_tokens,
             do_sample=False,
         )
-    return time.perf_counter() - t0, out[:, width:].tolist()
+    seconds = time.perf_counter() - t0
+    eos = model.generation_config.eos_token_id
+    return seconds, [until_eos(row, eos) for row in out[:, width:].tolist()]
 
 
-def ours_generate(model, prompts, max_tokens, token_budget) -> tuple[float, list[list[int]]]:
+def ours_generate(model, prompts, max_tokens, token_budget, eos) -> tuple[float, list[list[int]]]:
     from longctx.engine import ChunkedPrefillScheduler, Engine
     from longctx.engine.torch_executor import TorchExecutor
     from longctx.kv.block_manager import BlockManager, blocks_for_tokens
@@ -104,7 +113,7 @@ def ours_generate(model, prompts, max_tokens, token_budget) -> tuple[float, list
         BlockManager(num_blocks, 16),
     )
     t0 = time.perf_counter()
-    seqs = [engine.add_request(p, max_tokens=max_tokens) for p in prompts]  # no EOS: exactly max_tokens
+    seqs = [engine.add_request(p, max_tokens=max_tokens, eos_token_id=eos) for p in prompts]
     engine.run_until_done()
     return time.perf_counter() - t0, [s.output_token_ids for s in seqs]
 
@@ -119,18 +128,24 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     tok = load_tokenizer()
     prompts = [tok.encode_chat(q) for q in QUESTIONS[: args.prompts]]
-    ours_model, hf_model = load_model(), load_hf()
-    n_tokens = len(prompts) * args.max_tokens
+    ours_model, hf_model = load_model(), load_hf(args.ignore_eos)
+    eos = None if args.ignore_eos else tok.eos_token_id
     # warm-up both (first calls allocate and pick kernels)
-    ours_generate(ours_model, prompts[:2], 2, args.token_budget)
+    ours_generate(ours_model, prompts[:2], 2, args.token_budget, eos)
     hf_generate(hf_model, prompts[:2], 2)
-    ours_s, ours_out = ours_generate(ours_model, prompts, args.max_tokens, args.token_budget)
+    ours_s, ours_out = ours_generate(ours_model, prompts, args.max_tokens, args.token_budget, eos)
     hf_s, hf_out = hf_generate(hf_model, prompts, args.max_tokens)
     agree = sum(a == b for a, b in zip(ours_out, hf_out, strict=True))
+    n_tokens = sum(map(len, ours_out))
+    n_hf = sum(map(len, hf_out))
     result = {
         "ours_tokens_per_s": n_tokens / ours_s,
-        "hf_batched_tokens_per_s": n_tokens / hf_s,
-        "ratio": hf_s / ours_s,
+        "hf_batched_tokens_per_s": n_hf / hf_s,
+        "ratio": (n_tokens / ours_s) / (n_hf / hf_s),
+        "ours_tokens": n_tokens,
+        "hf_tokens": n_hf,
+        "output_lengths": [len(o) for o in ours_out],
+        "ignore_eos": args.ignore_eos,
         "ours_s": ours_s,
         "hf_batched_s": hf_s,
         "prompts": len(prompts),
@@ -138,21 +153,24 @@ def main(argv=None) -> int:
         "max_tokens": args.max_tokens,
         "identical_outputs": agree,
     }
+    lengths = sorted(len(o) for o in ours_out)
     print(
-        f"{len(prompts)} prompts ({min(map(len, prompts))}-{max(map(len, prompts))} tokens), "
-        f"{args.max_tokens} greedy tokens each, torch {torch.__version__}, {args.threads} threads"
+        f"{len(prompts)} prompts ({min(map(len, prompts))}-{max(map(len, prompts))} tokens), greedy, "
+        f"{'exactly' if args.ignore_eos else 'up to'} {args.max_tokens} tokens each "
+        f"(got {lengths[0]}-{lengths[-1]}), torch {torch.__version__}, {args.threads} threads"
     )
     print(f"{'engine':<36}{'seconds':>9}{'tokens/s':>10}")
     print(
         f"{'ours (chunked, budget ' + str(args.token_budget) + ')':<36}{ours_s:>9.2f}{n_tokens / ours_s:>10.1f}"
     )
     print(
-        f"{'transformers generate (batch of ' + str(len(prompts)) + ')':<36}{hf_s:>9.2f}{n_tokens / hf_s:>10.1f}"
+        f"{'transformers generate (batch of ' + str(len(prompts)) + ')':<36}{hf_s:>9.2f}{n_hf / hf_s:>10.1f}"
     )
     if args.hf_sequential:
-        seq_s = sum(hf_generate(hf_model, [p], args.max_tokens)[0] for p in prompts)
-        result |= {"hf_sequential_s": seq_s, "hf_sequential_tokens_per_s": n_tokens / seq_s}
-        print(f"{'transformers generate (one at a time)':<36}{seq_s:>9.2f}{n_tokens / seq_s:>10.1f}")
+        runs = [hf_generate(hf_model, [p], args.max_tokens) for p in prompts]
+        seq_s, n_seq = sum(r[0] for r in runs), sum(len(r[1][0]) for r in runs)
+        result |= {"hf_sequential_s": seq_s, "hf_sequential_tokens_per_s": n_seq / seq_s}
+        print(f"{'transformers generate (one at a time)':<36}{seq_s:>9.2f}{n_seq / seq_s:>10.1f}")
     print(
         f"ratio ours / transformers batched: {result['ratio']:.2f}x "
         f"({agree}/{len(prompts)} outputs token-identical; padding changes rounding)"

@@ -29,6 +29,7 @@ def hf_reference():
     """(transformers LlamaForCausalLM, tokenizer) loaded from the same GGUF: ~25 s, once per session."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TQDM_DISABLE", "1")
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
     from transformers.utils import logging as hf_logging

@@ -13,8 +13,8 @@ pytestmark = pytest.mark.slow
 def test_chunked_prefill_logits_equal_monolithic_within_1e_3():
     model, tok = our_model(), our_tokenizer()
     short = tok.encode_chat(PROMPTS[1])  # ~60 tokens: chunks of 1 and 7 stay cheap
-    long = tok.encode(" ".join(PROMPTS) * 14)  # ~700 tokens: 512 really chunks
-    assert len(long) > 600
+    long = tok.encode(" ".join(PROMPTS) * 7)  # ~550 tokens: 512 really chunks
+    assert len(long) > 512
     diffs = chunked_prefill_max_diff(model, short, (1, 7)) | chunked_prefill_max_diff(model, long, (64, 512))
     assert set(diffs) == {1, 7, 64, 512}
     assert all(d <= 1e-3 for d in diffs.values()), diffs
@@ -22,9 +22,9 @@ def test_chunked_prefill_logits_equal_monolithic_within_1e_3():
 
 def test_chunked_greedy_outputs_are_identical():
     model, tok = our_model(), our_tokenizer()
-    ids = tok.encode(" ".join(PROMPTS) * 3)
+    ids = tok.encode(" ".join(PROMPTS))  # ~80 tokens
     reference = generate(model, ids, 12)
-    for chunk in (7, 64, 512):
+    for chunk in (7, 64):
         assert generate(model, ids, 12, chunk_size=chunk) == reference
 
 

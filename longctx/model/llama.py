@@ -58,12 +58,10 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def _sdpa(q, k, v, mask=None, is_causal=False):
-    """Scaled dot-product attention with GQA: q [B, H, n, d], k/v [B, H_kv, L, d] -> [B, H, n, d]."""
-    groups = q.shape[1] // k.shape[1]
-    if groups > 1:
-        k = k.repeat_interleave(groups, dim=1)  # [B, H, L, d]
-        v = v.repeat_interleave(groups, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
+    """Scaled dot-product attention with GQA: q [B, H, n, d], k/v [B, H_kv, L, d] -> [B, H, n, d].
+
+    Each group of ``H / H_kv`` query heads reads the same K/V head (``enable_gqa``: no copies)."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=True)
 
 
 class Attention(nn.Module):
