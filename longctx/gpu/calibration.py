@@ -132,7 +132,7 @@ def synthetic_record(factors=None, hardware: str = "h200", date: str = "2026-01-
     ex = CostModelExecutor("llama-3-8b", hw, factors or CostFactors())
     cfg = LLAMA3_8B
     prefill = []
-    for chunk in (256, 1024, 4096):
+    for chunk in (128, 1024, 4096):
         pieces = [(chunk, s) for s in range(0, 8192, chunk)]
         chunks = [[n, s, ex.step_time_s([(n, s)])] for n, s in pieces]
         f = counts.executed_flops(cfg, pieces, len(pieces))
@@ -141,7 +141,7 @@ def synthetic_record(factors=None, hardware: str = "h200", date: str = "2026-01-
                         **f, "flops_per_s": f["flops"] / total, "chunks": chunks})
     decode = []
     for b in (1, 16, 64):
-        for L in (1024, 8192):
+        for L in (1024, 4096):
             seqs = [(1, L)] * b
             t, nbytes = ex.step_time_s(seqs), counts.min_step_bytes(cfg, seqs, 2)
             decode.append({"model": "llama-3-8b", "batch_size": b, "context_tokens": L, "step_s": t,
