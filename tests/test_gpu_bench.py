@@ -26,6 +26,7 @@ def toy_record(tmp_path_factory):
 def test_toy_run_writes_a_valid_record_with_every_section(toy_record):
     path, rec = toy_record
     assert load_recorded(path=path) == rec
+    assert rec["errors"] == []
     assert rec["toy"] is True and rec["device"]["key"] == "cpu" and rec["device"]["torch"] == torch.__version__
     assert set(rec["models"]) == {"llama-3-8b", "llama-3.1-70b-slice"}
     for section in ("prefill_chunks", "decode", "attention_share"):
@@ -60,6 +61,19 @@ def test_time_cap_skips_instead_of_overrunning():
     cfg = BenchConfig.toy(time_cap_s=1e-6, sections=("ceilings", "decode"))
     rec = run_suite(cfg, device="cpu")
     assert rec["decode"] == [] and any("time cap" in s for s in rec["skipped"])
+    validate_record(rec)
+
+
+def test_a_failing_point_is_recorded_not_fatal(monkeypatch):
+    from longctx.gpu import sections
+
+    def broken(ctx, *a, **k):
+        raise RuntimeError("CUDA error: an illegal memory access")
+
+    monkeypatch.setattr(sections, "_decode_grid", broken)
+    rec = run_suite(BenchConfig.toy(sections=("ceilings", "decode", "attention_share")), device="cpu")
+    assert rec["errors"] == ["section decode: RuntimeError: CUDA error: an illegal memory access"]
+    assert rec["attention_share"] and "ERRORS 1" in "\n".join(summary_lines(rec))
     validate_record(rec)
 
 

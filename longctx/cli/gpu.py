@@ -5,12 +5,14 @@
     python -m longctx gpu-bench --toy                # the same suite on the CPU at toy sizes (seconds)
 
 Without a CUDA device and without ``--toy`` it exits 1 with one line on stderr. Progress goes to stdout,
-then a summary; ``--quiet`` prints the summary only.
+then a summary; ``--quiet`` prints the summary only. A point that fails is listed under ``errors`` in the
+record (exit status 1); the record is written whatever happens (``*.invalid.json`` if it breaks the schema).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import pathlib
 import sys
 import tempfile
@@ -67,8 +69,15 @@ def run_gpu_bench(args: argparse.Namespace) -> int:
         out = pathlib.Path(tempfile.gettempdir()) / f"longctx-gpu-bench-{key}-toy.json"
     else:
         out = records_dir() / f"{key}.json"
-    path = save_record(record, out)
+    try:
+        path = save_record(record, out)
+    except ValueError as exc:  # keep the measurements anyway: a GPU run is too dear to lose
+        bad = out.with_suffix(".invalid.json")
+        bad.parent.mkdir(parents=True, exist_ok=True)
+        bad.write_text(json.dumps(record, indent=1, default=str) + "\n")
+        sys.stderr.write(f"the record breaks its schema ({exc}); wrote it to {bad}\n")
+        return 1
     for line in summary_lines(record):
         print(line)
     print(f"wrote {path}")
-    return 0
+    return 1 if record.get("errors") else 0

@@ -41,7 +41,7 @@ class BenchConfig:
     warmup: int = 2
     repeats: int = 5
     matmul_n: int = 8192
-    copy_bytes: int = 4 * 2**30
+    copy_bytes: int = 2 * 2**30  # 2 GiB read + 2 GiB written: far beyond the 60 MB L2
     prefill_prompt_tokens: int = 8192
     chunk_sizes: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096, 8192)
     decode_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -185,12 +185,13 @@ def run_suite(config: BenchConfig, device=None, name: str | None = None,
                 budget.begin(section, todo[i:])
                 t0 = time.monotonic()
                 log(f"[{section}] ...")
-                getattr(sections, section)(ctx)
+                ctx.guarded(f"section {section}", lambda section=section: getattr(sections, section)(ctx))
                 log(f"[{section}] done in {time.monotonic() - t0:.1f} s")
     finally:
         ctx.drop_models()
         torch.set_num_threads(threads)
     record["skipped"] = budget.skipped
+    record.setdefault("errors", [])
     record["wall_s"] = round(time.monotonic() - budget.start, 3)
     return record
 
@@ -223,6 +224,8 @@ def summary_lines(record: dict) -> list[str]:
         lines.append(f"exercise1 {name:<13}: TTFT {run['ttft_median_s'] * 1e3:9.1f} ms, ITL p50 "
                      f"{run['itl_p50_s'] * 1e3:7.2f} ms, p99 {run['itl_p99_s'] * 1e3:8.2f} ms, max "
                      f"{run['max_itl_s'] * 1e3:8.2f} ms")
+    if record.get("errors"):
+        lines.append(f"ERRORS {len(record['errors'])}: " + "; ".join(record["errors"][:4]))
     if record.get("skipped"):
         lines.append(f"skipped {len(record['skipped'])}: " + "; ".join(record["skipped"][:6])
                      + (" ..." if len(record["skipped"]) > 6 else ""))

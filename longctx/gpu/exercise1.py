@@ -55,7 +55,10 @@ def run_exercise1(model, scheduler, num_decode_streams: int = 16, prompt_tokens:
     """
     rng = np.random.default_rng(seed)
     vocab = model.config.vocab_size
-    max_out = warmup_steps + tail_steps + prompt_tokens + 64  # never reached: the run stops first
+    budget = getattr(scheduler, "token_budget", None)
+    prompt_steps = (1 if budget is None else
+                    prompt_tokens if budget <= num_decode_streams else -(-prompt_tokens // (budget - num_decode_streams)))
+    max_out = warmup_steps + tail_steps + prompt_steps + 64  # never reached: the run stops first
     num_blocks = (num_decode_streams * blocks_for_tokens(stream_context_tokens + max_out, block_size)
                   + blocks_for_tokens(prompt_tokens + 16, block_size))
     recorder = RecordingExecutor(FastTorchExecutor(model, num_blocks, block_size))

@@ -56,13 +56,17 @@ class Context:
                        c.repeats if repeats is None else repeats)
 
     def guarded(self, what: str, fn) -> object | None:
-        """``fn()``, or None with ``what`` listed as skipped when the device runs out of memory."""
+        """``fn()``; or None, with ``what`` listed under ``skipped`` when the device runs out of memory and
+        under ``errors`` for any other exception (one failed point must not lose a whole GPU run)."""
         try:
             return fn()
         except torch.OutOfMemoryError:
             self.budget.skipped.append(f"{what} (out of memory)")
-            free_memory(self.device)
-            return None
+        except Exception as exc:  # recorded, never hidden: tests require errors == []
+            self.record.setdefault("errors", []).append(f"{what}: {type(exc).__name__}: {exc}"[:500])
+            self.log(f"  ERROR {what}: {type(exc).__name__}: {exc}")
+        free_memory(self.device)
+        return None
 
 
 def free_memory(device) -> None:
