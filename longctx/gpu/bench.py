@@ -52,7 +52,7 @@ class BenchConfig:
     ex1_prompt_tokens: int = 12_000
     ex1_stream_context_tokens: int = 1024
     ex1_budgets: tuple[int, ...] = (512, 1024, 2048)
-    ex1_repeats: int = 2
+    ex1_repeats: int = 3
     ex1_warmup_steps: int = 20
     ex1_tail_steps: int = 10
     slice_layers: int = 4
