@@ -179,7 +179,7 @@ def _judge_test_cell(job, index, cell, outputs, reason):
                 completed = True
             text = "".join(line for line in text.splitlines(True) if not line.startswith(MARKER_PREFIX))
             if text:
-                kept.append(dict(out, text=text))
+                kept.append(new_output("stream", name=out.get("name", "stdout"), text=text))
         elif kind == "error":
             errors.append(new_output("error", ename=str(out.get("ename", "Error")),
                                      evalue=str(out.get("evalue", ""))[:4000],

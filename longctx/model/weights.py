@@ -157,6 +157,10 @@ def fetch_model(force: bool = False) -> Path:
         (tmp / "config.json").write_text(json.dumps(stamp, indent=1))
         if target.exists():
             shutil.rmtree(target)
+        # Readable by everyone: the grading sandbox runs notebooks as an unprivileged user, and
+        # safetensors writes its file 0600.
+        for f in tmp.iterdir():
+            f.chmod(0o644)
         tmp.chmod(0o755)
         tmp.rename(target)
     finally:
