@@ -82,6 +82,13 @@ def test_bad_requests_raise_value_error_at_admission(prompt, max_tokens, message
     assert not engine.has_unfinished()
 
 
+def test_token_ids_outside_the_vocabulary_are_refused():
+    engine = Engine(ToyExecutor(), MonolithicScheduler(), num_blocks=8, clock=VirtualClock(), vocab_size=100)
+    for bad in (100, -1):
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            engine.add_request([1, bad], max_tokens=2)
+
+
 def test_timestamps_and_dummy_tokens_with_a_virtual_clock():
     engine = Engine(
         ToyExecutor(step_s=0.01, prefill_token_s=0.001, decode_token_s=0.0),

@@ -53,9 +53,14 @@ def naive_logits(model: Llama, ids: list[int]) -> torch.Tensor:
     return model.norm(h) @ model.output_weight.T
 
 
-def test_paged_forward_matches_naive_attention_on_a_tiny_random_model():
+@pytest.mark.parametrize("max_scores", [1 << 24, 40])  # 40: attention runs in query tiles of a few rows
+@pytest.mark.parametrize("consecutive", [False, True])  # True: keys read as a slice of the pool, no gather
+def test_paged_forward_matches_naive_attention_on_a_tiny_random_model(monkeypatch, max_scores, consecutive):
     """Shuffled block tables, chunks that straddle blocks, decodes batched with a prefill chunk."""
     from longctx.kv.cache import PagedKVCache, build_attention_metadata
+    from longctx.model import llama
+
+    monkeypatch.setattr(llama, "MAX_SCORES_PER_CALL", max_scores)
 
     cfg = LlamaConfig(
         vocab_size=50, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, ffn_dim=48
@@ -67,7 +72,7 @@ def test_paged_forward_matches_naive_attention_on_a_tiny_random_model():
     ref_a, ref_b = naive_logits(model, a), naive_logits(model, b)
     bs = 4
     cache = PagedKVCache.for_model(cfg, 16, bs)
-    table_a, table_b = [9, 2, 14, 0, 7, 11], [3, 12, 5]
+    table_a, table_b = ([4, 5, 6, 7, 8, 9], [0, 1, 2]) if consecutive else ([9, 2, 14, 0, 7, 11], [3, 12, 5])
     steps = [  # (chunks of a and b): (tokens, start) per sequence; None = idle
         ((a[:5], 0), (b[:8], 0)),
         ((a[5:18], 5), (b[8:9], 8)),  # b's last prompt token rides along as a one-token chunk

@@ -48,6 +48,7 @@ class Engine:
         clock: ``WallClock()`` by default; a ``VirtualClock`` for simulation.
         max_model_len: longest prompt accepted, in tokens.
         eos_token_id: default end-of-sequence token (only checked when the executor returns real tokens).
+        vocab_size: when given, prompts with token ids outside ``[0, vocab_size)`` are refused.
     """
 
     def __init__(
@@ -61,6 +62,7 @@ class Engine:
         clock: Clock | None = None,
         max_model_len: int = DEFAULT_MAX_MODEL_LEN,
         eos_token_id: int | None = None,
+        vocab_size: int | None = None,
     ) -> None:
         if block_manager is None:
             if num_blocks is None:
@@ -74,6 +76,7 @@ class Engine:
         self.clock = clock if clock is not None else WallClock()
         self.max_model_len = max_model_len
         self.eos_token_id = eos_token_id
+        self.vocab_size = vocab_size
         self.pending: list[Sequence] = []  # added, arrival_s in the future (sorted by arrival)
         self.waiting: list[Sequence] = []  # arrived, no KV blocks (new or preempted), queue order
         self.running: list[Sequence] = []  # hold KV blocks, oldest first
@@ -102,6 +105,9 @@ class Engine:
             raise ValueError(
                 f"the prompt has {len(ids)} tokens, more than max_model_len={self.max_model_len}"
             )
+        if self.vocab_size is not None and not all(0 <= t < self.vocab_size for t in ids):
+            bad = next(t for t in ids if not 0 <= t < self.vocab_size)
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
         if int(max_tokens) != max_tokens or max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
         bm = self.block_manager

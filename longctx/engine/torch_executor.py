@@ -91,6 +91,7 @@ def build_engine(
         clock=clock,
         max_model_len=model.config.max_model_len,
         eos_token_id=tokenizer.eos_token_id,
+        vocab_size=model.config.vocab_size,
     )
     return engine, tokenizer
 
@@ -112,6 +113,7 @@ def generate(
         BlockManager(num_blocks, block_size),
         max_model_len=model.config.max_model_len,
         eos_token_id=eos_token_id,
+        vocab_size=model.config.vocab_size,
     )
     seq = engine.add_request(prompt_token_ids, max_tokens)
     engine.run_until_done()

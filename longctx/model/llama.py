@@ -87,8 +87,8 @@ class Attention(nn.Module):
         out = torch.empty_like(q)  # [T, H, d]
         for i in meta.prefill_indices:
             self._prefill(q, k, v, k_cache, v_cache, meta, i, out)
-        if meta.decode_rows is not None:
-            self._decodes(q, k_cache, v_cache, meta, out)
+        for group in meta.groups():
+            self._decodes(q, k_cache, v_cache, group, out)
         return self.o_proj(out.view(T, self.num_heads * self.head_dim))
 
     def _prefill(self, q, k, v, k_cache, v_cache, meta, i, out):
@@ -96,8 +96,10 @@ class Attention(nn.Module):
         start, n, kv_len = meta.q_starts[i], meta.q_lens[i], meta.kv_lens[i]
         if kv_len == n:  # nothing cached yet: use the fresh keys, plain causal attention
             keys, values = k[start : start + n], v[start : start + n]
-        else:  # gather this sequence's keys back from the pool through its block table
-            keys, values = k_cache[meta.kv_slots[i]], v_cache[meta.kv_slots[i]]  # [kv_len, H_kv, d]
+        else:  # read this sequence's keys back from the pool through its block table
+            rng = meta.kv_ranges[i] if meta.kv_ranges else None
+            index = rng if rng is not None else meta.kv_slots[i]  # a slice (consecutive blocks) or a gather
+            keys, values = k_cache[index], v_cache[index]  # [kv_len, H_kv, d]
         keys = keys.transpose(0, 1).unsqueeze(0)  # [1, H_kv, kv_len, d]
         values = values.transpose(0, 1).unsqueeze(0)
         rows = max(1, MAX_SCORES_PER_CALL // (kv_len * self.num_heads))
@@ -112,14 +114,18 @@ class Attention(nn.Module):
                 o = _sdpa(qi, keys, values, mask=mask)
             out[start + r0 : start + r1] = o.squeeze(0).transpose(0, 1)  # [rows, H, d]
 
-    def _decodes(self, q, k_cache, v_cache, meta, out):
-        """All decodes at once: one query each, keys padded to the longest context and masked."""
-        rows = meta.decode_rows  # [B]
-        qd = q[rows].unsqueeze(2)  # [B, H, 1, d]
-        keys = k_cache[meta.decode_kv_slots].transpose(1, 2)  # [B, L, H_kv, d] -> [B, H_kv, L, d]
-        values = v_cache[meta.decode_kv_slots].transpose(1, 2)
-        mask = meta.decode_mask[:, None, None, :]  # [B, 1, 1, L]
-        out[rows] = _sdpa(qd, keys, values, mask=mask).squeeze(2)  # [B, H, d]
+    def _decodes(self, q, k_cache, v_cache, group, out):
+        """A group of decodes at once: one query each, keys padded to the group's longest context."""
+        qd = q[group.rows].unsqueeze(2)  # [B, H, 1, d]
+        if group.mask is None:  # one sequence: its keys as they are, all visible
+            keys = k_cache[group.kv_slots].transpose(0, 1).unsqueeze(0)  # [1, H_kv, L, d]
+            values = v_cache[group.kv_slots].transpose(0, 1).unsqueeze(0)
+            out[group.rows] = _sdpa(qd, keys, values).squeeze(2)  # [1, H, d]
+            return
+        keys = k_cache[group.kv_slots].transpose(1, 2)  # [B, L, H_kv, d] -> [B, H_kv, L, d]
+        values = v_cache[group.kv_slots].transpose(1, 2)
+        mask = group.mask[:, None, None, :]  # [B, 1, 1, L]
+        out[group.rows] = _sdpa(qd, keys, values, mask=mask).squeeze(2)  # [B, H, d]
 
 
 class MLP(nn.Module):
