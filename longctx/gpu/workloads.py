@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import torch
 
+from longctx.kv import cache as cache_module
 from longctx.kv.cache import AttentionMetadata
 from longctx.model import llama as llama_module
 from longctx.model.config import LLAMA3_8B, LlamaConfig
@@ -67,7 +68,12 @@ def _slots(table: torch.Tensor, block_size: int, start: int, stop: int) -> torch
 def fast_metadata(chunks, block_size: int, device="cpu") -> AttentionMetadata:
     """``longctx.kv.cache.build_attention_metadata`` with tensor ops per sequence instead of Python loops per
     token (a 32K-token decode batch would spend longer building lists than the GPU spends on the step).
-    Same inputs, same result: ``chunks`` is ``(block_table, num_computed, num_new)`` per sequence."""
+    Same inputs, same result: ``chunks`` is ``(block_table, num_computed, num_new)`` per sequence.
+
+    When the engine's own builder is the vectorised one (it groups decodes: ``DecodeGroup``), that one is
+    used, so the GPU measures exactly the engine's attention path."""
+    if hasattr(cache_module, "DecodeGroup"):
+        return cache_module.build_attention_metadata(chunks, block_size, device)
     slot_parts, pos_parts, q_starts, q_lens, kv_lens, kv_slots = [], [], [], [], [], []
     decode_rows, decode_slots = [], []
     row = 0
