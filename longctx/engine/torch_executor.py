@@ -22,7 +22,7 @@ from longctx.engine.scheduler import ChunkedPrefillScheduler, MonolithicSchedule
 from longctx.kv.block_manager import BlockManager, blocks_for_tokens
 from longctx.kv.cache import PagedKVCache, build_attention_metadata
 
-DEFAULT_NUM_BLOCKS = 512  # 8192 tokens of 16; for SmolLM2 in fp32 that is 8192 x 46 KB = 377 MB of KV
+DEFAULT_NUM_BLOCKS = 256  # 4096 tokens of 16; for SmolLM2 in fp32: 4096 x 46 KB = 189 MB of KV
 
 
 class TorchExecutor:

@@ -102,16 +102,18 @@ class Attention(nn.Module):
             keys, values = k_cache[index], v_cache[index]  # [kv_len, H_kv, d]
         keys = keys.transpose(0, 1).unsqueeze(0)  # [1, H_kv, kv_len, d]
         values = values.transpose(0, 1).unsqueeze(0)
+        if kv_len == n:  # one causal call: fused kernels skip the masked half and never store the scores
+            qi = q[start : start + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, d]
+            out[start : start + n] = _sdpa(qi, keys, values, is_causal=True).squeeze(0).transpose(0, 1)
+            return
         rows = max(1, MAX_SCORES_PER_CALL // (kv_len * self.num_heads))
-        for r0 in range(0, n, rows):  # query tiles bound the [rows, kv_len] score matrix on long prompts
+        for r0 in range(0, n, rows):  # query tiles bound the [rows, kv_len] mask and scores on long prompts
             r1 = min(n, r0 + rows)
             qi = q[start + r0 : start + r1].transpose(0, 1).unsqueeze(0)  # [1, H, r1-r0, d]
-            if kv_len == n and r0 == 0 and r1 == n:
-                o = _sdpa(qi, keys, values, is_causal=True)
-            else:  # query row j (position kv_len - n + j) sees keys at positions <= its own
-                q_pos = torch.arange(kv_len - n + r0, kv_len - n + r1, device=q.device)
-                mask = torch.arange(kv_len, device=q.device)[None, :] <= q_pos[:, None]  # [rows, kv_len]
-                o = _sdpa(qi, keys, values, mask=mask)
+            # query row j (position kv_len - n + j) sees the keys at positions <= its own
+            q_pos = torch.arange(kv_len - n + r0, kv_len - n + r1, device=q.device)
+            mask = torch.arange(kv_len, device=q.device)[None, :] <= q_pos[:, None]  # [rows, kv_len]
+            o = _sdpa(qi, keys, values, mask=mask)
             out[start + r0 : start + r1] = o.squeeze(0).transpose(0, 1)  # [rows, H, d]
 
     def _decodes(self, q, k_cache, v_cache, group, out):
