@@ -31,8 +31,15 @@ API summary::
 The real model in three lines::
 
     from longctx.engine.torch_executor import build_engine
-    engine, tokenizer = build_engine(ChunkedPrefillScheduler(token_budget=64))
+    engine, tokenizer = build_engine(ChunkedPrefillScheduler(token_budget=64))  # 256 blocks of 16 by default
     seq = engine.add_request(tokenizer.encode_chat("Hi!"), max_tokens=16); engine.run_until_done()
+
+``torch_executor`` also has ``generate(model, prompt_ids, max_tokens, chunk_size=None)`` and
+``chunked_prefill_max_diff(model, prompt_ids, chunk_sizes=(1, 7, 64, 512)) -> {chunk_size: max |dlogit|}``
+(chunked prefill is exact up to floating-point rounding; this measures the rounding).
+
+A learner's policy plugs in as ``Engine(executor, MyScheduler(), num_blocks=...)``: subclass ``Scheduler``,
+write ``schedule``, add entries with ``self.reserve``; the engine checks the contract every step.
 """
 
 from longctx.engine.clock import Clock, VirtualClock, WallClock

@@ -155,14 +155,18 @@ def fetch_model(force: bool = False) -> Path:
         build_tokenizer_files(meta, tmp)
         stamp = {"cache_format": CACHE_FORMAT, "source": str(gguf_path), "config": config.to_dict()}
         (tmp / "config.json").write_text(json.dumps(stamp, indent=1))
-        if target.exists():
-            shutil.rmtree(target)
+        if target.exists() and (force or not is_cached(target)):
+            shutil.rmtree(target, ignore_errors=True)
         # Readable by everyone: the grading sandbox runs notebooks as an unprivileged user, and
         # safetensors writes its file 0600.
         for f in tmp.iterdir():
             f.chmod(0o644)
         tmp.chmod(0o755)
-        tmp.rename(target)
+        try:
+            tmp.rename(target)
+        except OSError:  # another process finished first: keep its copy
+            if not is_cached(target):
+                raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
