@@ -54,6 +54,10 @@ class StallScenario:
     def timeline(self, chunk_size: int | None = None, steps_before: int = 5,
                  steps_after: int = 5) -> list[IterationRecord]:
         """Iterations around the prompt's arrival; ``chunk_size=None`` means monolithic prefill."""
+        if chunk_size is not None:
+            self.num_chunks(chunk_size)  # validates chunk_size
+        if steps_before < 0 or steps_after < 0:
+            raise ValueError("steps_before and steps_after must be >= 0")
         records: list[IterationRecord] = []
         clock_s = 0.0
 
