@@ -171,6 +171,16 @@ def _bind_system() -> list[str]:
             args += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             args += ["--ro-bind", path, path]
+    return args
+
+
+def _bind_python() -> list[str]:
+    """The Python installation and the virtual environment, read-only, at their own paths.
+
+    Bound after the private /tmp and home tmpfs mounts, so that a course cloned under /tmp (as CI
+    does) still sees its .venv inside the sandbox.
+    """
+    args = []
     seen = set()
     for prefix in (sys.prefix, os.path.realpath(sys.prefix), sys.base_prefix, os.path.realpath(sys.base_prefix),
                    os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))):
@@ -204,6 +214,7 @@ def build_command(*, course_root: str, ctl_dir: str, submission_dir: str, limits
            "--perms", "1777", "--size", str(limits.tmpfs_bytes), "--tmpfs", "/tmp",
            "--size", str(limits.tmpfs_bytes), "--tmpfs", "/home/student",
            "--tmpfs", "/run",
+           *_bind_python(),
            "--ro-bind", lib, lib,
            "--ro-bind", os.path.join(HERE, "executor.py"), "/opt/grader/executor.py",
            "--ro-bind", os.path.join(HERE, "kernel_launch.py"), "/opt/grader/kernel_launch.py",
