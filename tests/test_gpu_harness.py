@@ -1,6 +1,5 @@
 """longctx.gpu: device detection, the timer, and the vectorised attention metadata (same as the engine's)."""
 
-import random
 
 import pytest
 import torch
@@ -8,8 +7,7 @@ import torch
 from longctx import gpu
 from longctx.gpu import counts
 from longctx.gpu.harness import time_fn, time_sequence
-from longctx.gpu.workloads import LLAMA31_70B, fast_metadata, model_configs, scores_per_call
-from longctx.kv.cache import build_attention_metadata
+from longctx.gpu.workloads import LLAMA31_70B, model_configs, scores_per_call
 from longctx.model import llama
 from longctx.model.config import LLAMA3_8B
 
@@ -50,25 +48,6 @@ def _random_chunks(rng, block_size):
         nb = -(-(computed + new) // block_size)
         chunks.append(([free.pop() for _ in range(nb)], computed, new))
     return chunks
-
-
-@pytest.mark.parametrize("ours", [True, False])
-@pytest.mark.parametrize("seed", range(12))
-def test_fast_metadata_equals_the_engines(seed, ours, monkeypatch):
-    if ours:  # our vectorised builder, not the engine's (used when the engine's is the older per-token one)
-        from longctx.gpu import workloads
-
-        monkeypatch.setattr(workloads, "cache_module", type("NoGroups", (), {})())
-    rng = random.Random(seed)
-    bs = rng.choice([1, 4, 16])
-    chunks = _random_chunks(rng, bs)
-    a, b = build_attention_metadata(chunks, bs), fast_metadata(chunks, bs)
-    assert (a.q_starts, a.q_lens, a.kv_lens) == (b.q_starts, b.q_lens, b.kv_lens)
-    for f in ("slot_mapping", "positions", "decode_rows", "decode_kv_slots", "decode_mask"):
-        x, y = getattr(a, f), getattr(b, f)
-        assert (x is None and y is None) or torch.equal(x, y), f
-    for x, y in zip(a.kv_slots, b.kv_slots, strict=True):
-        assert (x is None and y is None) or torch.equal(x, y)
 
 
 def test_scores_per_call_restores():

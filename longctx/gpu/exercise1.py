@@ -12,29 +12,8 @@ import numpy as np
 
 from longctx.engine import Engine, WallClock
 from longctx.engine.torch_executor import TorchExecutor
-from longctx.gpu.workloads import fast_metadata
 from longctx.kv.block_manager import BlockManager, blocks_for_tokens
 from longctx.sim.cost_model import RecordingExecutor
-
-
-class FastTorchExecutor(TorchExecutor):
-    """``TorchExecutor`` whose attention metadata is built with tensor ops (``fast_metadata``): the same
-    forward pass, without spending milliseconds per step on Python lists of slots at 10K+ tokens."""
-
-    def _run(self, batch):
-        import torch
-
-        ids, chunks, last_rows, row = [], [], [], 0
-        for seq, n in batch.entries:
-            start = seq.num_computed_tokens
-            ids += seq.token_ids(start, start + n)
-            chunks.append((batch.block_tables[seq.seq_id], start, n))
-            row += n
-            last_rows.append(row - 1)
-        meta = fast_metadata(chunks, self.block_size, self.device)
-        with torch.inference_mode():
-            return self.model(torch.tensor(ids, device=self.device), self.cache, meta,
-                              logits_rows=torch.tensor(last_rows, device=self.device))
 
 
 def scheduler_name(scheduler) -> str:
@@ -61,7 +40,7 @@ def run_exercise1(model, scheduler, num_decode_streams: int = 16, prompt_tokens:
     max_out = warmup_steps + tail_steps + prompt_steps + 64  # never reached: the run stops first
     num_blocks = (num_decode_streams * blocks_for_tokens(stream_context_tokens + max_out, block_size)
                   + blocks_for_tokens(prompt_tokens + 16, block_size))
-    recorder = RecordingExecutor(FastTorchExecutor(model, num_blocks, block_size))
+    recorder = RecordingExecutor(TorchExecutor(model, num_blocks, block_size))
     engine = Engine(recorder, scheduler, BlockManager(num_blocks, block_size), clock=WallClock(),
                     max_model_len=max(prompt_tokens, stream_context_tokens) + max_out)
     streams = [engine.add_request(rng.integers(0, vocab, stream_context_tokens).tolist(), max_out)

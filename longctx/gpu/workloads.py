@@ -10,10 +10,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import replace
 
-import torch
-
-from longctx.kv import cache as cache_module
-from longctx.kv.cache import AttentionMetadata
+from longctx.kv.cache import AttentionMetadata, build_attention_metadata
 from longctx.model import llama as llama_module
 from longctx.model.config import LLAMA3_8B, LlamaConfig
 
@@ -57,55 +54,14 @@ def scores_per_call(limit: int):
         llama_module.MAX_SCORES_PER_CALL = old
 
 
-# ---- attention metadata, vectorised -------------------------------------------------------------------
-
-
-def _slots(table: torch.Tensor, block_size: int, start: int, stop: int) -> torch.Tensor:
-    pos = torch.arange(start, stop)
-    return table[pos // block_size] * block_size + pos % block_size  # [stop - start]
+# ---- attention metadata ------------------------------------------------------------------------------
 
 
 def fast_metadata(chunks, block_size: int, device="cpu") -> AttentionMetadata:
-    """``longctx.kv.cache.build_attention_metadata`` with tensor ops per sequence instead of Python loops per
-    token (a 32K-token decode batch would spend longer building lists than the GPU spends on the step).
-    Same inputs, same result: ``chunks`` is ``(block_table, num_computed, num_new)`` per sequence.
-
-    When the engine's own builder is the vectorised one (it groups decodes: ``DecodeGroup``), that one is
-    used, so the GPU measures exactly the engine's attention path."""
-    if hasattr(cache_module, "DecodeGroup"):
-        return cache_module.build_attention_metadata(chunks, block_size, device)
-    slot_parts, pos_parts, q_starts, q_lens, kv_lens, kv_slots = [], [], [], [], [], []
-    decode_rows, decode_slots = [], []
-    row = 0
-    for table, num_computed, num_new in chunks:
-        t = torch.as_tensor(table, dtype=torch.long)
-        kv_len = num_computed + num_new
-        slot_parts.append(_slots(t, block_size, num_computed, kv_len))
-        pos_parts.append(torch.arange(num_computed, kv_len))
-        q_starts.append(row)
-        q_lens.append(num_new)
-        kv_lens.append(kv_len)
-        if num_new == 1:
-            decode_rows.append(row)
-            decode_slots.append(_slots(t, block_size, 0, kv_len))
-            kv_slots.append(None)
-        else:
-            kv_slots.append(_slots(t, block_size, 0, kv_len).to(device))
-        row += num_new
-    meta = AttentionMetadata(
-        slot_mapping=torch.cat(slot_parts).to(device),
-        positions=torch.cat(pos_parts).to(device),
-        q_starts=q_starts, q_lens=q_lens, kv_lens=kv_lens, kv_slots=kv_slots,
-    )
-    if decode_rows:
-        lens = torch.tensor([len(s) for s in decode_slots])
-        padded = torch.zeros(len(decode_slots), int(lens.max()), dtype=torch.long)  # [B, L_max], pad slot 0
-        for i, s in enumerate(decode_slots):
-            padded[i, : len(s)] = s
-        meta.decode_rows = torch.tensor(decode_rows, device=device)
-        meta.decode_kv_slots = padded.to(device)
-        meta.decode_mask = (torch.arange(padded.shape[1])[None, :] < lens[:, None]).to(device)  # [B, L_max]
-    return meta
+    """The engine's own builder (``longctx.kv.cache.build_attention_metadata``, vectorised per sequence with
+    decodes grouped by context length), so the GPU measures exactly the engine's attention path.
+    ``chunks`` is ``(block_table, num_computed, num_new)`` per sequence."""
+    return build_attention_metadata(chunks, block_size, device)
 
 
 def contiguous_table(first_block: int, num_tokens: int, block_size: int) -> list[int]:
