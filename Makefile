@@ -34,8 +34,9 @@ $(SETUP): requirements.txt pyproject.toml
 lab: $(SETUP)
 	$(VENV)/bin/jupyter lab --no-browser --port=$(PORT) --ServerApp.root_dir=lessons $(if $(filter 0,$(shell id -u)),--allow-root)
 
+# Without root or bubblewrap the autograder's sandbox tests are skipped (with the reason), not failed.
 test: $(SETUP)
-	autograder/check_sandbox.sh --install
+	-autograder/check_sandbox.sh --install
 	$(VENV)/bin/ruff check longctx tests benchmarks autograder scripts
 	$(PY) -m pytest
 
