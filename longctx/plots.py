@@ -24,11 +24,16 @@ class IterationRecord:
 
     @property
     def kind(self) -> str:
-        if self.num_prefill_tokens and self.num_decode_tokens:
-            return "mixed"
-        if self.num_prefill_tokens:
-            return "prefill"
-        return "decode" if self.num_decode_tokens else "idle"
+        return iteration_kind(self)
+
+
+def iteration_kind(iteration) -> str:
+    """``"decode"``, ``"prefill"``, ``"mixed"`` or ``"idle"``, from an iteration's token counts."""
+    if iteration.num_prefill_tokens and iteration.num_decode_tokens:
+        return "mixed"
+    if iteration.num_prefill_tokens:
+        return "prefill"
+    return "decode" if iteration.num_decode_tokens else "idle"
 
 
 def _axes(ax):
@@ -73,16 +78,22 @@ def plot_roofline(peak_flops_per_s: float, bandwidth_bytes_per_s: float, points:
 
 
 def plot_iteration_timeline(iterations: Iterable[IterationRecord], ax=None, title: str | None = None,
-                            time_unit: str = "ms"):
-    """Each iteration as a bar along time, coloured by what it ran (decode, prefill, or both mixed)."""
+                            time_unit: str = "ms", origin_s: float = 0.0):
+    """Each iteration as a bar along time, coloured by what it ran (decode, prefill, or both mixed).
+
+    ``iterations``: anything with ``start_s``, ``duration_s``, ``num_prefill_tokens`` and
+    ``num_decode_tokens`` (an ``IterationRecord``, or the engine's ``StepRecord``s from ``engine.history``);
+    times are drawn relative to ``origin_s``.
+    """
     scale = {"s": 1.0, "ms": 1e3}[time_unit]
     ax = _axes(ax)
     seen = set()
     for it in iterations:
-        label = it.kind if it.kind not in seen else None
-        seen.add(it.kind)
-        ax.broken_barh([(it.start_s * scale, it.duration_s * scale)], (0, 1), facecolors=KIND_COLOURS[it.kind],
-                       edgecolor="white", linewidth=0.5, label=label)
+        kind = iteration_kind(it)
+        label = kind if kind not in seen else None
+        seen.add(kind)
+        ax.broken_barh([((it.start_s - origin_s) * scale, it.duration_s * scale)], (0, 1),
+                       facecolors=KIND_COLOURS[kind], edgecolor="white", linewidth=0.5, label=label)
     ax.set_yticks([])
     ax.set_xlabel(f"time ({time_unit})")
     ax.legend(loc="upper right", fontsize=8, ncol=3)

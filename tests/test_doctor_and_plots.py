@@ -40,3 +40,16 @@ def test_timeline_and_gaps():
     assert ax.get_xlabel() == "time (ms)"
     ax = plot_token_gaps([0.02, 1.04, 1.07])
     assert "inter-token latency" in ax.get_ylabel()
+
+
+def test_timeline_draws_engine_history_directly():
+    from longctx.engine import ChunkedPrefillScheduler
+    from longctx.engine.policy_checks import chat_plus_long_prompts, run_policy
+
+    engine, _ = run_policy(ChunkedPrefillScheduler(64), chat_plus_long_prompts())
+    origin = engine.history[0].start_s
+    ax = plot_iteration_timeline(engine.history, origin_s=origin, time_unit="s")
+    kinds = {t.get_text() for t in ax.get_legend().get_texts()}
+    assert kinds == {"prefill", "mixed", "decode"}
+    first_bar = ax.collections[0].get_paths()[0].vertices[:, 0]
+    assert min(first_bar) == 0.0
