@@ -132,6 +132,24 @@ class Engine:
             bisect.insort(self.pending, seq, key=lambda s: s.arrival_s)
         return seq
 
+    def abort(self, seq_id: int) -> bool:
+        """Drop an unfinished request (a client went away): free its KV blocks, remove it from the queues.
+
+        The sequence ends with ``finish_reason == "abort"`` and is *not* added to ``finished`` (it has no
+        complete timings). Returns False when no unfinished sequence has that id (already done: a no-op).
+        """
+        for queue in (self.pending, self.waiting, self.running):
+            for seq in queue:
+                if seq.seq_id == seq_id:
+                    queue.remove(seq)
+                    if self.block_manager.has(seq_id):
+                        self.block_manager.free(seq_id)
+                    seq.status = SequenceStatus.FINISHED
+                    seq.finish_reason = "abort"
+                    seq.finished_s = self.clock.now()
+                    return True
+        return False
+
     def has_unfinished(self) -> bool:
         return bool(self.pending or self.waiting or self.running)
 
