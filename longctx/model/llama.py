@@ -22,6 +22,7 @@ from torch import nn
 
 from longctx.kv.cache import AttentionMetadata, PagedKVCache
 from longctx.model.config import LlamaConfig
+from longctx.model.rope import rope_parameters
 
 MAX_SCORES_PER_CALL = 1 << 24  # query rows x keys x heads per attention call; bounds memory on long prompts
 
@@ -41,12 +42,24 @@ class RMSNorm(nn.Module):
 
 
 def rope_cos_sin(
-    positions: torch.Tensor, head_dim: int, theta: float, dtype
+    positions: torch.Tensor,
+    head_dim: int,
+    theta: float,
+    dtype,
+    inv_freq: torch.Tensor | None = None,
+    attention_factor: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the RoPE angles, ``[T, head_dim]`` each (the angle list repeated for both halves)."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
-    angles = positions.float()[:, None] * inv_freq[None, :]  # [T, d/2]
+    """cos and sin of the RoPE angles, ``[T, head_dim]`` each (the angle list repeated for both halves).
+
+    ``inv_freq`` [d/2] and ``attention_factor`` come from ``longctx.model.rope.rope_parameters`` when the
+    model uses a RoPE extension (PI, NTK, YaRN); by default plain RoPE. cos and sin are multiplied by
+    ``attention_factor`` (YaRN's temperature; 1 otherwise), as transformers does."""
+    if inv_freq is None:
+        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
+    angles = positions.float()[:, None] * inv_freq.to(positions.device)[None, :]  # [T, d/2]
     emb = torch.cat([angles, angles], dim=-1)  # [T, d]
+    if attention_factor != 1.0:
+        return (emb.cos() * attention_factor).to(dtype), (emb.sin() * attention_factor).to(dtype)
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
@@ -65,6 +78,11 @@ def _sdpa(q, k, v, mask=None, is_causal=False):
 
 
 class Attention(nn.Module):
+    # Off by default. A callable ``probe(q, keys)`` set on one layer's Attention is called in every prefill
+    # chunk with that chunk's queries ``q`` [n, H, d] and all its sequence's keys [1, H_kv, kv_len, d]
+    # (both after RoPE), e.g. to read attention weights (longctx.evals.attention). None costs one test.
+    probe = None
+
     def __init__(self, config: LlamaConfig, device=None, dtype=None):
         super().__init__()
         c = config
@@ -102,6 +120,8 @@ class Attention(nn.Module):
             keys, values = k_cache[index], v_cache[index]  # [kv_len, H_kv, d]
         keys = keys.transpose(0, 1).unsqueeze(0)  # [1, H_kv, kv_len, d]
         values = values.transpose(0, 1).unsqueeze(0)
+        if self.probe is not None:
+            self.probe(q[start : start + n], keys)
         if kv_len == n:  # one causal call: fused kernels skip the masked half and never store the scores
             qi = q[start : start + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, d]
             out[start : start + n] = _sdpa(qi, keys, values, is_causal=True).squeeze(0).transpose(0, 1)
@@ -189,12 +209,30 @@ class Llama(nn.Module):
         engine needs only the last row of each sequence, which saves the big output matmul elsewhere.
         """
         h = self.embed(input_ids)  # [T, d_model]
-        cos, sin = rope_cos_sin(meta.positions, self.config.head_dim, self.config.rope_theta, h.dtype)
+        cos, sin = self._rope(meta.positions, h.dtype)
         for layer, block in enumerate(self.layers):
             h = block(h, cos, sin, cache.flat(layer), meta)
         if logits_rows is not None:
             h = h[logits_rows]  # [R, d_model]
         return F.linear(self.norm(h), self.output_weight)  # [R, vocab]
+
+    @property
+    def rope_scaling(self) -> dict | None:
+        """RoPE extension in transformers' ``rope_scaling`` format (None: plain RoPE); settable."""
+        return self.__dict__.get("_rope_scaling", getattr(self.config, "rope_scaling", None))
+
+    @rope_scaling.setter
+    def rope_scaling(self, scaling: dict | None) -> None:
+        rope_parameters(self.config.head_dim, self.config.rope_theta, scaling)  # validates
+        self.__dict__["_rope_scaling"] = None if scaling is None else dict(scaling)
+
+    def _rope(self, positions: torch.Tensor, dtype):
+        scaling = self.rope_scaling
+        if not scaling:  # plain RoPE: the original path
+            return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype)
+        seq_len = int(positions.max()) + 1 if positions.numel() else None  # used by "dynamic" only
+        inv_freq, factor = rope_parameters(self.config.head_dim, self.config.rope_theta, scaling, seq_len)
+        return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype, inv_freq, factor)
 
     @torch.no_grad()
     def init_random_(self, seed: int = 0, std: float = 0.02) -> Llama:
