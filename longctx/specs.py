@@ -74,6 +74,9 @@ class ModelSpec:
     sliding_window: int | None = None
     num_params: int | None = None
     notes: str = ""
+    rms_norm_eps: float = 1e-5  # RMSNorm epsilon (1e-5 for every model here): what the real model needs
+    # transformers' ``rope_scaling`` format (None: plain RoPE); checked where the model is built
+    rope_scaling: dict | None = field(default=None, hash=False)
     params_from_shapes: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
@@ -87,6 +90,7 @@ class ModelSpec:
                 _positive_int(owner, name, getattr(self, name))
         if self.rope_theta is not None:
             _positive_number(owner, "rope_theta", self.rope_theta)
+        _positive_number(owner, "rms_norm_eps", self.rms_norm_eps)
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"{owner}: num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
@@ -136,8 +140,12 @@ class HardwareSpec:
     """One accelerator: dense peak throughput, HBM bandwidth and capacity (datasheet numbers).
 
     ``peak_flops_per_s`` is dense bf16/fp16 tensor-core throughput (no 2:4 sparsity). ``memory_bytes``
-    is the advertised capacity in decimal GB (the usable amount reported by ``nvidia-smi`` is a little
-    different).
+    is the datasheet's capacity, read the way the datasheet prints it (``80 GB`` -> 80e9 bytes).
+    ``usable_memory_bytes`` is what the runtime reports as the device's total memory (``nvidia-smi``'s
+    ``memory.total``, ``torch.cuda.mem_get_info()[1]``), with its source in ``usable_memory_source``.
+    HBM comes in binary sizes, so the two differ: an "H100 80GB" reports 81,559 MiB = 79.6 GiB = 85.5e9
+    bytes, *more* than 80e9. Plan capacity from ``usable_memory_bytes``; engines then keep a share of it
+    (vLLM: ``gpu_memory_utilization``, 0.9 by default) for weights, activations and the KV cache.
     """
 
     name: str
@@ -146,6 +154,8 @@ class HardwareSpec:
     memory_bytes: float
     source: str
     peak_fp8_flops_per_s: float | None = None
+    usable_memory_bytes: float | None = None
+    usable_memory_source: str = ""
 
     def __post_init__(self) -> None:
         owner = f"HardwareSpec {self.name!r}"
@@ -155,6 +165,10 @@ class HardwareSpec:
             _positive_number(owner, name, getattr(self, name))
         if self.peak_fp8_flops_per_s is not None:
             _positive_number(owner, "peak_fp8_flops_per_s", self.peak_fp8_flops_per_s)
+        if self.usable_memory_bytes is not None:
+            _positive_number(owner, "usable_memory_bytes", self.usable_memory_bytes)
+            if not self.usable_memory_source:
+                raise ValueError(f"{owner}: usable_memory_source must say where usable_memory_bytes was read")
 
     @property
     def ridge_flops_per_byte(self) -> float:
@@ -190,21 +204,30 @@ MODELS: dict[str, ModelSpec] = {
     )
 }
 
+_SMI = ("memory.total reported by nvidia-smi (MiB = 2**20 bytes), as printed in public nvidia-smi logs of "
+        "the card: {}")
+
 HARDWARE: dict[str, HardwareSpec] = {
     h.name: h
     for h in (
         HardwareSpec("a100", 312e12, 2.039e12, 80e9,
                      "NVIDIA A100 datasheet (SXM 80GB): 312 TFLOPS bf16 dense, 2,039 GB/s "
                      "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
-                     "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"),
+                     "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
+                     usable_memory_bytes=81_920 * 2**20,
+                     usable_memory_source=_SMI.format("A100-SXM4-80GB, 81920MiB (exactly 80 GiB)")),
         HardwareSpec("h100", 989e12, 3.35e12, 80e9,
                      "NVIDIA H100 SXM datasheet: 989 TFLOPS bf16 dense (1,979 with sparsity), 3.35 TB/s "
                      "https://www.nvidia.com/en-us/data-center/h100/",
-                     peak_fp8_flops_per_s=1979e12),
+                     peak_fp8_flops_per_s=1979e12,
+                     usable_memory_bytes=81_559 * 2**20,
+                     usable_memory_source=_SMI.format("NVIDIA H100 80GB HBM3, 81559MiB (79.6 GiB)")),
         HardwareSpec("h200", 989e12, 4.8e12, 141e9,
                      "NVIDIA H200 SXM datasheet: 989 TFLOPS bf16 dense, 4.8 TB/s, 141 GB "
                      "https://www.nvidia.com/en-us/data-center/h200/",
-                     peak_fp8_flops_per_s=1979e12),
+                     peak_fp8_flops_per_s=1979e12,
+                     usable_memory_bytes=143_771 * 2**20,
+                     usable_memory_source=_SMI.format("NVIDIA H200, 143771MiB (140.4 GiB)")),
     )
 }
 

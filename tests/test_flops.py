@@ -13,11 +13,13 @@ from longctx.flops import (
     decode_flops,
     linear_flops,
     linear_params,
+    lm_head_params,
     prefill_flops,
     source_seed_attention_flops,
     source_seed_attention_share,
     source_seed_linear_flops,
     step_cost,
+    tokens_for_attention_share,
 )
 from longctx.memory import kv_bytes_per_token
 from longctx.specs import get_model
@@ -74,20 +76,61 @@ def test_crossover_7b():
 
 
 def test_llama3_crossover_with_real_n():
-    assert round(crossover_tokens("llama-3-8b", "causal")) == 61_265
-    assert crossover_tokens("llama-3-8b", "causal", params="matmul") < crossover_tokens("llama-3-8b")
+    # the course's convention (matmul weights, LM head on the last token) moves it to ~53K (issue 12)
+    assert round(crossover_tokens("llama-3-8b", "causal")) == 53_247
+    # the source's 2*T*N with every parameter (embeddings included) gives ~61K
+    assert round(crossover_tokens("llama-3-8b", "causal", params="all")) == 61_265
+    for kind in ("causal", "full"):
+        t = crossover_tokens("llama-3-8b", kind)
+        lo, hi = prefill_flops("llama-3-8b", int(t), kind), prefill_flops("llama-3-8b", int(t) + 1, kind)
+        assert lo.attention_flops <= lo.linear_flops and hi.attention_flops > hi.linear_flops
 
 
 def test_param_conventions():
     m = get_model("llama-3-8b")
     assert linear_params(m, "all") == m.num_params
-    assert linear_params(m, "matmul") == m.num_params - 128256 * 4096
+    # q, k, v, o and the MLP of 32 layers: no embedding, no LM head, no norms
+    per_layer = 4096 * 4096 * 2 + 2 * 4096 * 1024 + 3 * 4096 * 14336
+    assert linear_params(m, "matmul") == 32 * per_layer == 6_979_321_856
+    assert lm_head_params(m) == 128256 * 4096
+    assert m.num_params == linear_params(m) + 2 * lm_head_params(m) + 65 * 4096  # + 2 tables + 65 norms
     tied = get_model("smollm2-135m")
-    assert linear_params(tied, "matmul") == tied.num_params  # the tied table is the LM head
-    with pytest.raises(ValueError, match="vocab_size"):
-        linear_params(T7, "matmul")
-    with pytest.raises(ValueError, match="all, matmul"):
+    assert linear_params(tied) + lm_head_params(tied) + 61 * 576 == tied.num_params  # one shared table
+    # the teaching model has only a round N: it is all "matmul", with no separable LM head
+    assert linear_params(T7, "matmul") == 7e9 and lm_head_params(T7) == 0
+    with pytest.raises(ValueError, match="matmul, all"):
         linear_params(m, "some")
+
+
+def test_linear_flops_convention():
+    m = get_model("llama-3-8b")
+    n, head = linear_params(m), lm_head_params(m)
+    assert linear_flops(m, 1000) == 2 * 1000 * n + 2 * head  # logits of the last token only
+    assert linear_flops(m, 1000, logit_tokens=1000) == 2 * 1000 * (n + head)  # every row's logits
+    assert linear_flops(m, 1000, logit_tokens=0) == 2 * 1000 * n  # a chunk that does not end its prompt
+    assert linear_flops(m, 0) == 0
+    assert linear_flops(m, 1000, "all") == 2 * 1000 * m.num_params
+    assert linear_flops(T7, 12_000) == linear_flops(T7, 12_000, "all")
+    with pytest.raises(ValueError, match="logit_tokens"):
+        linear_flops(m, 3, logit_tokens=4)
+    # chunks that do not end the prompt compute no logits: 12 chunks add up to the monolithic prefill
+    chunks = [chunk_flops(m, 1000, 1000 * i, logit_tokens=0 if i < 11 else 1) for i in range(12)]
+    assert sum(c.total_flops for c in chunks) == prefill_flops(m, 12_000).total_flops
+
+
+def test_tokens_for_attention_share():
+    # the 7B model: 65 % at ~100K, 90 % only at ~480K (issue 12, item 3)
+    assert attention_share(T7, 100_000) == pytest.approx(0.652, abs=1e-3)
+    assert tokens_for_attention_share(T7, 0.9) == pytest.approx(480_651, abs=1)
+    for model in ("llama-3-8b", "smollm2-135m", T7):
+        for kind in ("causal", "full"):
+            assert tokens_for_attention_share(model, 0.5, kind) == pytest.approx(crossover_tokens(model, kind))
+            for share in (0.1, 0.65, 0.97):
+                t = tokens_for_attention_share(model, share, kind)
+                assert attention_share(model, int(t), kind) <= share < attention_share(model, int(t) + 1, kind)
+    for bad in (0, 1, 1.5, -0.1, True, "0.5"):
+        with pytest.raises(ValueError, match="between 0 and 1"):
+            tokens_for_attention_share(T7, bad)
 
 
 def test_attention_must_be_named():
@@ -105,14 +148,16 @@ def test_chunks_sum_to_prefill():
 def test_decode_step():
     d = decode_flops("llama-3-8b", 8191)
     assert d.attention_flops == 4 * 32 * 4096 * 8192
-    assert d.linear_flops == 2 * get_model("llama-3-8b").num_params
+    assert d.linear_flops == 2 * (linear_params("llama-3-8b") + lm_head_params("llama-3-8b"))
+    assert decode_flops("llama-3-8b", 8191, "all").linear_flops == 2 * get_model("llama-3-8b").num_params
 
 
 def test_step_cost_bytes():
     m = get_model("llama-3-8b")
     c = step_cost(m, [(1, 8192)] * 16 + [(1000, 3000)], weight_dtype="bf16", kv_dtype="fp8")
     bpt = kv_bytes_per_token(m, "fp8")
-    assert c.weight_bytes == 2 * m.num_params
+    assert c.weight_bytes == 2 * (m.num_params - 128256 * 4096)  # the input table is looked up, not read
+    assert step_cost(m, [(1, 10)], params="all").weight_bytes == 2 * m.num_params
     assert c.kv_read_bytes == (16 * 8192 + 3000) * bpt
     assert c.kv_write_bytes == 1016 * bpt
     assert c.flops == 16 * decode_flops(m, 8192).total_flops + chunk_flops(m, 1000, 3000).total_flops

@@ -115,3 +115,24 @@ def test_validation_messages():
 def test_param_count_needs_shapes():
     with pytest.raises(ValueError, match="vocab_size"):
         param_count_from_shapes(get_model("teaching-7b-mha"))
+
+
+def test_usable_capacity_beside_the_datasheet():
+    # what the runtime reports (nvidia-smi memory.total, MiB), not the datasheet's "GB" (issue 12, item 1)
+    expected_mib = {"h100": 81_559, "h200": 143_771, "a100": 81_920}
+    for name, mib in expected_mib.items():
+        hw = get_hardware(name)
+        assert hw.usable_memory_bytes == mib * 2**20
+        assert f"{mib}MiB" in hw.usable_memory_source and "nvidia-smi" in hw.usable_memory_source
+    h100 = get_hardware("h100")
+    assert h100.memory_bytes == 80e9  # the datasheet's 80 GB, read as decimal
+    assert h100.usable_memory_bytes / 2**30 == pytest.approx(79.65, abs=0.01)  # GiB: not 74.5
+    assert h100.usable_memory_bytes > h100.memory_bytes  # HBM is binary: "80GB" holds more than 80e9 bytes
+    assert get_hardware("a100").usable_memory_bytes == 80 * 2**30
+
+
+def test_usable_capacity_needs_a_source():
+    with pytest.raises(ValueError, match="usable_memory_source"):
+        HardwareSpec("x", 1e12, 1e12, 1e9, "datasheet", usable_memory_bytes=1e9)
+    with pytest.raises(ValueError, match="usable_memory_bytes"):
+        HardwareSpec("x", 1e12, 1e12, 1e9, "datasheet", usable_memory_bytes=-1.0, usable_memory_source="smi")
