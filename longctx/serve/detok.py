@@ -1,0 +1,61 @@
+"""Incremental detokenization with stop strings: token ids in, text deltas out.
+
+Byte-level BPE can split one character over several tokens; decoding a prefix then ends in U+FFFD. We
+decode the whole output so far each time and hold back a trailing U+FFFD until the next token completes the
+character. With stop strings, text that could still be the start of a stop string is held back too, and
+when a stop string appears the text is cut just before it (OpenAI's convention: the stop string is not
+returned). Special tokens (``<|im_end|>``) decode to nothing.
+"""
+
+from __future__ import annotations
+
+
+class IncrementalDetokenizer:
+    """Feed token ids one at a time; ``add`` returns the new text that is safe to send."""
+
+    def __init__(self, tokenizer, stop: list[str] | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.stop = list(stop or [])
+        self.token_ids: list[int] = []
+        self.sent = ""  # text already returned
+        self.stopped = False  # a stop string was found
+
+    def _visible(self, text: str) -> str:
+        """The prefix of ``text`` that can be sent now."""
+        for s in self.stop:
+            at = text.find(s)
+            if at != -1:
+                self.stopped = True
+                text = text[:at]
+        if self.stopped:
+            return text
+        hold = 0
+        for s in self.stop:  # the longest tail of text that is a proper prefix of a stop string
+            for k in range(min(len(s) - 1, len(text)), 0, -1):
+                if text.endswith(s[:k]):
+                    hold = max(hold, k)
+                    break
+        if text.endswith("\ufffd"):
+            hold = max(hold, 1)
+        return text[: len(text) - hold]
+
+    def add(self, token_id: int) -> str:
+        """Append one token; return the text delta to send (may be empty)."""
+        if self.stopped:
+            return ""
+        self.token_ids.append(int(token_id))
+        visible = self._visible(self.tokenizer.decode(self.token_ids))
+        if len(visible) <= len(self.sent):
+            return ""
+        delta = visible[len(self.sent) :]
+        self.sent = visible
+        return delta
+
+    def flush(self) -> str:
+        """At the end of the output: release held-back text (no stop string can complete any more)."""
+        if self.stopped:
+            return ""
+        text = self.tokenizer.decode(self.token_ids)
+        delta = text[len(self.sent) :] if text.startswith(self.sent) else ""
+        self.sent = text
+        return delta

@@ -1,0 +1,149 @@
+"""Build the server, run it, or run it in a child process (notebooks, tests, benchmarks).
+
+- ``build_app(scheduler="chunked", token_budget=256, kv_blocks=256, ...)``: SmolLM2 on our engine behind the
+  OpenAI API (loads the model: torch).
+- ``run_server(host, port, **build_kwargs)``: uvicorn in the foreground (``python -m longctx serve``).
+- ``ServerProcess(**flags)``: ``python -m longctx serve`` in a child process on a free 127.0.0.1 port;
+  a context manager that waits for ``/health`` and always stops the child (terminate, then kill).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+SCHEDULERS = ("monolithic", "chunked")
+
+
+def build_app(
+    scheduler: str = "chunked",
+    token_budget: int = 256,
+    kv_blocks: int = 256,
+    max_waiting: int = 256,
+    seed: int = 0,
+    model_name: str | None = None,
+):
+    """The FastAPI app over SmolLM2-135M-Instruct on the engine (``scheduler``: monolithic | chunked)."""
+    if scheduler not in SCHEDULERS:
+        raise ValueError(f"scheduler must be one of {SCHEDULERS}, got {scheduler!r}")
+    if int(token_budget) != token_budget or token_budget < 1:
+        raise ValueError(f"token_budget must be a positive integer, got {token_budget!r}")
+    if int(kv_blocks) != kv_blocks or kv_blocks < 1:
+        raise ValueError(f"kv_blocks must be a positive integer, got {kv_blocks!r}")
+    from longctx.engine.scheduler import ChunkedPrefillScheduler, MonolithicScheduler
+
+    try:
+        from longctx.engine import build_engine
+    except ImportError:  # before the engine package exported it
+        from longctx.engine.torch_executor import build_engine
+    from longctx.serve.app import DEFAULT_MODEL_NAME, create_app
+    from longctx.serve.async_engine import AsyncEngine
+    from longctx.serve.sampling import SamplingExecutor
+
+    policy = (
+        MonolithicScheduler() if scheduler == "monolithic" else ChunkedPrefillScheduler(int(token_budget))
+    )
+    engine, tokenizer = build_engine(policy, num_blocks=int(kv_blocks))
+    engine.executor = SamplingExecutor(engine.executor)
+    aengine = AsyncEngine(engine, max_waiting=max_waiting)
+    return create_app(aengine, tokenizer, model_name or DEFAULT_MODEL_NAME, base_seed=seed)
+
+
+def run_server(host: str = "127.0.0.1", port: int = 8000, **build_kwargs) -> None:
+    """Serve until interrupted (uvicorn, one process, one engine loop)."""
+    import uvicorn
+
+    app = build_app(**build_kwargs)
+    uvicorn.run(app, host=host, port=int(port), log_level="warning", access_log=False)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def get_json(url: str, timeout_s: float = 5.0) -> tuple[int, dict]:
+    """``(status, body)`` of a GET returning JSON (errors included), with the standard library only."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+class ServerProcess:
+    """``python -m longctx serve`` in a child process on 127.0.0.1; use as a context manager.
+
+    Keyword arguments become flags (``scheduler="monolithic"`` -> ``--scheduler monolithic``). ``threads``
+    sets the child's torch threads. The child's output goes to ``log_path`` (or is discarded).
+    """
+
+    def __init__(
+        self, startup_timeout_s: float = 180.0, threads: int | None = None, log_path=None, **flags
+    ) -> None:
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.startup_timeout_s = startup_timeout_s
+        self.args = [
+            sys.executable,
+            "-m",
+            "longctx",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
+        for key, value in flags.items():
+            self.args += [f"--{key.replace('_', '-')}", str(value)]
+        if threads is not None:
+            self.args += ["--threads", str(threads)]
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> ServerProcess:
+        out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"the server exited with status {self.proc.returncode} while starting: {self.args}"
+                )
+            try:
+                status, _ = get_json(self.base_url + "/health", timeout_s=2.0)
+                if status == 200:
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"the server did not answer /health within {self.startup_timeout_s} s")
+
+    def health(self) -> dict:
+        return get_json(self.base_url + "/health")[1]
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
