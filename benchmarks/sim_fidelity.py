@@ -40,12 +40,14 @@ NUM_BLOCKS, BLOCK_SIZE = 512, 16
 
 def run_real(model, workload, scheduler, vocab_size, seed=0):
     """Serve ``workload`` on the real model in real time; returns (finished sequences, recorded steps)."""
-    from longctx.engine.torch_executor import TorchExecutor
+    from longctx.engine import TorchExecutor
+    from longctx.kv.block_manager import BlockManager
 
     rng = np.random.default_rng(seed)
-    rec = RecordingExecutor(TorchExecutor(model, NUM_BLOCKS, BLOCK_SIZE))
-    engine = Engine(rec, scheduler, num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, clock=WallClock(),
-                    max_model_len=model.config.max_model_len, eos_token_id=None)  # no EOS: lengths as asked
+    pool = BlockManager(NUM_BLOCKS, BLOCK_SIZE)
+    rec = RecordingExecutor(TorchExecutor(model, pool))
+    engine = Engine(rec, scheduler, pool, clock=WallClock(),
+                    max_model_len=model.config.max_context, eos_token_id=None)  # no EOS: lengths as asked
     for r in workload:
         ids = rng.integers(100, vocab_size, size=r.prompt_tokens).tolist()
         engine.add_request(ids, r.output_tokens, arrival_s=r.arrival_s)

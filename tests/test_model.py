@@ -4,9 +4,10 @@ import pytest
 import torch
 from model_fixtures import PROMPTS, hf_reference, our_model, our_tokenizer
 
-from longctx.model.config import SMOLLM2_135M, LlamaConfig
+from longctx.model.config import SMOLLM2_135M, check_runnable, spec_from_dict, spec_to_dict
 from longctx.model.llama import Llama
 from longctx.model.tokenizer import render_chat
+from longctx.specs import ModelSpec, get_model
 
 CHATS = [
     [{"role": "user", "content": "What is the capital of France?"}],
@@ -19,15 +20,30 @@ CHATS = [
 ]
 
 
+def tiny(**kw) -> ModelSpec:
+    shape = dict(name="tiny", num_layers=1, d_model=8, num_heads=2, num_kv_heads=1, head_dim=4,
+                 source="test", intermediate_size=8, vocab_size=10, rope_theta=10000.0)
+    return ModelSpec(**{**shape, **kw})
+
+
 def test_config_validation():
     with pytest.raises(ValueError, match="multiple of num_kv_heads"):
-        LlamaConfig(
-            vocab_size=10, d_model=8, num_layers=1, num_heads=3, num_kv_heads=2, head_dim=4, ffn_dim=8
-        )
+        tiny(num_heads=3, num_kv_heads=2)
     with pytest.raises(ValueError, match="head_dim must be even"):
-        LlamaConfig(
-            vocab_size=10, d_model=8, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=3, ffn_dim=8
-        )
+        Llama(tiny(head_dim=3))
+    with pytest.raises(ValueError, match="rope_theta unknown"):
+        check_runnable(get_model("teaching-7b-mha"))  # the seed's round 7B has no vocabulary or MLP shape
+    with pytest.raises(ValueError, match="rms_norm_eps"):
+        tiny(rms_norm_eps=0.0)
+
+
+def test_spec_round_trips_through_a_plain_dict():
+    for spec in (SMOLLM2_135M, get_model("llama-3.1-70b"), tiny(num_layers=3)):
+        d = spec_to_dict(spec)
+        assert spec_from_dict(d) == spec
+        assert spec_from_dict({**d, "num_layers": 2}).num_params < spec.num_params  # recounted
+    with pytest.raises(ValueError, match="unknown ModelSpec fields"):
+        spec_from_dict({**spec_to_dict(SMOLLM2_135M), "ffn_dim": 1536})
 
 
 def naive_logits(model: Llama, ids: list[int]) -> torch.Tensor:
@@ -44,8 +60,8 @@ def naive_logits(model: Llama, ids: list[int]) -> torch.Tensor:
         q = apply_rope(blk.attn.q_proj(x).view(T, c.num_heads, c.head_dim), cos, sin)
         k = apply_rope(blk.attn.k_proj(x).view(T, c.num_kv_heads, c.head_dim), cos, sin)
         v = blk.attn.v_proj(x).view(T, c.num_kv_heads, c.head_dim)
-        k = k.repeat_interleave(c.num_queries_per_kv, dim=1)
-        v = v.repeat_interleave(c.num_queries_per_kv, dim=1)
+        k = k.repeat_interleave(c.gqa_group, dim=1)
+        v = v.repeat_interleave(c.gqa_group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q, k) / c.head_dim**0.5
         att = scores.masked_fill(~causal, float("-inf")).softmax(-1)
         h = h + blk.attn.o_proj(torch.einsum("hqk,khd->qhd", att, v).reshape(T, -1))
@@ -62,9 +78,8 @@ def test_paged_forward_matches_naive_attention_on_a_tiny_random_model(monkeypatc
 
     monkeypatch.setattr(llama, "MAX_SCORES_PER_CALL", max_scores)
 
-    cfg = LlamaConfig(
-        vocab_size=50, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, ffn_dim=48
-    )
+    cfg = tiny(vocab_size=50, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+               intermediate_size=48)
     model = Llama(cfg).init_random_(seed=1, std=0.2).eval()
     g = torch.Generator().manual_seed(0)
     a = torch.randint(0, 50, (23,), generator=g).tolist()
@@ -114,7 +129,11 @@ def test_chat_template_equals_the_gguf_jinja_template():
 @pytest.mark.slow
 def test_config_and_tokenizer_from_the_gguf():
     model, tok = our_model(), our_tokenizer()
-    assert model.config == SMOLLM2_135M
+    def shape(spec):  # everything but where the numbers were read from
+        return {k: v for k, v in spec_to_dict(spec).items() if k not in ("source", "notes")}
+
+    assert shape(model.config) == shape(SMOLLM2_135M)
+    assert model.config.num_params == SMOLLM2_135M.num_params == get_model("smollm2-135m").num_params
     assert tok.eos_token_id == 2 and tok.bos_token_id == 1
     ids = tok.encode("Hello <|im_start|>user\nabc 12345 ü 🤖")
     assert tok.decode(ids, skip_special_tokens=False) == "Hello <|im_start|>user\nabc 12345 ü 🤖"
@@ -152,7 +171,7 @@ def hf_greedy(model, ids: list[int], steps: int) -> list[int]:
 
 @pytest.mark.slow
 def test_logits_match_transformers_within_1e_3():
-    from longctx.engine.torch_executor import chunked_prefill_logits
+    from longctx.engine.exactness import chunked_prefill_logits
 
     hf, _ = hf_reference()
     tok = our_tokenizer()
@@ -169,7 +188,7 @@ def test_logits_match_transformers_within_1e_3():
 
 @pytest.mark.slow
 def test_greedy_tokens_match_transformers_for_64_steps():
-    from longctx.engine.torch_executor import generate
+    from longctx.engine.llm import generate
 
     hf, _ = hf_reference()
     tok = our_tokenizer()

@@ -71,8 +71,8 @@ def run_generate(args) -> int:
     if not ids:
         raise ValueError("the prompt is empty")
     model = load_model()
-    if len(ids) > model.config.max_model_len:
-        raise ValueError(f"the prompt has {len(ids)} tokens, more than {model.config.max_model_len}")
+    if len(ids) > model.config.max_context:
+        raise ValueError(f"the prompt has {len(ids)} tokens, more than {model.config.max_context}")
     out = generate(model, ids, args.max_tokens, args.chunk_size, eos_token_id=tokenizer.eos_token_id)
     sys.stdout.write(tokenizer.decode(out) + "\n")
     return 0

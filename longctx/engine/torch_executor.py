@@ -89,7 +89,7 @@ def build_engine(
         scheduler if scheduler is not None else ChunkedPrefillScheduler(512),
         BlockManager(num_blocks, block_size),
         clock=clock,
-        max_model_len=model.config.max_model_len,
+        max_model_len=model.config.max_context,
         eos_token_id=tokenizer.eos_token_id,
         vocab_size=model.config.vocab_size,
     )
@@ -111,7 +111,7 @@ def generate(
         TorchExecutor(model, num_blocks, block_size),
         scheduler,
         BlockManager(num_blocks, block_size),
-        max_model_len=model.config.max_model_len,
+        max_model_len=model.config.max_context,
         eos_token_id=eos_token_id,
         vocab_size=model.config.vocab_size,
     )

@@ -17,7 +17,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from longctx.gpu.counts import registry_spec
-from longctx.model.config import LlamaConfig
+from longctx.model.config import spec_from_dict, spec_to_dict
 from longctx.sim.cost_model import Calibration, CostModelExecutor, MeasuredStep, calibrate
 from longctx.specs import HardwareSpec
 
@@ -104,7 +104,7 @@ def calibrate_from_record(record: dict, model: str = "llama-3-8b", fit_sources=S
     every step of every source. ``hardware`` defaults to the record's measured ceilings."""
     if model not in record.get("models", {}):
         raise ValueError(f"the record has no model {model!r}; it has: {', '.join(record.get('models', {}))}")
-    spec = registry_spec(model, LlamaConfig.from_dict(record["models"][model]["config"]))
+    spec = registry_spec(model, spec_from_dict(record["models"][model]["config"]))
     hw = record_hardware(record) if hardware is None else hardware
     dtype = WEIGHT_DTYPES.get(record.get("dtype", "bfloat16"), "bf16")
     executor = CostModelExecutor(spec, hw, weight_dtype=dtype, kv_dtype=dtype)
@@ -162,7 +162,7 @@ def synthetic_record(factors=None, hardware: str = "h200", date: str = "2026-01-
         "schema": SCHEMA, "date": date, "toy": False, "dtype": "bfloat16", "synthetic": True,
         "device": {"name": f"NVIDIA {hw.name.upper()}", "key": hw.name, "torch": "synthetic", "cuda": None,
                    "driver": None, "memory_bytes": hw.memory_bytes},
-        "models": {"llama-3-8b": {"config": cfg.to_dict()}},
+        "models": {"llama-3-8b": {"config": spec_to_dict(cfg)}},
         "ceilings": {"matmul": {"n": 8192, "median_s": 2 * 8192**3 / hw.peak_flops_per_s,
                                 "flops_per_s": hw.peak_flops_per_s},
                      "copy": {"bytes": 2**32, "median_s": 2**33 / hw.memory_bandwidth_bytes_per_s,

@@ -18,9 +18,9 @@ from __future__ import annotations
 import contextlib
 import io
 import warnings
-from dataclasses import replace
 
 from longctx.gpu import counts
+from longctx.model.config import resized
 
 PREDICTION = "prediction (no GPU record yet)"
 LIVE_SECTIONS = {
@@ -229,7 +229,7 @@ def show_attention_share(ax=None, gpu: str = "h200", live: bool | None = None, r
         ax = _axes(ax)
         try:
             rec, label = _source("attention", gpu, live, record)
-            one = replace(LLAMA3_8B, num_layers=1)
+            one = resized(LLAMA3_8B, num_layers=1)
             if rec and rec.get("attention_share"):
                 rows = [r for r in rec["attention_share"] if r["model"] == "llama-3-8b"]
                 xs = [r["context_tokens"] for r in rows]

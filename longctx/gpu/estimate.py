@@ -12,8 +12,8 @@ import itertools
 import numpy as np
 
 from longctx.gpu import counts
-from longctx.model.config import LlamaConfig
-from longctx.specs import HardwareSpec
+from longctx.model.config import resized, spec_from_dict
+from longctx.specs import HardwareSpec, ModelSpec
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -34,7 +34,7 @@ def scale_record(record: dict, src: HardwareSpec, dst: HardwareSpec) -> dict:
     """Rescale ``record`` (a copy: it is modified in place) from ``src`` to ``dst``; returns it."""
     s = _Scaler(src, dst)
     db = DTYPE_BYTES.get(record.get("dtype", "bfloat16"), 2)
-    cfgs = {k: LlamaConfig.from_dict(v["config"]) for k, v in record.get("models", {}).items()}
+    cfgs = {k: spec_from_dict(v["config"]) for k, v in record.get("models", {}).items()}
     mm, cp = record["ceilings"]["matmul"], record["ceilings"]["copy"]
     for d, r, key in ((mm, s.compute, "flops_per_s"), (cp, s.memory, "bytes_per_s")):
         for k in ("median_s", "min_s", "max_s"):
@@ -65,7 +65,7 @@ def scale_record(record: dict, src: HardwareSpec, dst: HardwareSpec) -> dict:
             row["fraction_of_copy"] = row["bytes_per_s"] / cp["bytes_per_s"]
     for row in record.get("attention_share", []):
         cfg, T = cfgs[row["model"]], row["context_tokens"]
-        one = LlamaConfig.from_dict({**cfg.to_dict(), "num_layers": 1})
+        one = resized(cfg, num_layers=1)
         f = counts.executed_flops(one, [(T, 0)], 0)
         row["attention_s"] *= s.ratio(f["attention_flops"], counts.attention_core_bytes(one, T, db))
         row["rest_s"] *= s.ratio(f["linear_flops"], counts.rest_of_layer_bytes(one, T, db))
@@ -87,7 +87,7 @@ def scale_record(record: dict, src: HardwareSpec, dst: HardwareSpec) -> dict:
     return record
 
 
-def _scale_exercise1_run(run: dict, cfg: LlamaConfig, s: _Scaler, db: int) -> None:
+def _scale_exercise1_run(run: dict, cfg: ModelSpec, s: _Scaler, db: int) -> None:
     """Rescale each step of the recorded run, shift every later token by the change, recompute TTFT/ITL."""
     from longctx.gpu.records import remap_times
 

@@ -7,7 +7,7 @@ runs out of memory is listed under ``skipped`` and the run goes on.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
@@ -15,6 +15,7 @@ from longctx.gpu import counts
 from longctx.gpu import workloads as w
 from longctx.gpu.harness import synchronize, time_fn, time_sequence
 from longctx.kv.cache import PagedKVCache
+from longctx.model.config import resized, spec_to_dict
 from longctx.model.llama import _sdpa, apply_rope, rope_cos_sin
 
 MAIN, SLICE = "llama-3-8b", "llama-3.1-70b-slice"
@@ -36,7 +37,7 @@ class Context:
             self.drop_models()
             cfg = w.model_configs(self.config.is_toy, self.config.slice_layers, self.config.main_layers)[name]
             self.models[name] = w.build_model(cfg, self.device, self.dtype)
-            entry = {"config": cfg.to_dict(), "num_params": sum(p.numel() for p in self.models[name].parameters())}
+            entry = {"config": spec_to_dict(cfg), "num_params": sum(p.numel() for p in self.models[name].parameters())}
             if cfg.num_layers < (80 if name == SLICE else 32) and not self.config.is_toy:
                 entry["note"] = f"{cfg.num_layers} of the model's layers, at its real layer shape"
             self.record.setdefault("models", {})[name] = entry
@@ -224,7 +225,7 @@ def _layer_split(ctx: Context, name: str, contexts) -> None:
         if res is None:
             continue
         t_att, t_rest = res
-        f = counts.executed_flops(replace(cfg, num_layers=1), [(T, 0)], logits_rows=0)
+        f = counts.executed_flops(resized(cfg, num_layers=1), [(T, 0)], logits_rows=0)
         share = t_att.median_s / (t_att.median_s + t_rest.median_s)
         out.append({"model": name, "context_tokens": T, "attention_s": t_att.median_s, "rest_s": t_rest.median_s,
                     "attention_share": share, "attention_flops": f["attention_flops"],

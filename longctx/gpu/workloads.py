@@ -8,34 +8,33 @@ a few layers: the 80-layer model's 141 GB of bf16 weights do not fit one GPU bes
 from __future__ import annotations
 
 import contextlib
-from dataclasses import replace
 
 from longctx.kv.cache import AttentionMetadata, build_attention_metadata
 from longctx.model import llama as llama_module
-from longctx.model.config import LLAMA3_8B, LlamaConfig
+from longctx.model.config import LLAMA3_8B, resized
+from longctx.specs import ModelSpec, get_model
 
 # Llama-3.1-70B's layer shape (Meta's config.json; longctx.specs "llama-3.1-70b"), as a few-layer slice.
-LLAMA31_70B = LlamaConfig(vocab_size=128256, d_model=8192, num_layers=80, num_heads=64, num_kv_heads=8,
-                          head_dim=128, ffn_dim=28672, rope_theta=500000.0, rms_norm_eps=1e-5,
-                          max_model_len=131072)
+LLAMA31_70B = get_model("llama-3.1-70b")
 
 # Tiny shapes for the CPU toy run (seconds end to end); same code paths as the real ones.
-TOY = LlamaConfig(vocab_size=512, d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
-                  ffn_dim=160, max_model_len=1 << 16)
-TOY_WIDE = replace(TOY, d_model=128, num_heads=8, head_dim=16, ffn_dim=320, num_layers=1)
+TOY = ModelSpec("toy", 2, 64, 4, 2, 16, "tiny random-weight stand-in for the CPU toy run",
+                intermediate_size=160, vocab_size=512, rope_theta=10000.0, max_context=1 << 16)
+TOY_WIDE = resized(TOY, name="toy-wide", d_model=128, num_heads=8, head_dim=16, intermediate_size=320,
+                   num_layers=1)
 
 
-def model_configs(toy: bool, slice_layers: int = 4, main_layers: int | None = None) -> dict[str, LlamaConfig]:
+def model_configs(toy: bool, slice_layers: int = 4, main_layers: int | None = None) -> dict[str, ModelSpec]:
     """Name -> config: ``llama-3-8b`` and ``llama-3.1-70b-slice`` (``toy``: tiny stand-ins, same names).
     ``main_layers`` keeps only that many of Llama-3-8B's 32 layers (quick live measurements in lessons)."""
     if toy:
         return {"llama-3-8b": TOY, "llama-3.1-70b-slice": TOY_WIDE}
-    main = replace(LLAMA3_8B, max_model_len=1 << 17)
-    return {"llama-3-8b": main if main_layers is None else replace(main, num_layers=main_layers),
-            "llama-3.1-70b-slice": replace(LLAMA31_70B, num_layers=slice_layers)}
+    main = resized(LLAMA3_8B, max_context=1 << 17)
+    return {"llama-3-8b": main if main_layers is None else resized(main, num_layers=main_layers),
+            "llama-3.1-70b-slice": resized(LLAMA31_70B, num_layers=slice_layers)}
 
 
-def build_model(config: LlamaConfig, device, dtype, seed: int = 0):
+def build_model(config: ModelSpec, device, dtype, seed: int = 0):
     """A random-weight ``Llama`` in eval mode on ``device`` (no weights file: speed is all we need)."""
     from longctx.model.llama import Llama
 

@@ -21,8 +21,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from longctx.kv.cache import AttentionMetadata, PagedKVCache
-from longctx.model.config import LlamaConfig
+from longctx.model.config import check_runnable
 from longctx.model.rope import rope_parameters
+from longctx.specs import ModelSpec
 
 MAX_SCORES_PER_CALL = 1 << 24  # query rows x keys x heads per attention call; bounds memory on long prompts
 
@@ -83,7 +84,7 @@ class Attention(nn.Module):
     # (both after RoPE), e.g. to read attention weights (longctx.evals.attention). None costs one test.
     probe = None
 
-    def __init__(self, config: LlamaConfig, device=None, dtype=None):
+    def __init__(self, config: ModelSpec, device=None, dtype=None):
         super().__init__()
         c = config
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
@@ -153,19 +154,19 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU (Shazeer 2020): ``down(silu(gate(x)) * up(x))``."""
 
-    def __init__(self, config: LlamaConfig, device=None, dtype=None):
+    def __init__(self, config: ModelSpec, device=None, dtype=None):
         super().__init__()
         kw = {"bias": False, "device": device, "dtype": dtype}
-        self.gate_proj = nn.Linear(config.d_model, config.ffn_dim, **kw)
-        self.up_proj = nn.Linear(config.d_model, config.ffn_dim, **kw)
-        self.down_proj = nn.Linear(config.ffn_dim, config.d_model, **kw)
+        self.gate_proj = nn.Linear(config.d_model, config.intermediate_size, **kw)
+        self.up_proj = nn.Linear(config.d_model, config.intermediate_size, **kw)
+        self.down_proj = nn.Linear(config.intermediate_size, config.d_model, **kw)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Block(nn.Module):
-    def __init__(self, config: LlamaConfig, device=None, dtype=None):
+    def __init__(self, config: ModelSpec, device=None, dtype=None):
         super().__init__()
         self.attn_norm = RMSNorm(config.d_model, config.rms_norm_eps, device, dtype)
         self.attn = Attention(config, device, dtype)
@@ -180,9 +181,9 @@ class Block(nn.Module):
 class Llama(nn.Module):
     """A Llama of any shape. ``forward`` runs one engine step over the paged cache."""
 
-    def __init__(self, config: LlamaConfig, device=None, dtype=None):
+    def __init__(self, config: ModelSpec, device=None, dtype=None):
         super().__init__()
-        self.config = config
+        self.config = check_runnable(config)
         self.embed = nn.Embedding(config.vocab_size, config.d_model, device=device, dtype=dtype)
         self.layers = nn.ModuleList(Block(config, device, dtype) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.d_model, config.rms_norm_eps, device, dtype)

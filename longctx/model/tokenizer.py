@@ -1,10 +1,7 @@
-"""SmolLM2's tokenizer and chat template, built from the GGUF's metadata (no transformers needed).
+"""SmolLM2's tokenizer and chat template (no transformers needed).
 
-The GGUF stores a GPT-2 style byte-level BPE (``tokenizer.ggml.model == "gpt2"``): the vocabulary already
-spelled in GPT-2's byte-to-unicode alphabet, and the merges in rank order. We rebuild it as a
-``tokenizers.Tokenizer`` with SmolLM2's own pre-tokenizer (every digit on its own, then GPT-2's regex; llama.cpp
-calls this pre-tokenizer ``smollm``) and cache its JSON. transformers' GGUF conversion does the same in ~10-30 s;
-loading the cached JSON takes a fraction of a second.
+The tokenizer files are rebuilt once from the GGUF's metadata (``longctx.model.gguf.build_tokenizer_files``)
+into the model cache (``longctx.model.weights``); loading the cached JSON takes a fraction of a second.
 
 The chat template is ChatML: ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message, a default system
 message first when there is none, then ``<|im_start|>assistant\\n`` to ask for the answer.
@@ -15,40 +12,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-CONTROL_TOKEN_TYPE = 3  # llama.cpp's token type for special (control) tokens
+from longctx.model.weights import fetch_model
+
 DEFAULT_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
-
-
-def build_tokenizer_files(meta: dict, directory: Path) -> None:
-    """Write ``tokenizer.json`` and ``tokenizer_meta.json`` into ``directory`` from GGUF metadata."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
-
-    if meta.get("tokenizer.ggml.model") != "gpt2":
-        raise ValueError(
-            f"expected a byte-level BPE tokenizer, the GGUF has {meta.get('tokenizer.ggml.model')!r}"
-        )
-    tokens = list(meta["tokenizer.ggml.tokens"])
-    token_types = list(meta["tokenizer.ggml.token_type"])
-    vocab = {tok: i for i, tok in enumerate(tokens)}
-    merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"),  # each digit alone ("smollm")
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    special = [t for t, ty in zip(tokens, token_types, strict=True) if ty == CONTROL_TOKEN_TYPE]
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
-    tok.save(str(directory / "tokenizer.json"))
-    info = {
-        "bos_token_id": int(meta.get("tokenizer.ggml.bos_token_id", 1)),
-        "eos_token_id": int(meta.get("tokenizer.ggml.eos_token_id", 2)),
-        "special_tokens": special,
-        "chat_template": meta.get("tokenizer.chat_template", ""),
-    }
-    (directory / "tokenizer_meta.json").write_text(json.dumps(info, indent=1))
 
 
 def render_chat(messages: list[dict], add_generation_prompt: bool = True) -> str:
@@ -100,6 +66,4 @@ class ChatTokenizer:
 
 def load_tokenizer() -> ChatTokenizer:
     """SmolLM2's tokenizer from the cache (building the cache first if needed)."""
-    from longctx.model.weights import fetch_model
-
     return ChatTokenizer(fetch_model())

