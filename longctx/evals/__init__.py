@@ -1,0 +1,1 @@
+"""Evaluations on the real model: needle in a haystack, attention entropy, perplexity."""

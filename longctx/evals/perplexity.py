@@ -1,0 +1,50 @@
+"""Per-position negative log-likelihood of a long text, prefilled in chunks through the paged KV cache.
+
+Chunked prefill is exact (up to rounding), so chunks only bound memory: the logits of one chunk
+(``chunk_size x vocab`` floats) exist at a time, never those of the whole text. Perplexity over a span of
+positions is ``exp(mean NLL)`` there; ``perplexity_by_bucket`` shows where (in positions) a model breaks,
+e.g. past its training length with and without a RoPE extension.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def token_nll(model, token_ids: list[int], chunk_size: int = 1024, block_size: int = 16) -> list[float]:
+    """``nll[i] = -log p(token_ids[i+1] | token_ids[:i+1])`` in nats, ``len(token_ids) - 1`` values."""
+    import torch
+
+    from longctx.kv.cache import PagedKVCache, build_attention_metadata
+
+    n = len(token_ids)
+    if n < 2:
+        raise ValueError(f"need at least 2 tokens, got {n}")
+    if int(chunk_size) != chunk_size or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    p = next(model.parameters())
+    num_blocks = -(-n // block_size)
+    cache = PagedKVCache.for_model(model.config, num_blocks, block_size, p.device, p.dtype)
+    table = list(range(num_blocks))
+    targets = torch.tensor(token_ids[1:] + [0], device=p.device)
+    nll: list[float] = []
+    with torch.inference_mode():
+        for start in range(0, n, chunk_size):
+            stop = min(n, start + chunk_size)
+            meta = build_attention_metadata([(table, start, stop - start)], block_size, p.device)
+            logits = model(torch.tensor(token_ids[start:stop], device=p.device), cache, meta).float()
+            lp = torch.log_softmax(logits, dim=-1)  # [chunk, vocab]
+            picked = -lp.gather(1, targets[start:stop, None])[:, 0]
+            nll += picked.tolist()
+    return nll[: n - 1]
+
+
+def perplexity_by_bucket(nll: list[float], bucket_tokens: int = 1024) -> list[tuple[int, int, float]]:
+    """``[(start, stop, perplexity)]`` over consecutive buckets of predicted positions."""
+    if bucket_tokens < 1:
+        raise ValueError(f"bucket_tokens must be >= 1, got {bucket_tokens}")
+    out = []
+    for start in range(0, len(nll), bucket_tokens):
+        part = nll[start : start + bucket_tokens]
+        out.append((start + 1, start + 1 + len(part), math.exp(sum(part) / len(part))))
+    return out
