@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "longctx.cli.model",
     "longctx.cli.simulate",
     "longctx.cli.serve",
+    "longctx.cli.bench",
     "longctx.cli.gpu",
 )
 

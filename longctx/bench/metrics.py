@@ -1,0 +1,204 @@
+"""Serving metrics from what a *client* sees: the time each streamed token arrived.
+
+Definitions follow vLLM's ``benchmark_serving.py`` (``vllm bench serve``), per request, times in seconds from
+the moment the request was sent (``start_s``):
+
+- TTFT = arrival of the first chunk carrying text - start
+- ITL  = gaps between consecutive text-carrying chunks (a list; a one-token answer has none)
+- E2E  = arrival of the last chunk with choices (the one carrying ``finish_reason``) - start
+- TPOT = (E2E - TTFT) / (output_tokens - 1); undefined (None) for one output token (vLLM then leaves it out
+  of the TPOT statistics and uses 0 when it checks a TPOT SLO)
+- output_tokens = the server's ``usage.completion_tokens`` when it sends usage, else a tokenizer count of the
+  text, else the number of text chunks.
+
+Over a run of ``duration_s`` (first send to last response): request throughput = completed / duration, output
+throughput = output tokens / duration, goodput = requests that completed AND met every SLO / duration
+(DistServe's definition, vLLM's ``--goodput ttft:… tpot:… e2el:…``). We add an ITL SLO that vLLM does not
+have: a request meets it when its *worst* gap is under the bound (a user sees a stall once, not on average).
+Failed requests are counted and listed, never dropped; they never count toward goodput.
+Percentiles are numpy's linear interpolation (``np.percentile``), as vLLM prints them. Pure Python + numpy.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+DEFAULT_PERCENTILES = (50.0, 90.0, 95.0, 99.0)
+
+
+@dataclass
+class RequestRecord:
+    """One request as the client saw it (plain data; times on the client's ``perf_counter`` clock)."""
+
+    request_id: int
+    start_s: float
+    token_times_s: list[float] = field(default_factory=list)  # arrival of each text-carrying chunk
+    end_s: float | None = None  # arrival of the last chunk with choices
+    output_tokens: int | None = None  # server usage (or a tokenizer count)
+    prompt_tokens: int | None = None
+    text: str = ""
+    error: str | None = None  # None: success
+    status: int | None = None  # HTTP status
+    expected: str | None = None  # the right answer, when the workload knows it
+    kind: str = ""  # workload class (e.g. "chat", "long-prefill")
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.token_times_s)
+
+    @property
+    def correct(self) -> bool | None:
+        if self.expected is None or not self.ok:
+            return None
+        return self.expected in self.text
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def request_latencies(
+    start_s: float, token_times_s, end_s: float | None = None, output_tokens: int | None = None
+) -> dict:
+    """TTFT, ITL, TPOT and E2E of one request from raw timestamps (seconds).
+
+    ``token_times_s``: arrival time of each text-carrying chunk (at least one). ``end_s``: arrival of the
+    final chunk (default: the last token). ``output_tokens``: tokens generated (default: one per chunk).
+    Returns ``{"ttft_s", "itl_s" (list), "tpot_s" (None for one token), "e2e_s", "output_tokens"}``.
+    """
+    t = [float(x) for x in token_times_s]
+    if not t:
+        raise ValueError("a request needs at least one token time (a failed request has no latencies)")
+    if any(b < a for a, b in zip(t, t[1:], strict=False)) or t[0] < start_s:
+        raise ValueError("token times must be non-decreasing and not before start_s")
+    end = t[-1] if end_s is None else max(float(end_s), t[-1])
+    n = len(t) if output_tokens is None else int(output_tokens)
+    if n < 1:
+        raise ValueError(f"output_tokens must be >= 1 for a request with tokens, got {output_tokens}")
+    ttft, e2e = t[0] - start_s, end - start_s
+    return {
+        "ttft_s": ttft,
+        "itl_s": [b - a for a, b in zip(t, t[1:], strict=False)],
+        "tpot_s": (e2e - ttft) / (n - 1) if n > 1 else None,
+        "e2e_s": e2e,
+        "output_tokens": n,
+    }
+
+
+@dataclass(frozen=True)
+class SLOs:
+    """Upper bounds in seconds (None: not checked). ``itl_s`` bounds the request's worst gap."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    itl_s: float | None = None
+    e2e_s: float | None = None
+
+    def met(self, lat: dict) -> bool:
+        """vLLM's rule: every given bound holds (TPOT of a one-token answer counts as 0)."""
+        checks = (
+            (self.ttft_s, lat["ttft_s"]),
+            (self.tpot_s, lat["tpot_s"] or 0.0),
+            (self.itl_s, max(lat["itl_s"], default=0.0)),
+            (self.e2e_s, lat["e2e_s"]),
+        )
+        return all(bound is None or value <= bound for bound, value in checks)
+
+
+def distribution_ms(values_s, percentiles=DEFAULT_PERCENTILES) -> dict:
+    """mean / median / std and percentiles in milliseconds (all 0.0 when there are no values, like vLLM)."""
+    v = np.asarray(list(values_s) or [0.0], dtype=float) * 1000.0
+    out = {
+        "n": len(list(values_s)),
+        "mean": float(v.mean()),
+        "median": float(np.median(v)),
+        "std": float(v.std()),
+    }
+    for p in percentiles:
+        out[f"p{p:g}"] = float(np.percentile(v, p))
+    return out
+
+
+def summarize(
+    records: list[RequestRecord],
+    duration_s: float | None = None,
+    slos: SLOs | None = None,
+    percentiles=DEFAULT_PERCENTILES,
+) -> dict:
+    """Benchmark summary (plain data, JSON-ready) of a run's records."""
+    slos = slos or SLOs()
+    done = [r for r in records if r.ok]
+    failed = [r for r in records if not r.ok]
+    if duration_s is None:
+        ends = [r.end_s or (r.token_times_s[-1] if r.token_times_s else r.start_s) for r in records]
+        duration_s = (max(ends) - min(r.start_s for r in records)) if records else 0.0
+    lats = [request_latencies(r.start_s, r.token_times_s, r.end_s, r.output_tokens) for r in done]
+    ttft = [x["ttft_s"] for x in lats]
+    tpot = [x["tpot_s"] for x in lats if x["tpot_s"] is not None]
+    itl = [g for x in lats for g in x["itl_s"]]
+    e2e = [x["e2e_s"] for x in lats]
+    out_tokens = sum(x["output_tokens"] for x in lats)
+    in_tokens = sum(r.prompt_tokens or 0 for r in done)
+    good = sum(slos.met(x) for x in lats)
+    checked = [r.correct for r in done if r.correct is not None]
+    dur = float(duration_s) if duration_s and duration_s > 0 else float("nan")
+    return {
+        "num_requests": len(records),
+        "completed": len(done),
+        "failed": len(failed),
+        "errors": dict(Counter((r.error or "no tokens received")[:200] for r in failed)),
+        "duration_s": float(duration_s),
+        "total_input_tokens": in_tokens,
+        "total_output_tokens": out_tokens,
+        "request_throughput": len(done) / dur,
+        "output_throughput": out_tokens / dur,
+        "total_token_throughput": (in_tokens + out_tokens) / dur,
+        "slos_ms": {k: (None if v is None else v * 1000.0) for k, v in asdict(slos).items()},
+        "num_good": good,
+        "goodput": good / dur,
+        "answers_checked": len(checked),
+        "answers_correct": sum(bool(c) for c in checked),
+        "ttft_ms": distribution_ms(ttft, percentiles),
+        "tpot_ms": distribution_ms(tpot, percentiles),
+        "itl_ms": distribution_ms(itl, percentiles),
+        "e2e_ms": distribution_ms(e2e, percentiles),
+    }
+
+
+def format_table(summary: dict) -> str:
+    """The summary as a text table (vLLM's layout, plus errors, goodput and answer checks)."""
+    s = summary
+    lines = [
+        "{:=^60}".format(" Serving Benchmark Result "),
+        f"{'Requests: completed / failed / total':<42} {s['completed']} / {s['failed']} / {s['num_requests']}",
+    ]
+    for msg, count in s["errors"].items():
+        lines.append(f"  error x{count}: {msg}")
+    lines += [
+        f"{'Benchmark duration (s):':<42} {s['duration_s']:.2f}",
+        f"{'Total input tokens:':<42} {s['total_input_tokens']}",
+        f"{'Total generated tokens:':<42} {s['total_output_tokens']}",
+        f"{'Request throughput (req/s):':<42} {s['request_throughput']:.3f}",
+        f"{'Output token throughput (tok/s):':<42} {s['output_throughput']:.2f}",
+        f"{'Total token throughput (tok/s):':<42} {s['total_token_throughput']:.2f}",
+    ]
+    slos = {k: v for k, v in s["slos_ms"].items() if v is not None}
+    if slos:
+        desc = ", ".join(f"{k.removesuffix('_s')}<={v:g}ms" for k, v in slos.items())
+        lines.append(f"{'Goodput (req/s) under ' + desc + ':':<42} {s['goodput']:.3f} ({s['num_good']} good)")
+    if s["answers_checked"]:
+        lines.append(f"{'Answers correct:':<42} {s['answers_correct']} / {s['answers_checked']}")
+    pct = [k for k in s["ttft_ms"] if k.startswith("p")]
+    lines.append(f"{'(ms)':<8}" + "".join(f"{h:>10}" for h in ["n", "mean", "median", *pct]))
+    for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        d = s[name]
+        row = [d["n"], d["mean"], d["median"], *[d[k] for k in pct]]
+        lines.append(
+            f"{name.removesuffix('_ms').upper():<8}"
+            + f"{row[0]:>10}"
+            + "".join(f"{x:>10.1f}" for x in row[1:])
+        )
+    lines.append("=" * 60)
+    return "\n".join(lines)
