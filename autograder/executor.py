@@ -2,11 +2,19 @@
 
 Runs as root *inside* the sandbox's namespaces, with no access to the course beyond the read-only library;
 the notebook's kernel runs as an unprivileged user (see kernel_launch.py), so the kernel cannot read or
-change this process's control folder /ctl, where the input notebook (with the per-cell pass markers) and
-the results live. After every cell the notebook executed so far is written to /ctl/executed.ipynb, so a
-timeout or a crash keeps the points earned before it.
+change this process's control folder /ctl, where the input notebook and the results live. After every
+cell the notebook executed so far is written to /ctl/executed.ipynb, so a timeout or a crash keeps the
+points earned before it.
 
-/ctl/job.json: {"uid", "gid", "deadline_s", "cell_timeout_s", "max_cell_output_chars", "marker_prefix"}
+Test cells never run here: the grader blanked their source, and at each test cell's place this process
+asks the grader (over the Unix socket /ctl/grader.sock, which the kernel's user cannot reach) to check
+it; while the grader's checker runs, this process relays the checker's requests ("describe name",
+"call function", "new object", "decide") to the kernel and the kernel's plain-data answers back. The
+kernel answers through a small module (plaindata.py's `serve`) installed at each test cell; its answers
+are the student's own values only, and each request has a time limit.
+
+/ctl/job.json: {"uid", "gid", "deadline_s", "cell_timeout_s", "max_cell_output_chars", "test_cells",
+                "call_timeout_s", "socket", ...}
 /ctl/status.json (written here): {"state", "cells_done", "failed_cell", "detail", "kernel_exit", ...}
 """
 
@@ -19,6 +27,9 @@ import sys
 import time
 
 CTL = "/ctl"
+SERVE_SOURCE = "/opt/grader/plaindata.py"
+MIME = "application/x-longctx-reply"
+MAX_LINE_BYTES = 40 * 2**20
 HOME = "/home/student"
 SUBMISSION = "/submission"
 
@@ -50,7 +61,7 @@ def main():
     start = time.monotonic()
     deadline = start + float(job["deadline_s"])
     cap = int(job["max_cell_output_chars"])
-    marker = job["marker_prefix"]
+    test_cells = set(job.get("test_cells", []))
     status = {"state": "starting", "cells_done": 0, "failed_cell": None, "detail": "", "kernel_exit": None,
               "truncated_cells": [], "timeouts": []}
     status_path = os.path.join(CTL, "status.json")
@@ -61,21 +72,24 @@ def main():
     nb = nbformat.read(os.path.join(CTL, "input.ipynb"), as_version=4)
 
     class CappedClient(NotebookClient):
-        """Keeps at most `cap` characters of stream output per cell, but always the pass markers."""
+        """Keeps at most `cap` characters of output per cell (streams, displays, errors alike)."""
 
         def output(self, outs, msg, display_id, cell_index):
-            if msg["msg_type"] == "stream":
-                used = sum(len(o.get("text", "")) for o in outs if o.get("output_type") == "stream")
-                text = msg["content"].get("text", "")
-                if used + len(text) > cap:
-                    kept = [line for line in text.splitlines(True) if line.startswith(marker)]
+            kind = msg["msg_type"]
+            if kind in ("stream", "display_data", "execute_result", "error", "update_display_data"):
+                used = sum(output_size(o) for o in outs)
+                size = message_size(msg)
+                if used + size > cap:
                     if cell_index not in status["truncated_cells"]:
                         status["truncated_cells"].append(cell_index)
-                        kept.insert(0, f"\n[the grader truncated this cell's output after {cap} characters]\n")
-                    if not kept:
-                        return None
-                    msg = dict(msg, content=dict(msg["content"], text="".join(kept)))
-                    if used > 4 * cap and not any(k.startswith(marker) for k in kept):
+                        note = f"\n[the grader truncated this cell's output after {cap} characters]\n"
+                        outs.append(nbformat.v4.new_output("stream", name="stdout", text=note))
+                    if kind == "error":  # keep that the cell failed, without its (huge) text
+                        content = msg["content"]
+                        msg = dict(msg, content={"ename": str(content.get("ename", "Error"))[:200],
+                                                 "evalue": str(content.get("evalue", ""))[:2000],
+                                                 "traceback": []})
+                    else:
                         return None
             return super().output(outs, msg, display_id, cell_index)
 
@@ -96,8 +110,12 @@ def main():
             return None
 
     async def run():
+        grader = await GraderLink.connect(job) if test_cells else None
+        t_kernel = time.monotonic()
+        status.update(cells_s=0.0, tests_s=0.0)
         async with client.async_setup_kernel():
             status["state"] = "running"
+            status["kernel_start_s"] = round(time.monotonic() - t_kernel, 3)
             for index, cell in enumerate(nb.cells):
                 if cell.cell_type != "code":
                     continue
@@ -108,8 +126,12 @@ def main():
                     return
                 client.timeout = int(min(float(job["cell_timeout_s"]), remaining))
                 client.current_index = index
+                t_cell = time.monotonic()
                 try:
-                    await client.async_execute_cell(cell, index, execution_count=None)
+                    if index in test_cells:
+                        await grader.check(client, index, deadline)
+                    else:
+                        await client.async_execute_cell(cell, index, execution_count=None)
                 except CellTimeoutError:
                     if index not in status["timeouts"]:
                         status["timeouts"].append(index)
@@ -119,6 +141,8 @@ def main():
                                   detail=describe_exit(code))
                     return
                 finally:
+                    key = "tests_s" if index in test_cells else "cells_s"
+                    status[key] = round(status[key] + time.monotonic() - t_cell, 3)
                     status["cells_done"] = index + 1
                     nbformat.write(nb, out_path + ".tmp")
                     os.replace(out_path + ".tmp", out_path)
@@ -130,6 +154,8 @@ def main():
                                   detail=describe_exit(code))
                     return
             status["state"] = "finished"
+            if grader is not None:
+                await grader.send({"op": "finished"})
 
     try:
         asyncio.run(run())
@@ -142,12 +168,109 @@ def main():
     write_json_atomic(status_path, status)
 
 
+def output_size(out):
+    kind = out.get("output_type")
+    if kind == "stream":
+        return len(out.get("text", ""))
+    if kind == "error":
+        return len(str(out.get("evalue", ""))) + sum(len(str(line)) for line in out.get("traceback", []))
+    return sum(len(v) if isinstance(v, str) else len(json.dumps(v)) for v in out.get("data", {}).values())
+
+
+def message_size(msg):
+    content = msg.get("content", {})
+    if msg["msg_type"] == "stream":
+        return len(content.get("text", ""))
+    if msg["msg_type"] == "error":
+        return len(str(content.get("evalue", ""))) + sum(len(str(line)) for line in content.get("traceback", []))
+    data = content.get("data", {})
+    return sum(len(v) if isinstance(v, str) else len(json.dumps(v)) for v in data.values()) if isinstance(data, dict) else 0
+
+
+class GraderLink:
+    """The executor's side of the grader's socket: announces test cells and relays checker requests."""
+
+    def __init__(self, reader, writer, job):
+        self.reader, self.writer = reader, writer
+        self.call_timeout_s = float(job.get("call_timeout_s", 20))
+        with open(SERVE_SOURCE) as fh:
+            self.serve_source = fh.read()
+
+    @classmethod
+    async def connect(cls, job):
+        reader, writer = await asyncio.open_unix_connection(job["socket"], limit=MAX_LINE_BYTES)
+        return cls(reader, writer, job)
+
+    async def send(self, obj):
+        self.writer.write((json.dumps(obj) + "\n").encode())
+        await self.writer.drain()
+
+    async def check(self, client, index, deadline):
+        """Let the grader check test cell `index`, answering its questions with the kernel's data."""
+        await self.send({"op": "test", "cell": index})
+        installed = await self.kernel(client, "import sys as _lcg_s, types as _lcg_t\n"
+                                      "_lcg_m = _lcg_t.ModuleType('_lcg_serve')\n"
+                                      f"exec({self.serve_source!r}, _lcg_m.__dict__)\n"
+                                      "_lcg_s.modules['_lcg_serve'] = _lcg_m\n"
+                                      "del _lcg_s, _lcg_t, _lcg_m", expect_reply=False)
+        while True:
+            line = await asyncio.wait_for(self.reader.readline(), timeout=max(5.0, deadline - time.monotonic() + 60))
+            if not line:
+                raise ConnectionError("the grader closed the connection")
+            request = json.loads(line)
+            if request.get("op") == "done":
+                await self.kernel(client, "import sys as _lcg_s\n_lcg_s.modules.pop('_lcg_serve', None)\n"
+                                  "del _lcg_s", expect_reply=False)
+                return
+            if installed is not True:
+                reply = "!the notebook's kernel could not load the grader's answering code " + str(installed)
+            elif not await client.km.is_alive():
+                reply = "!the notebook's kernel is not running any more"
+            else:
+                code = f"__import__('sys').modules['_lcg_serve'].serve({request['text']!r})"
+                reply = await self.kernel(client, code)
+            await self.send({"text": reply})
+
+    async def kernel(self, client, code, expect_reply=True):
+        """Run `code` silently in the kernel; return the last reply it displayed (or "!problem")."""
+        replies, size = [], [0]
+
+        def hook(msg):
+            if msg["msg_type"] == "display_data":
+                data = msg["content"].get("data", {})
+                text = data.get(MIME) if isinstance(data, dict) else None
+                if isinstance(text, str):
+                    size[0] += len(text)
+                    if size[0] <= MAX_LINE_BYTES // 2:
+                        replies.append(text)
+            elif msg["msg_type"] == "error" and not expect_reply:
+                replies.append("error: " + str(msg["content"].get("ename", ""))[:100])
+
+        try:
+            reply = await client.kc.execute_interactive(code, silent=True, store_history=False, allow_stdin=False,
+                                                        stop_on_error=False, timeout=self.call_timeout_s,
+                                                        output_hook=hook)
+        except TimeoutError:
+            try:
+                await client.km.interrupt_kernel()
+            except Exception:  # noqa: BLE001
+                pass
+            return f"!the student's code did not answer within {self.call_timeout_s:g} s (it was interrupted)"
+        if not expect_reply:
+            return True if reply.get("content", {}).get("status") == "ok" else (replies[-1] if replies else "")
+        if size[0] > MAX_LINE_BYTES // 2:
+            return "!the notebook's answer was too large"
+        if not replies:
+            return "!the notebook's kernel gave no answer"
+        return replies[-1]
+
+
 REAP = ("import os as _o\nwhile True:\n    try:\n        _p, _ = _o.waitpid(-1, _o.WNOHANG)\n"
         "    except ChildProcessError:\n        break\n    if _p == 0:\n        break\ndel _o")
 
 
 async def contain_fork_bomb(client, job, status, index):
-    """When a cell leaves at least half the process limit behind, stop those processes and reap them."""
+    """When a cell leaves many processes behind (1/16 of the limit, at least 8), stop them and reap them."""
     uid = int(job["uid"])
     try:
         kernel_pid = client.km.provisioner.process.pid
@@ -161,7 +284,7 @@ async def contain_fork_bomb(client, job, status, index):
                     strays.append(int(name))
             except OSError:
                 continue
-    if len(strays) < int(job["max_processes"]) // 2:
+    if len(strays) < max(8, int(job["max_processes"]) // 16):
         return
     for pid in strays:
         try:

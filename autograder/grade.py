@@ -2,63 +2,73 @@
 
     python autograder/grade.py [--jobs N] [--lesson ID ...] [--student ID ...]      (what `make grade` runs)
 
-Steps (nbgrader does the bookkeeping; only the execution is replaced):
+The guarantee (autograder/README.md): the checks, their expected values and the hidden tests never run
+in, and are never sent to, a process that ran student code. Steps:
 1. Register the lessons: `generate_assignment` into a private release folder (autograder/.work/release),
-   which creates autograder/gradebook.db on a fresh clone and never touches lessons/.
-2. Stage each submission: copy its regular files (no links, size-limited) to autograder/.work/staged.
-   An unreadable notebook is replaced by the blank released lesson (it earns zero, and the report says so).
-3. Sanitize with nbgrader's own preprocessors (test cells restored from the source, deleted test cells
-   added back), then add to each test cell a first line that reloads longctx.grading from the read-only
-   library and a last line that prints a secret per-cell marker: a test passes only when it ran to its end.
-4. Execute every submission in its own sandbox (autograder/sandbox.py), N at a time.
-5. One at a time (SQLite has one writer): `nbgrader autograde` with its Execute step replaced by the
-   sandbox's result, then `generate_feedback`; finally grades.csv (`nbgrader export`'s columns), a report
-   per student under autograder/reports/, and a summary table.
+   which creates autograder/gradebook.db on a fresh clone and never touches lessons/. Start the checker
+   fork server (autograder/checker.py, the instructor's library preloaded) before reading any submission.
+2. Stage each submission: copy its regular files (no links, no hard links, bounded depth, count and size)
+   to autograder/.work/staged. A notebook that cannot be read is replaced by the blank released lesson.
+3. Sanitize with nbgrader's own preprocessors (test cells restored, deleted ones added back), then blank
+   every test cell: the sandbox gets the student's cells only.
+4. Execute every submission in its own sandbox (autograder/sandbox.py), N at a time. At each test cell
+   the sandbox's executor asks this process to check it: a fresh checker child runs the instructor's test
+   source from solutions/ and gets only plain data from the student's kernel (values, results of calling
+   the student's functions, a scheduler's decisions), relayed by this process. Its verdict is the test's.
+5. As each submission finishes, a bookkeeping worker (autograder/bookkeeper.py; nbgrader's `autograde`
+   with the verdicts as the test cells' outputs, then `generate_feedback`, each with a time limit)
+   records it; finally grades.csv (`nbgrader export`'s columns), a report per student under
+   autograder/reports/, and a summary table. Every per-submission step is contained: a submission that
+   breaks one is graded 0 with the reason, and the others are graded as usual.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import copy
+import json
 import os
 import queue
 import re
-import secrets
 import shutil
+import socket
+import stat
+import subprocess
 import sys
 import threading
 import time
-import warnings
+import traceback
 from dataclasses import dataclass, field
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import checker  # noqa: E402
 import sandbox  # noqa: E402
 
-# nbgrader's gradebook code trips SQLAlchemy's autoflush notice for every new submission; it is noise
-# on the instructor's terminal, not a problem with the grades.
-warnings.filterwarnings("ignore", message=r".*not in session, add operation along.*")
-
-MARKER_PREFIX = "LONGCTX-TEST-COMPLETED-"
 MAX_NOTEBOOK_BYTES = 20 * 2**20
 MAX_SUBMISSION_BYTES = 100 * 2**20
+MAX_DEPTH = 12
+MAX_ENTRIES = 2_000
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,99}$")
+SAFE_NAME = re.compile(r"^[^\x00-\x1f\x7f/\\]{1,200}$")
 SUSPICIOUS = ["set_custom_exc", "run_cell", "sys.modules", "builtins", "__builtins__", "__import__", "ctypes",
               "os._exit", "settrace", "setprofile", "gc.get_referrers", "inspect.currentframe", "sys._getframe",
-              "TorchFunctionMode", "__class__ =", "exec(", "eval(", "longctx.grading"]
-
-RESULTS: dict = {}  # (student, lesson) -> Job, read by ReplayExecute inside nbgrader's autograde
+              "TorchFunctionMode", "__torch_function__", "__class__ =", "exec(", "eval(", "longctx.grading",
+              "input_transformers", "events.register", "showtraceback", "spec_from_file_location"]
+FEEDBACK_TIMEOUT_S = 60.0
+AUTOGRADE_TIMEOUT_S = 120.0
+MAX_LINE_BYTES = 40 * 2**20
 
 
 @dataclass
 class Job:
     student: str
     lesson: str
-    staged_dir: str
-    ctl_dir: str
-    nonces: dict = field(default_factory=dict)        # cell index -> nonce
+    staged_dir: str = ""
+    ctl_dir: str = ""
+    test_plans: dict = field(default_factory=dict)     # cell index -> checker spec
+    verdicts: dict = field(default_factory=dict)       # cell index -> checker verdict
     notes: list = field(default_factory=list)
     flags: list = field(default_factory=list)
     result: sandbox.RunResult | None = None
@@ -66,144 +76,16 @@ class Job:
     max_score: float = 0.0
     tests: list = field(default_factory=list)          # (name, score, max, message)
     error: str = ""
-    autograded_dir: str = ""
+    timings: dict = field(default_factory=dict)
 
 
-# ----------------------------------------------------------------------------- configuration
-def load_config(root: str, work: str):
-    from traitlets.config import Config
-    from traitlets.config.loader import PyFileConfigLoader
-
-    config = PyFileConfigLoader("nbgrader_config.py", path=os.path.join(root, "autograder")).load_config()
-    override = Config()
-    override.CourseDirectory.root = root
-    override.CourseDirectory.submitted_directory = os.path.join(work, "staged")
-    override.CourseDirectory.release_directory = os.path.join(work, "release")
-    override.CourseDirectory.db_url = "sqlite:///" + os.path.join(root, "autograder", "gradebook.db")
-    override.OverwriteCells.add_missing_cells = True
-    override.OverwriteCells.missing_cell_notification = (
-        "# This cell (id:{cell_id}) was missing from the submission; the grader added it back.\n")
-    from nbconvert.preprocessors import ClearMetadataPreprocessor
-    from nbgrader.preprocessors import (
-        AssignLatePenalties,
-        CheckCellMetadata,
-        IgnorePattern,
-        LimitOutput,
-        SaveAutoGrades,
-    )
-
-    override.Autograde.autograde_preprocessors = [_replay_class(), IgnorePattern, ClearMetadataPreprocessor,
-                                                  LimitOutput, SaveAutoGrades, AssignLatePenalties,
-                                                  CheckCellMetadata]
-    config.merge(override)
-    return config
+def clean(text) -> str:
+    """Text safe to print and to write as UTF-8 (lone surrogates and control characters replaced)."""
+    text = str(text).encode("utf-8", "replace").decode("utf-8")
+    return re.sub(r"[\x00-\x08\x0b-\x1f\x7f]", "?", text)
 
 
-def make_api(config):
-    import logging
-
-    from nbgrader.apps import NbGraderAPI
-    from nbgrader.coursedir import CourseDirectory
-
-    coursedir = CourseDirectory(config=config)
-    api = NbGraderAPI(coursedir=coursedir, config=config)
-    api.log.setLevel(logging.ERROR)
-    return api
-
-
-# ----------------------------------------------------------------------------- replay of sandbox results
-def _replay_class():
-    from nbgrader import utils
-    from nbgrader.preprocessors import NbGraderPreprocessor
-
-    class _ReplayExecute(NbGraderPreprocessor):
-        """Stands in for nbgrader's Execute: copies in the outputs the sandbox produced, after checking them."""
-
-        def preprocess(self, nb, resources):
-            key = (resources["nbgrader"]["student"], resources["nbgrader"]["assignment"])
-            job = RESULTS[key]
-            executed = _read_executed(job)
-            if executed is not None and len(executed.cells) != len(nb.cells):
-                job.notes.append("the executed notebook did not match the submission; nothing was graded")
-                executed = None
-            reason = _stop_reason(job)
-            for index, cell in enumerate(nb.cells):
-                if cell.cell_type != "code":
-                    continue
-                outputs = list(executed.cells[index].get("outputs", [])) if executed is not None else []
-                cell.outputs = outputs
-                cell.execution_count = None
-                if utils.is_grade(cell) and not utils.is_solution(cell):
-                    cell.outputs = _judge_test_cell(job, index, cell, outputs, reason)
-            return nb, resources
-
-    return _ReplayExecute
-
-
-def _read_executed(job):
-    import nbformat
-
-    path = os.path.join(job.ctl_dir, "executed.ipynb")
-    if not os.path.exists(path) or os.path.getsize(path) > 4 * MAX_NOTEBOOK_BYTES:
-        return None
-    try:
-        return nbformat.read(path, as_version=4)
-    except Exception:  # noqa: BLE001
-        return None
-
-
-def _stop_reason(job):
-    r = job.result
-    if r is None:
-        return "the notebook was not executed"
-    if r.state == "timeout":
-        return f"not run: {r.detail}"
-    if r.state == "kernel_died":
-        return f"not run: {r.detail} in an earlier cell"
-    if r.state in ("error", "sandbox_failed"):
-        return f"not run: the grader could not execute the notebook ({r.detail[:300]})"
-    return "this test did not run to its end (its output was suppressed or the kernel stopped)"
-
-
-def _judge_test_cell(job, index, cell, outputs, reason):
-    """Keep errors and displays; drop stderr, results and markers; fail a test that did not complete."""
-    from nbformat.v4 import new_output
-
-    nonce = job.nonces.get(index)
-    marker = f"{MARKER_PREFIX}{nonce}" if nonce else None
-    completed, kept, errors = False, [], []
-    for out in outputs:
-        kind = out.get("output_type")
-        if kind == "stream":
-            text = out.get("text", "")
-            if out.get("name") == "stderr":
-                job.notes.append(f"test '{_grade_id(cell)}' wrote to stderr (not counted against it): "
-                                 f"{text.strip()[:120]!r}")
-                continue
-            if marker and marker in text:
-                completed = True
-            text = "".join(line for line in text.splitlines(True) if not line.startswith(MARKER_PREFIX))
-            if text:
-                kept.append(new_output("stream", name=out.get("name", "stdout"), text=text))
-        elif kind == "error":
-            errors.append(new_output("error", ename=str(out.get("ename", "Error")),
-                                     evalue=str(out.get("evalue", ""))[:4000],
-                                     traceback=[f"{out.get('ename', 'Error')}: {str(out.get('evalue', ''))[:4000]}"]))
-        elif kind == "display_data":
-            kept.append(out)
-    if errors:
-        return kept + errors[:1]
-    if not completed:
-        return kept + [new_output("error", ename="TestNotCompleted", evalue=reason,
-                                  traceback=[f"TestNotCompleted: {reason}"])]
-    return kept
-
-
-def _grade_id(cell):
-    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", "?")
-
-
-# ----------------------------------------------------------------------------- staging and preparation
+# ----------------------------------------------------------------------------- discovery and staging
 def discover(root, lessons_filter, students_filter, solutions):
     base = os.path.join(root, "autograder", "submitted")
     found, skipped = [], []
@@ -214,47 +96,123 @@ def discover(root, lessons_filter, students_filter, solutions):
         if not os.path.isdir(sdir) or os.path.islink(sdir) or (students_filter and student not in students_filter):
             continue
         if not ID_RE.match(student):
-            skipped.append((student, "*", "student folder name has unusual characters"))
+            skipped.append((clean(ascii(student)), "*", "student folder name has unusual characters"))
             continue
-        for lesson in sorted(os.listdir(sdir)):
+        try:
+            lessons = sorted(os.listdir(sdir))
+        except OSError as exc:
+            skipped.append((student, "*", f"cannot list the folder ({exc.strerror})"))
+            continue
+        for lesson in lessons:
             ldir = os.path.join(sdir, lesson)
             if not os.path.isdir(ldir) or os.path.islink(ldir) or (lessons_filter and lesson not in lessons_filter):
                 continue
             if lesson not in solutions:
-                skipped.append((student, lesson, "no such lesson in solutions/"))
+                skipped.append((student, clean(ascii(lesson))[:60], "no such lesson in solutions/"))
                 continue
             found.append((student, lesson))
     return found, skipped
 
 
 def stage(root, work, student, lesson):
-    """Copy regular files only (no links, devices, or oversized files) into the staging area."""
+    """Copy regular files only into the staging area; returns (folder, notes).
+
+    Iterative and bounded (depth, number of entries, bytes): links, hard links, devices, odd names and
+    deep or huge trees are skipped with a note, never followed.
+    """
     src = os.path.join(root, "autograder", "submitted", student, lesson)
     dst = os.path.join(work, "staged", student, lesson)
     shutil.rmtree(dst, ignore_errors=True)
     os.makedirs(dst)
-    notes, total = [], 0
-    for dirpath, dirnames, filenames in os.walk(src, followlinks=False):
-        rel = os.path.relpath(dirpath, src)
-        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))
-                       and not d.startswith(".")]
-        for name in filenames:
-            path = os.path.join(dirpath, name)
-            st = os.lstat(path)
-            if not (st.st_mode & 0o170000 == 0o100000):
-                notes.append(f"ignored {os.path.join(rel, name)}: not a regular file (links are not followed)")
+    notes, total, seen = [], 0, 0
+    stack = [("", 0)]
+    while stack:
+        rel, depth = stack.pop()
+        try:
+            with os.scandir(os.path.join(src, rel)) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as exc:
+            notes.append(f"could not read folder {clean(ascii(rel))}: {exc.strerror}")
+            continue
+        for entry in entries:
+            seen += 1
+            name_rel = os.path.join(rel, entry.name)
+            shown = clean(ascii(name_rel))[:200]
+            if seen > MAX_ENTRIES:
+                notes.append(f"ignored everything after {MAX_ENTRIES} files and folders")
+                return dst, notes
+            if not SAFE_NAME.match(entry.name) or entry.name.startswith(".") or \
+                    entry.name.encode("utf-8", "surrogateescape") != entry.name.encode("utf-8", "replace"):
+                notes.append(f"ignored {shown}: hidden or unusual file name")
+                continue
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                if depth + 1 >= MAX_DEPTH:
+                    notes.append(f"ignored {shown}: folders nested deeper than {MAX_DEPTH} levels")
+                    continue
+                os.makedirs(os.path.join(dst, name_rel), exist_ok=True)
+                stack.append((name_rel, depth + 1))
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                notes.append(f"ignored {shown}: not a regular file (links are not followed)")
+                continue
+            if st.st_nlink > 1:
+                notes.append(f"ignored {shown}: a hard link (it may point at a file outside the submission)")
                 continue
             total += st.st_size
             if st.st_size > MAX_NOTEBOOK_BYTES or total > MAX_SUBMISSION_BYTES:
-                notes.append(f"ignored {os.path.join(rel, name)}: too large ({st.st_size} bytes)")
+                notes.append(f"ignored {shown}: too large ({st.st_size} bytes)")
                 continue
-            os.makedirs(os.path.join(dst, rel), exist_ok=True)
-            shutil.copyfile(path, os.path.join(dst, rel, name))
+            fd = os.open(os.path.join(src, name_rel), os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as fin, open(os.path.join(dst, name_rel), "wb") as fout:
+                shutil.copyfileobj(fin, fout, 1 << 20)
     return dst, notes
 
 
-def prepare(job, config, root, work):
-    """Sanitize with nbgrader's preprocessors, then arm the test cells; write ctl/input.ipynb."""
+def _clean_strings(obj):
+    if isinstance(obj, str):
+        return obj.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(obj, list):
+        return [_clean_strings(x) for x in obj]
+    if isinstance(obj, dict):
+        return {_clean_strings(k): _clean_strings(v) for k, v in obj.items()}
+    return obj
+
+
+def read_notebook(path):
+    """nbformat node of a submitted notebook: bounded size, lone surrogates replaced, validated."""
+    import nbformat
+
+    if os.path.getsize(path) > MAX_NOTEBOOK_BYTES:
+        raise ValueError("the notebook is larger than 20 MiB")
+    with open(path, "rb") as fh:
+        raw = fh.read(MAX_NOTEBOOK_BYTES + 1).decode("utf-8", "replace")
+    data = _clean_strings(json.loads(raw))
+    nb = nbformat.reads(json.dumps(data), as_version=4)
+    nbformat.validate(nb)
+    return nb
+
+
+# ----------------------------------------------------------------------------- preparation
+def solution_cells(root, lesson):
+    """(test cells by grade_id: source, the lesson's other code cells' sources) from solutions/."""
+    import nbformat
+
+    nb = nbformat.read(os.path.join(root, "solutions", lesson, f"{lesson}.ipynb"), as_version=4)
+    tests, others = {}, []
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if meta.get("grade") and not meta.get("solution"):
+            tests[meta.get("grade_id")] = cell.source
+        else:
+            others.append(cell.source)
+    return tests, others
+
+
+def prepare(job, config, root, work, lesson_info):
+    """Sanitize with nbgrader's preprocessors, blank the test cells, plan their checks; write ctl/input.ipynb."""
     import nbformat
     from nbgrader import utils
     from nbgrader.preprocessors import (
@@ -279,56 +237,287 @@ def prepare(job, config, root, work):
     try:
         if not os.path.exists(path):
             raise ValueError(f"no {job.lesson}.ipynb in the submission")
-        nb = sanitize(nbformat.read(path, as_version=4))
+        raw = read_notebook(path)
+        nbformat.write(raw, path)  # the cleaned copy is what nbgrader's autograde reads later
+        nb = sanitize(raw)
+        nbformat.writes(nb)  # anything nbformat cannot write is caught here, not later
     except Exception as exc:  # noqa: BLE001
-        job.notes.append(f"the notebook could not be used ({type(exc).__name__}: {str(exc)[:200]}); "
+        job.notes.append(f"the notebook could not be used ({type(exc).__name__}: {clean(exc)[:200]}); "
                          "it was graded as the blank lesson")
         shutil.copyfile(blank, path)
         nb = sanitize(nbformat.read(path, as_version=4))
 
-    def student_code(notebook):  # answer cells and cells the student added, not the lesson's own cells
+    def own_code(notebook):  # every code cell the student can change (test cells are restored anyway)
         return "\n".join(c.source for c in notebook.cells if c.cell_type == "code" and
-                          (utils.is_solution(c) or "nbgrader" not in c.get("metadata", {})))
+                         not (utils.is_grade(c) and not utils.is_solution(c)))
 
-    released_code = student_code(nbformat.read(blank, as_version=4))
-    job.flags = sorted({w for w in SUSPICIOUS if w in student_code(nb) and w not in released_code})
+    released_code = own_code(nbformat.read(blank, as_version=4))
+    code = own_code(nb)
+    job.flags = sorted({w for w in SUSPICIOUS if w in code and w not in released_code})
 
-    grading_path = os.path.join(root, "longctx", "grading.py")
-    preamble = ("import sys as _lcg_sys, importlib.util as _lcg_iu, warnings as _lcg_w; "
-                "_lcg_w.simplefilter('ignore'); "
-                f"_lcg_spec = _lcg_iu.spec_from_file_location('longctx.grading', {grading_path!r}); "
-                "_lcg_sys.modules['longctx.grading'] = _lcg_iu.module_from_spec(_lcg_spec); "
-                "_lcg_spec.loader.exec_module(_lcg_sys.modules['longctx.grading']); "
-                "del _lcg_sys, _lcg_iu, _lcg_w, _lcg_spec\n")
-    armed = copy.deepcopy(nb)
-    for index, cell in enumerate(armed.cells):
+    tests, lesson_sources = lesson_info
+    test_cells = []
+    for index, cell in enumerate(nb.cells):
         if cell.cell_type == "code" and utils.is_grade(cell) and not utils.is_solution(cell):
-            nonce = secrets.token_hex(16)
-            job.nonces[index] = nonce
-            cell.source = f"{preamble}{cell.source}\nprint({MARKER_PREFIX + nonce!r}, flush=True)\n"
+            gid = cell.metadata.nbgrader.get("grade_id")
+            source = tests.get(gid, cell.source)  # the instructor's source, hidden tests included
+            job.test_plans[index] = dict(checker.plan(source, lesson_sources), source=source, grade_id=gid)
+            test_cells.append(index)
+            cell.source = ""           # never enters the sandbox
+            cell.metadata = nbformat.from_dict({})
+            cell.outputs = []
     os.makedirs(job.ctl_dir, exist_ok=True)
     os.chmod(job.ctl_dir, 0o700)
-    nbformat.write(armed, os.path.join(job.ctl_dir, "input.ipynb"))
+    nbformat.write(nb, os.path.join(job.ctl_dir, "input.ipynb"))
+    return test_cells
+
+
+# ----------------------------------------------------------------------------- checking (the grader's side)
+class CheckService:
+    """Listens on ctl_dir/grader.sock for one sandbox; runs a checker child for each test cell it announces."""
+
+    def __init__(self, job, mp_context, limits):
+        self.job, self.ctx, self.limits = job, mp_context, limits
+        self.path = os.path.join(job.ctl_dir, "grader.sock")
+        if os.path.exists(self.path):
+            os.remove(self.path)
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(self.path)
+        os.chmod(self.path, 0o600)
+        self.listener.listen(1)
+        self.listener.settimeout(0.5)
+        self.stop = threading.Event()
+        self.check_s = 0.0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(timeout=self.limits.call_timeout_s + 60)
+        self.listener.close()
+
+    def _run(self):
+        conn = None
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.listener.accept()
+                break
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+        if conn is None:
+            return
+        conn.settimeout(None)
+        reader = conn.makefile("rb")
+        try:
+            while True:
+                line = reader.readline(MAX_LINE_BYTES)
+                if not line or not line.endswith(b"\n"):
+                    return
+                msg = json.loads(line)
+                if msg.get("op") == "test" and int(msg.get("cell", -1)) in self.job.test_plans:
+                    index = int(msg["cell"])
+                    start = time.monotonic()
+                    self.job.verdicts[index] = self._check(index, conn, reader)
+                    self.check_s += time.monotonic() - start
+                    conn.sendall(b'{"op": "done"}\n')
+                else:
+                    return
+        except (OSError, ValueError) as exc:
+            if not self.stop.is_set():
+                self.job.notes.append(f"the link to the sandbox broke ({type(exc).__name__})")
+        finally:
+            reader.close()
+            conn.close()
+
+    def _check(self, index, conn, reader):
+        import checker as ck
+
+        spec = self.job.test_plans[index]
+        parent, child = self.ctx.Pipe()
+        proc = self.ctx.Process(target=ck.run_check, args=(child, spec), daemon=True)
+        proc.start()
+        child.close()
+        deadline = time.monotonic() + self.limits.cell_timeout_s
+        verdict = None
+        try:
+            while verdict is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not parent.poll(remaining):
+                    verdict = _failed("TestTimeout", f"the test took longer than {self.limits.cell_timeout_s:g} s "
+                                                     "(the student's functions are slow or never return)")
+                    break
+                try:
+                    kind, payload = parent.recv()
+                except (EOFError, OSError):
+                    verdict = _failed("GraderError", "the checker process stopped unexpectedly", infra=True)
+                    break
+                if kind == "verdict":
+                    verdict = payload
+                elif kind == "kernel":
+                    conn.sendall((json.dumps({"op": "kernel", "text": payload}) + "\n").encode())
+                    conn.settimeout(self.limits.call_timeout_s + 30)
+                    line = reader.readline(MAX_LINE_BYTES)
+                    conn.settimeout(None)
+                    if not line.endswith(b"\n"):
+                        raise OSError("no answer from the sandbox")
+                    text = json.loads(line).get("text")
+                    parent.send(text if isinstance(text, str) else "!the sandbox sent no answer")
+        finally:
+            if proc.is_alive():
+                proc.kill()
+            proc.join(5)
+            parent.close()
+        if verdict.get("infra"):
+            self.job.notes.append(f"grading problem in {spec.get('grade_id')}: {verdict.get('evalue', '')[:300]}")
+        return verdict
+
+
+def _failed(ename, evalue, infra=False):
+    return {"passed": False, "ename": ename, "evalue": evalue, "stdout": "", "infra": infra}
+
+
+def start_checker_server(root):
+    """The fork server every checker child comes from; started before any submission is read."""
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(checker.PRELOAD)
+    forkserver.ensure_running()
+    return ctx
+
+
+# ----------------------------------------------------------------------------- bookkeeping worker
+class Bookkeeper:
+    """nbgrader's autograde / feedback / export in a worker process, each task with a time limit."""
+
+    def __init__(self, root, work):
+        self.root, self.work, self.proc = root, work, None
+        self._replies = queue.Queue()
+        self._lock = threading.Lock()
+
+    def _start(self):
+        env = dict(os.environ, PYTHONWARNINGS="ignore")
+        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "bookkeeper.py"), self.root, self.work],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     env=env, text=True, encoding="utf-8", errors="replace")
+        self._replies = queue.Queue()
+        threading.Thread(target=self._read, args=(self.proc, self._replies), daemon=True).start()
+        ready = self._get(120)
+        if not ready or not ready.get("ready"):
+            raise RuntimeError("the bookkeeping worker did not start")
+
+    @staticmethod
+    def _read(proc, replies):
+        for line in proc.stdout:
+            try:
+                replies.put(json.loads(line))
+            except ValueError:
+                continue
+        replies.put(None)
+
+    def _get(self, timeout):
+        try:
+            return self._replies.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def ask(self, task, timeout):
+        """The worker's answer, or {"ok": False, "error": ...} after `timeout` s (the worker is then restarted)."""
+        with self._lock:
+            return self._ask(task, timeout)
+
+    def _ask(self, task, timeout):
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        try:
+            self.proc.stdin.write(json.dumps(task, ensure_ascii=True) + "\n")
+            self.proc.stdin.flush()
+        except OSError:
+            self.close()
+            return {"ok": False, "error": "the bookkeeping worker stopped"}
+        reply = self._get(timeout)
+        if reply is None:
+            self.close()
+            return {"ok": False, "error": f"took longer than {timeout:g} s (stopped)"}
+        return reply
+
+    def close(self):
+        if self.proc is not None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+            try:
+                self.proc.kill()
+            except OSError:
+                pass
+            self.proc.wait(timeout=30)
+            self.proc = None
+
+
+def record(job, keeper, no_feedback):
+    """Autograde, then feedback, for one executed submission; any failure stays this submission's."""
+    t0 = time.monotonic()
+    reply = keeper.ask({"op": "autograde", "student": job.student, "lesson": job.lesson, "ctl_dir": job.ctl_dir,
+                        "stop_reason": stop_reason(job)}, AUTOGRADE_TIMEOUT_S)
+    job.notes += [clean(n) for n in reply.get("notes", [])]
+    if not reply.get("ok") or reply.get("error"):
+        job.error = clean(reply.get("error") or "autograde failed")[-1500:]
+        keeper.ask({"op": "add_student", "student": job.student}, 60)
+    else:
+        job.score, job.max_score = float(reply["score"]), float(reply["max_score"])
+        job.tests = [(clean(n), float(s), float(m), clean(msg)) for n, s, m, msg in reply["tests"]]
+    job.timings["autograde_s"] = time.monotonic() - t0
+    if not no_feedback and not job.error:
+        t0 = time.monotonic()
+        fb = keeper.ask({"op": "feedback", "student": job.student, "lesson": job.lesson}, FEEDBACK_TIMEOUT_S)
+        if not fb.get("ok"):
+            job.notes.append("feedback could not be generated: " + clean(fb.get("error") or "")[-300:])
+            stale = os.path.join(keeper.root, "autograder", "feedback", job.student, job.lesson)
+            shutil.rmtree(stale, ignore_errors=True)
+        job.timings["feedback_s"] = time.monotonic() - t0
+
+
+def stop_reason(job):
+    r = job.result
+    if r is None:
+        return "not run: the notebook was not executed" + (f" ({job.error})" if job.error else "")
+    if r.state == "timeout":
+        return f"not run: {r.detail}"
+    if r.state == "kernel_died":
+        return f"not run: {r.detail} in an earlier cell"
+    if r.state in ("error", "sandbox_failed"):
+        return f"not run: the grader could not execute the notebook ({clean(r.detail)[:300]})"
+    return "this test was not checked (the notebook stopped before it)"
 
 
 # ----------------------------------------------------------------------------- main
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--jobs", "-j", type=int, default=int(os.environ.get("JOBS") or 1),
-                   help="submissions graded in parallel (default: $JOBS or 1)")
+    p.add_argument("--jobs", "-j", type=int, default=int(os.environ.get("JOBS") or os.cpu_count() or 1),
+                   help="submissions graded in parallel (default: $JOBS or the number of cores)")
     p.add_argument("--lesson", action="append", default=[], help="grade only this lesson (repeatable)")
     p.add_argument("--student", action="append", default=[], help="grade only this student (repeatable)")
     p.add_argument("--course-root", default=os.path.dirname(HERE), help=argparse.SUPPRESS)
     p.add_argument("--wall-s", type=float, default=600.0, help="time limit per notebook (s)")
-    p.add_argument("--cell-timeout-s", type=float, default=120.0, help="time limit per cell (s)")
+    p.add_argument("--cell-timeout-s", type=float, default=120.0, help="time limit per cell and per test (s)")
+    p.add_argument("--call-timeout-s", type=float, default=20.0,
+                   help="time limit of one call of the student's code made by a test (s)")
     p.add_argument("--memory-gib", type=float, default=4.0, help="memory limit per notebook (GiB)")
     p.add_argument("--max-processes", type=int, default=256, help="processes+threads per notebook")
     p.add_argument("--no-feedback", action="store_true", help="skip the feedback HTML")
+    p.add_argument("--timings", default="", help=argparse.SUPPRESS)  # JSON file of per-phase timings
     return p.parse_args(argv)
 
 
 def log(msg):
-    print(msg, flush=True)
+    print(clean(msg), flush=True)
 
 
 def main(argv=None):
@@ -345,11 +534,17 @@ def main(argv=None):
         log("Run `autograder/check_sandbox.sh` for details (see the README's instructor guide).")
         return 2
 
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    import bookkeeper
+
+    t_start = time.monotonic()
     work = os.path.join(root, "autograder", ".work")
     os.makedirs(work, exist_ok=True)
     os.chmod(work, 0o700)
-    config = load_config(root, work)
-    api = make_api(config)
+    config = bookkeeper.load_config(root, work)
+    api = bookkeeper.make_api(config)
     sol_dir = os.path.join(root, "solutions")
     solutions = sorted(d for d in os.listdir(sol_dir)
                        if os.path.isfile(os.path.join(sol_dir, d, f"{d}.ipynb"))) if os.path.isdir(sol_dir) else []
@@ -360,62 +555,88 @@ def main(argv=None):
         log("no submissions found under autograder/submitted/<student>/<lesson>/")
         return 0
 
-    t0 = time.monotonic()
+    ctx = start_checker_server(root)
+    lesson_info = {}
     for lesson in sorted({lesson for _, lesson in pairs}):
         result = api.generate_assignment(lesson, force=True, create=True)
         if not result["success"]:
             log(f"could not register lesson {lesson}:\n{result.get('error') or result.get('log')}")
             return 1
-
-    jobs = []
-    for student, lesson in pairs:
-        staged, notes = stage(root, work, student, lesson)
-        job = Job(student, lesson, staged, os.path.join(work, "jobs", student, lesson, "ctl"), notes=notes,
-                  autograded_dir=os.path.join(root, "autograder", "autograded", student, lesson))
-        prepare(job, config, root, work)
-        RESULTS[(student, lesson)] = job
-        jobs.append(job)
+        lesson_info[lesson] = solution_cells(root, lesson)
+    keeper = Bookkeeper(root, work)
+    threading.Thread(target=lambda: keeper.ask({"op": "noop"}, 120), daemon=True).start()  # starts it now
 
     limits = sandbox.Limits(wall_s=args.wall_s, cell_timeout_s=args.cell_timeout_s,
                             memory_bytes=int(args.memory_gib * 2**30), max_processes=args.max_processes,
-                            threads=max(1, (os.cpu_count() or 1) // max(1, args.jobs)))
-    slots = queue.Queue()
-    for slot in range(max(1, args.jobs)):
-        slots.put(slot)
+                            threads=max(1, (os.cpu_count() or 1) // max(1, args.jobs)),
+                            call_timeout_s=args.call_timeout_s)
+    jobs = [Job(student, lesson, ctl_dir=os.path.join(work, "jobs", student, lesson, "ctl")) for student, lesson in pairs]
+    uids = queue.Queue()
+    leases = [sandbox.UidLease() for _ in range(max(1, args.jobs))]
+    for lease in leases:
+        uids.put(lease.uid)
+    recorded = queue.Queue()
     done_count = [0]
     lock = threading.Lock()
 
     def execute(job):
-        slot = slots.get()
+        t0 = time.monotonic()
         try:
-            job.result = sandbox.run(course_root=root, ctl_dir=job.ctl_dir, submission_dir=job.staged_dir,
-                                     slot=slot, limits=limits, marker_prefix=MARKER_PREFIX,
-                                     extra_ro=extra_read_only_paths())
-        finally:
-            slots.put(slot)
+            shutil.rmtree(os.path.dirname(job.ctl_dir), ignore_errors=True)
+            job.staged_dir, notes = stage(root, work, job.student, job.lesson)
+            job.notes += notes
+            with lock:  # nbgrader's preprocessors share the gradebook
+                test_cells = prepare(job, config, root, work, lesson_info[job.lesson])
+            job.timings["prepare_s"] = time.monotonic() - t0
+            uid = uids.get()
+            service = CheckService(job, ctx, limits)
+            try:
+                job.result = sandbox.run(course_root=root, ctl_dir=job.ctl_dir, submission_dir=job.staged_dir,
+                                         uid=uid, limits=limits, test_cells=test_cells,
+                                         extra_ro=extra_read_only_paths())
+            finally:
+                uids.put(uid)
+                service.close()
+            job.timings["check_s"] = service.check_s
+            with open(os.path.join(job.ctl_dir, "verdicts.json"), "w") as fh:
+                json.dump({str(k): v for k, v in job.verdicts.items()}, fh)
+        except Exception as exc:  # noqa: BLE001  (this submission only)
+            job.error = f"{type(exc).__name__}: {clean(exc)[:300]}"
+            job.notes.append("grading this submission failed: " + clean(traceback.format_exc(limit=3))[-600:])
+        job.timings["execute_s"] = time.monotonic() - t0
         with lock:
             done_count[0] += 1
             r = job.result
-            log(f"[{done_count[0]:>3}/{len(jobs)}] executed {job.student}/{job.lesson}: {r.state} "
-                f"in {r.elapsed_s:.1f} s{(' - ' + r.detail) if r.detail else ''}")
+            state = f"{r.state} in {r.elapsed_s:.1f} s{(' - ' + r.detail) if r.detail else ''}" if r else job.error
+            log(f"[{done_count[0]:>3}/{len(jobs)}] executed {job.student}/{job.lesson}: {state}")
+        recorded.put(job)
 
+    def bookkeeping():
+        for _ in jobs:
+            job = recorded.get()
+            try:
+                record(job, keeper, args.no_feedback)
+            except Exception as exc:  # noqa: BLE001
+                job.error = job.error or f"{type(exc).__name__}: {clean(exc)[:300]}"
+
+    keeping = threading.Thread(target=bookkeeping)
+    keeping.start()
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         list(pool.map(execute, jobs))
+    keeping.join()
+    for lease in leases:
+        lease.release()
 
-    for job in jobs:  # serial: the gradebook is SQLite
-        result = api.autograde(job.lesson, job.student, force=True, create=True)
-        if not result["success"]:
-            job.error = (result.get("error") or result.get("log") or "")[-1500:]
-        elif not args.no_feedback:
-            fb = api.generate_feedback(job.lesson, job.student, force=True)
-            if not fb["success"]:
-                job.notes.append("feedback could not be generated: " + (fb.get("error") or "")[-300:])
-        collect_scores(job, config)
-
-    export_grades(config, os.path.join(root, "autograder", "grades.csv"))
+    exported = keeper.ask({"op": "export", "dest": os.path.join(root, "autograder", "grades.csv")}, 300)
+    keeper.close()
+    if not exported.get("ok"):
+        log("could not write grades.csv: " + clean(exported.get("error", "")))
     write_reports(root, jobs, skipped)
-    print_summary(jobs, time.monotonic() - t0)
-    return 1 if any(job.error for job in jobs) else 0
+    elapsed = time.monotonic() - t_start
+    print_summary(jobs, elapsed)
+    if args.timings:
+        write_timings(args.timings, jobs, elapsed, args.jobs)
+    return 0 if exported.get("ok") else 1
 
 
 def extra_read_only_paths():
@@ -424,47 +645,18 @@ def extra_read_only_paths():
     return [os.path.abspath(p) for p in paths if os.path.isdir(p)]
 
 
-def collect_scores(job, config):
-    from nbgrader.api import Gradebook, MissingEntry
-
-    with Gradebook(config.CourseDirectory.db_url) as gb:
-        try:
-            nb = gb.find_submission_notebook(job.lesson, job.lesson, job.student)
-        except MissingEntry:
-            job.error = job.error or "no grade was recorded"
-            return
-        job.score = float(nb.score or 0.0)
-        job.max_score = float(nb.max_score or 0.0)
-        for grade in nb.grades:
-            job.tests.append((grade.name, float(grade.score or 0.0), float(grade.max_score or 0.0)))
-    messages = _failure_messages(job)
-    job.tests = [(name, s, m, messages.get(name, "")) for name, s, m in sorted(job.tests)]
-
-
-def _failure_messages(job):
-    import nbformat
-
-    path = os.path.join(job.autograded_dir, f"{job.lesson}.ipynb")
-    messages = {}
-    try:
-        nb = nbformat.read(path, as_version=4)
-    except Exception:  # noqa: BLE001
-        return messages
-    for cell in nb.cells:
-        for out in cell.get("outputs", []):
-            if out.get("output_type") == "error":
-                messages[_grade_id(cell)] = f"{out.get('ename')}: {out.get('evalue')}"[:600]
-    return messages
-
-
-def export_grades(config, dest):
-    from nbgrader.api import Gradebook
-    from nbgrader.plugins import CsvExportPlugin
-
-    tmp = dest + ".tmp"
-    with Gradebook(config.CourseDirectory.db_url) as gb:
-        CsvExportPlugin(to=tmp).export(gb)
-    os.replace(tmp, dest)
+def write_timings(path, jobs, elapsed, n_jobs):
+    rows = []
+    for job in jobs:
+        r = job.result
+        status = {}
+        if job.ctl_dir and os.path.exists(os.path.join(job.ctl_dir, "status.json")):
+            status = sandbox._read_status(os.path.join(job.ctl_dir, "status.json"))
+        rows.append({"student": job.student, "lesson": job.lesson, "state": r.state if r else "not run",
+                     "sandbox_s": r.elapsed_s if r else 0.0, "cells_s": status.get("cells_s", 0.0),
+                     "kernel_start_s": status.get("kernel_start_s", 0.0), **job.timings})
+    with open(path, "w") as fh:
+        json.dump({"elapsed_s": elapsed, "jobs": n_jobs, "submissions": rows}, fh, indent=1)
 
 
 def _status_text(job):
@@ -487,6 +679,35 @@ def _status_text(job):
     return r.state.replace("_", " ")
 
 
+def report_lines(job):
+    r = job.result
+    lines = [f"{job.lesson}: {job.score:g} / {job.max_score:g} points - {_status_text(job)}"]
+    if r is not None:
+        lines.append(f"  ran {r.elapsed_s:.1f} s; {r.detail}" if r.detail else f"  ran {r.elapsed_s:.1f} s")
+        if r.timeouts:
+            lines.append(f"  cells stopped by the per-cell time limit: {', '.join(map(str, r.timeouts))}")
+        if r.truncated_cells:
+            lines.append(f"  cells whose output was cut: {', '.join(map(str, r.truncated_cells))}")
+        if r.process_limit_cells:
+            lines.append("  process limit: cells " + ", ".join(map(str, r.process_limit_cells)) +
+                         " left too many processes behind (a fork bomb?); they were stopped")
+    oom = _looks_out_of_memory(job)
+    if oom:
+        lines.append(f"  out of memory: {oom}")
+    for name, score, max_score, message in job.tests:
+        mark = "passed" if score >= max_score else "FAILED"
+        lines.append(f"  [{mark}] {name}: {score:g}/{max_score:g}" + (f" - {message}" if message and
+                                                                     score < max_score else ""))
+    for note in job.notes:
+        lines.append(f"  note: {note}")
+    if job.flags:
+        lines.append("  review: the notebook's own code uses " + ", ".join(job.flags) +
+                     " (the score does not depend on it: tests run outside the notebook's kernel)")
+    if job.error:
+        lines.append(f"  grading error: {job.error[-800:]}")
+    return lines
+
+
 def write_reports(root, jobs, skipped):
     folder = os.path.join(root, "autograder", "reports")
     os.makedirs(folder, exist_ok=True)
@@ -496,48 +717,28 @@ def write_reports(root, jobs, skipped):
     for student, js in by_student.items():
         lines = [f"Grading report for {student}", "=" * (21 + len(student)), ""]
         for job in js:
-            r = job.result
-            lines.append(f"{job.lesson}: {job.score:g} / {job.max_score:g} points - {_status_text(job)}")
-            if r is not None:
-                lines.append(f"  ran {r.elapsed_s:.1f} s; {r.detail}" if r.detail else f"  ran {r.elapsed_s:.1f} s")
-                if r.timeouts:
-                    lines.append(f"  cells stopped by the per-cell time limit: {', '.join(map(str, r.timeouts))}")
-                if r.truncated_cells:
-                    lines.append(f"  cells whose output was cut: {', '.join(map(str, r.truncated_cells))}")
-                if r.process_limit_cells:
-                    lines.append("  process limit: cells " + ", ".join(map(str, r.process_limit_cells)) +
-                                 " left too many processes behind (a fork bomb?); they were stopped")
-            oom = _looks_out_of_memory(job)
-            if oom:
-                lines.append(f"  out of memory: {oom}")
-            for name, score, max_score, message in job.tests:
-                mark = "passed" if score >= max_score else "FAILED"
-                lines.append(f"  [{mark}] {name}: {score:g}/{max_score:g}" + (f" - {message}" if message and
-                                                                             score < max_score else ""))
-            for note in job.notes:
-                lines.append(f"  note: {note}")
-            if job.flags:
-                lines.append("  review: the notebook's own code uses " + ", ".join(job.flags) +
-                             " (can be legitimate; check by hand if the score looks too good)")
-            if job.error:
-                lines.append(f"  grading error: {job.error[-800:]}")
+            try:
+                lines += report_lines(job)
+            except Exception as exc:  # noqa: BLE001
+                lines.append(f"{job.lesson}: {job.score:g} points (the report could not be written: {exc!r})")
             lines.append("")
         for s, lesson, why in skipped:
             if s == student:
                 lines.append(f"{lesson}: skipped - {why}")
-        with open(os.path.join(folder, f"{student}.txt"), "w") as fh:
-            fh.write("\n".join(lines) + "\n")
+        with open(os.path.join(folder, f"{student}.txt"), "w", encoding="utf-8", errors="backslashreplace") as fh:
+            fh.write(clean("\n".join(lines)) + "\n")
 
 
 def _looks_out_of_memory(job):
     path = os.path.join(job.ctl_dir, "executed.ipynb")
     try:
-        text = open(path).read(8 * MAX_NOTEBOOK_BYTES)
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read(8 * MAX_NOTEBOOK_BYTES)
     except OSError:
         return ""
     for needle in ("MemoryError", "can't allocate memory", "Cannot allocate memory", "std::bad_alloc"):
         if needle in text:
-            return f"a cell raised {needle} (limit {job.result and 'per notebook'})"
+            return f"a cell raised {needle} (limit per notebook)"
     return ""
 
 

@@ -21,6 +21,7 @@ def main():
         resource.RLIMIT_AS: int(job["memory_bytes"]),
         resource.RLIMIT_NPROC: int(job["max_processes"]),
         resource.RLIMIT_FSIZE: int(job["max_file_bytes"]),
+        resource.RLIMIT_CPU: int(job.get("cpu_s", 3600)),
         resource.RLIMIT_CORE: 0,
         resource.RLIMIT_NOFILE: 1024,
     }

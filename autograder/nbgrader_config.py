@@ -13,9 +13,13 @@ autograder/autograded/, autograder/feedback/, autograder/gradebook.db   (all git
 """
 
 import os
+import sys
 
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
 from nbgrader.preprocessors import ClearHiddenTests, GetGrades
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from feedback_safety import SafeFeedback  # noqa: E402
 
 c = get_config()  # noqa: F821  (provided by traitlets when it loads this file)
 
@@ -37,9 +41,11 @@ c.Execute.timeout = 120
 c.Execute.interrupt_on_timeout = True
 c.Execute.allow_errors = True
 
-# Keep outputs bounded in the autograded notebooks and the feedback.
+# Keep outputs bounded in the autograded notebooks and the feedback (nbgrader 0.9.6's LimitOutput has
+# max_lines and max_traceback; `make grade` also caps every output's size in its sandbox).
 c.LimitOutput.max_lines = 300
-c.LimitOutput.max_length = 20000
+c.LimitOutput.max_traceback = 100
 
-# Feedback shows each failed test's message, never the hidden tests' source.
-c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, CSSHTMLHeaderPreprocessor]
+# Feedback shows each failed test's message, never the hidden tests' source, and nothing a browser
+# would run (student HTML, SVG, JavaScript and Markdown are shown as text: autograder/feedback_safety.py).
+c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, SafeFeedback, CSSHTMLHeaderPreprocessor]

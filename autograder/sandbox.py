@@ -8,10 +8,13 @@ What the sandbox holds (see the README's instructor guide):
   of the course: no other submission, no gradebook, no grades.csv, no feedback, no solutions.
 - No network: a fresh network namespace has only a loopback interface (used by the kernel's ZeroMQ).
 - The executor (nbclient) runs as root inside the sandbox with just CAP_SETUID, CAP_SETGID, CAP_CHOWN;
-  the notebook kernel runs as an unprivileged uid (one per parallel slot) with no capabilities, under
-  RLIMIT_AS (memory), RLIMIT_NPROC (processes and threads), RLIMIT_FSIZE, no core dumps.
-- Where the machine offers a writable cgroup v1 memory/pids hierarchy, each run also gets a cgroup with
-  a hard memory limit and a pids limit covering all of its processes together.
+  the notebook kernel runs as an unprivileged uid with no capabilities, under RLIMIT_AS (memory),
+  RLIMIT_NPROC (processes and threads), RLIMIT_CPU (CPU seconds), RLIMIT_FSIZE, no core dumps. Each
+  parallel slot leases its own uid (a lock file under /run/lock/longctx-grader), so two `make grade`
+  runs at once never share a uid and its process limit.
+- Where the machine offers writable cgroup v1 memory/pids/cpu hierarchies, each run also gets a cgroup
+  with a hard memory limit, a pids limit and a CPU quota (its share of the cores) covering all of its
+  processes together, so one submission cannot starve its neighbours.
 - The wall-clock limit is enforced twice: the executor stops at the deadline, and the grader kills the
   whole sandbox (its PID namespace dies with it) shortly after.
 
@@ -20,8 +23,10 @@ Must be run as root (the uid switch and the bind mounts need it); `check()` says
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -31,6 +36,8 @@ from dataclasses import asdict, dataclass, field
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BASE_UID = 61000
+UID_RANGE = 4000
+UID_LOCK_DIR = "/run/lock/longctx-grader"
 CGROUP_V1 = "/sys/fs/cgroup"
 
 
@@ -42,8 +49,9 @@ class Limits:
     max_processes: int = 256         # processes + threads of the sandbox user (RLIMIT_NPROC)
     max_file_bytes: int = 256 * 2**20
     tmpfs_bytes: int = 512 * 2**20   # home and /tmp, each
-    max_cell_output_chars: int = 200_000
-    threads: int = 1                 # OMP / MKL / torch threads
+    max_cell_output_chars: int = 200_000   # every kind of output (streams, displays, errors)
+    threads: int = 1                 # OMP / MKL / torch threads, and the CPU quota in cores
+    call_timeout_s: float = 20.0     # one call of the student's code made by a checker
 
 
 @dataclass
@@ -98,6 +106,36 @@ def _cgroup_v1_available() -> bool:
     return all(os.access(os.path.join(CGROUP_V1, c), os.W_OK) for c in ("memory", "pids"))
 
 
+class UidLease:
+    """An unprivileged uid held for one parallel slot of one grading run (a flock'd file per uid).
+
+    Skips uids that belong to a user of this machine; released by `release()` or when the process ends.
+    """
+
+    def __init__(self):
+        os.makedirs(UID_LOCK_DIR, mode=0o700, exist_ok=True)
+        for uid in range(BASE_UID, BASE_UID + UID_RANGE):
+            try:
+                pwd.getpwuid(uid)
+                continue  # a real user: never borrow it
+            except KeyError:
+                pass
+            fd = os.open(os.path.join(UID_LOCK_DIR, f"{uid}.lock"), os.O_CREAT | os.O_RDWR, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                continue
+            self.uid, self.fd = uid, fd
+            return
+        raise RuntimeError(f"no free grading uid in {BASE_UID}..{BASE_UID + UID_RANGE - 1}")
+
+    def release(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
 class _Cgroup:
     """A per-run cgroup (v1 memory + pids) where the machine allows it; otherwise does nothing."""
 
@@ -111,6 +149,15 @@ class _Cgroup:
             os.makedirs(mem, exist_ok=True)
             os.makedirs(pids, exist_ok=True)
             self.paths = [mem, pids]
+            cpu = os.path.join(CGROUP_V1, "cpu", name)
+            if os.access(os.path.join(CGROUP_V1, "cpu"), os.W_OK):
+                try:
+                    os.makedirs(cpu, exist_ok=True)
+                    self.paths.append(cpu)
+                    _write(os.path.join(cpu, "cpu.cfs_period_us"), "100000")
+                    _write(os.path.join(cpu, "cpu.cfs_quota_us"), str(int(max(1, limits.threads) * 100000)))
+                except OSError:
+                    pass
             _write(os.path.join(mem, "memory.limit_in_bytes"), str(limits.memory_bytes + limits.tmpfs_bytes * 2
                                                                  + 512 * 2**20))
             _write_try(os.path.join(mem, "memory.memsw.limit_in_bytes"),
@@ -218,6 +265,7 @@ def build_command(*, course_root: str, ctl_dir: str, submission_dir: str, limits
            "--ro-bind", lib, lib,
            "--ro-bind", os.path.join(HERE, "executor.py"), "/opt/grader/executor.py",
            "--ro-bind", os.path.join(HERE, "kernel_launch.py"), "/opt/grader/kernel_launch.py",
+           "--ro-bind", os.path.join(HERE, "plaindata.py"), "/opt/grader/plaindata.py",
            "--bind", ctl_dir, "/ctl",
            "--ro-bind", submission_dir, "/submission"]
     for path in extra_ro or []:
@@ -276,24 +324,30 @@ def write_kernelspec(ctl_dir: str):
         json.dump(spec, fh)
 
 
-def run(*, course_root: str, ctl_dir: str, submission_dir: str, slot: int, limits: Limits,
-        marker_prefix: str, extra_ro: list[str] | None = None) -> RunResult:
-    """Execute ctl_dir/input.ipynb in a sandbox; results land in ctl_dir (executed.ipynb, status.json)."""
+def run(*, course_root: str, ctl_dir: str, submission_dir: str, uid: int, limits: Limits,
+        test_cells: list[int] | None = None, extra_ro: list[str] | None = None) -> RunResult:
+    """Execute ctl_dir/input.ipynb in a sandbox; results land in ctl_dir (executed.ipynb, status.json).
+
+    At each cell index in `test_cells` the executor asks the grader, over ctl_dir/grader.sock (which the
+    caller listens on), to check that test, and relays the checker's plain-data requests to the kernel.
+    """
     os.makedirs(ctl_dir, exist_ok=True)
     os.chmod(ctl_dir, 0o700)
     for name in ("executed.ipynb", "status.json"):
         if os.path.exists(os.path.join(ctl_dir, name)):
             os.remove(os.path.join(ctl_dir, name))
-    job = {"uid": BASE_UID + slot, "gid": BASE_UID + slot, "deadline_s": limits.wall_s,
+    job = {"uid": uid, "gid": uid, "deadline_s": limits.wall_s,
            "cell_timeout_s": limits.cell_timeout_s, "max_cell_output_chars": limits.max_cell_output_chars,
-           "marker_prefix": marker_prefix, "memory_bytes": limits.memory_bytes,
-           "max_processes": limits.max_processes, "max_file_bytes": limits.max_file_bytes}
+           "memory_bytes": limits.memory_bytes, "cpu_s": int(limits.wall_s * max(1, limits.threads)) + 60,
+           "max_processes": limits.max_processes, "max_file_bytes": limits.max_file_bytes,
+           "test_cells": sorted(test_cells or []), "socket": "/ctl/grader.sock",
+           "call_timeout_s": limits.call_timeout_s}
     with open(os.path.join(ctl_dir, "job.json"), "w") as fh:
         json.dump(job, fh)
     write_kernelspec(ctl_dir)
     cmd = build_command(course_root=course_root, ctl_dir=ctl_dir, submission_dir=submission_dir,
                         limits=limits, extra_ro=extra_ro)
-    cgroup = _Cgroup(f"longctx-grader-{os.getpid()}-{slot}", limits)
+    cgroup = _Cgroup(f"longctx-grader-{os.getpid()}-{uid}", limits)
     start = time.monotonic()
     log = _CappedLog()
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

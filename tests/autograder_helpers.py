@@ -13,7 +13,9 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
-GRADER_FILES = ["nbgrader_config.py", "grade.py", "sandbox.py", "executor.py", "kernel_launch.py"]
+GRADER_FILES = ["nbgrader_config.py", "grade.py", "sandbox.py", "executor.py", "kernel_launch.py", "plaindata.py",
+                "checker.py",
+                "bookkeeper.py", "feedback_safety.py"]
 
 
 def _meta(grade_id, *, solution=False, grade=False, locked=False, points=None):

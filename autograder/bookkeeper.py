@@ -1,0 +1,209 @@
+"""nbgrader's bookkeeping for `make grade`, in a worker process the grader can stop at any time.
+
+    python autograder/bookkeeper.py COURSE_ROOT WORK_DIR      (started by autograder/grade.py)
+
+Reads one JSON task per line on stdin and answers one JSON line on stdout:
+    {"op": "autograde", "student", "lesson", "ctl_dir", "stop_reason"} -> score, tests, messages, notes
+    {"op": "feedback", "student", "lesson"}                              -> ok / error
+    {"op": "export", "dest"}                                             -> grades.csv written
+    {"op": "add_student", "student"}                                     -> the student is in the gradebook
+The grader gives every task a time limit and restarts this worker if it overruns (a feedback page that
+would take minutes to render costs its author their feedback, never the rest of the class).
+
+nbgrader's `autograde` runs with its Execute step replaced by `ReplayVerdicts`: the outputs of the
+student's cells come from the sandbox (ctl_dir/executed.ipynb) and the outputs of each test cell are
+the verdict of the checker process (ctl_dir/verdicts.json): nothing else, so a test cell scores exactly
+when its checker passed it. nbgrader's gradebook, feedback and export then work as usual.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+
+import nbformat
+from nbgrader import utils
+from nbgrader.preprocessors import NbGraderPreprocessor
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MAX_NOTEBOOK_BYTES = 20 * 2**20
+warnings.filterwarnings("ignore")
+
+
+def load_config(root: str, work: str):
+    from traitlets.config import Config
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = PyFileConfigLoader("nbgrader_config.py", path=os.path.join(root, "autograder")).load_config()
+    override = Config()
+    override.CourseDirectory.root = root
+    override.CourseDirectory.submitted_directory = os.path.join(work, "staged")
+    override.CourseDirectory.release_directory = os.path.join(work, "release")
+    override.CourseDirectory.db_url = "sqlite:///" + os.path.join(root, "autograder", "gradebook.db")
+    override.OverwriteCells.add_missing_cells = True
+    override.OverwriteCells.missing_cell_notification = (
+        "# This cell (id:{cell_id}) was missing from the submission; the grader added it back.\n")
+    from nbconvert.preprocessors import ClearMetadataPreprocessor
+    from nbgrader.preprocessors import (
+        AssignLatePenalties,
+        CheckCellMetadata,
+        IgnorePattern,
+        LimitOutput,
+        SaveAutoGrades,
+    )
+
+    override.Autograde.autograde_preprocessors = [ReplayVerdicts, IgnorePattern, ClearMetadataPreprocessor,
+                                                  LimitOutput, SaveAutoGrades, AssignLatePenalties,
+                                                  CheckCellMetadata]
+    config.merge(override)
+    return config
+
+
+def make_api(config):
+    import logging
+
+    from nbgrader.apps import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
+
+    api = NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
+    api.log.setLevel(logging.ERROR)
+    return api
+
+
+def grade_id(cell):
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", "?")
+
+
+def verdict_outputs(verdict, reason):
+    """A test cell's outputs from its checker's verdict: its printout, and an error when it failed."""
+    from nbformat.v4 import new_output
+
+    if verdict is None:
+        return [new_output("error", ename="TestNotCompleted", evalue=reason, traceback=[f"TestNotCompleted: {reason}"])]
+    outputs = []
+    if verdict.get("stdout"):
+        outputs.append(new_output("stream", name="stdout", text=str(verdict["stdout"])[:20000]))
+    if not verdict.get("passed"):
+        ename = str(verdict.get("ename") or "TestFailed")[:100]
+        evalue = str(verdict.get("evalue", ""))[:4000]
+        outputs.append(new_output("error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"]))
+    return outputs
+
+
+CURRENT: dict = {}  # the task being done: ctl_dir, stop_reason, notes
+
+
+class ReplayVerdicts(NbGraderPreprocessor):
+    """Stands in for nbgrader's Execute: student cells' outputs from the sandbox, test cells' from the checker."""
+
+    def preprocess(self, nb, resources):
+        ctl_dir = CURRENT["ctl_dir"]
+        executed = None
+        path = os.path.join(ctl_dir, "executed.ipynb")
+        if os.path.exists(path) and os.path.getsize(path) <= 4 * MAX_NOTEBOOK_BYTES:
+            try:
+                executed = nbformat.read(path, as_version=4)
+            except Exception:  # noqa: BLE001
+                executed = None
+        if executed is not None and len(executed.cells) != len(nb.cells):
+            CURRENT["notes"].append("the executed notebook did not match the submission; its outputs were dropped")
+            executed = None
+        try:
+            with open(os.path.join(ctl_dir, "verdicts.json")) as fh:
+                verdicts = {int(k): v for k, v in json.load(fh).items()}
+        except (OSError, ValueError):
+            verdicts = {}
+        for index, cell in enumerate(nb.cells):
+            if cell.cell_type != "code":
+                continue
+            cell.execution_count = None
+            if utils.is_grade(cell) and not utils.is_solution(cell):
+                cell.outputs = verdict_outputs(verdicts.get(index), CURRENT["stop_reason"])
+            else:
+                cell.outputs = list(executed.cells[index].get("outputs", [])) if executed is not None else []
+        return nb, resources
+
+
+def collect(config, student, lesson, autograded_dir):
+    from nbgrader.api import Gradebook, MissingEntry
+
+    out = {"score": 0.0, "max_score": 0.0, "tests": []}
+    with Gradebook(config.CourseDirectory.db_url) as gb:
+        try:
+            nb = gb.find_submission_notebook(lesson, lesson, student)
+        except MissingEntry:
+            out["error"] = "no grade was recorded"
+            return out
+        out["score"] = float(nb.score or 0.0)
+        out["max_score"] = float(nb.max_score or 0.0)
+        tests = [(g.name, float(g.score or 0.0), float(g.max_score or 0.0)) for g in nb.grades]
+    messages = {}
+    try:
+        graded = nbformat.read(os.path.join(autograded_dir, f"{lesson}.ipynb"), as_version=4)
+        for cell in graded.cells:
+            for o in cell.get("outputs", []):
+                if o.get("output_type") == "error":
+                    messages[grade_id(cell)] = f"{o.get('ename')}: {o.get('evalue')}"[:600]
+    except Exception:  # noqa: BLE001
+        pass
+    out["tests"] = [(n, s, m, messages.get(n, "")) for n, s, m in sorted(tests)]
+    return out
+
+
+def handle(task, api, config, root):
+    op = task["op"]
+    if op == "autograde":
+        CURRENT.clear()
+        CURRENT.update(ctl_dir=task["ctl_dir"], stop_reason=task["stop_reason"], notes=[])
+        result = api.autograde(task["lesson"], task["student"], force=True, create=True)
+        out = {"ok": bool(result["success"]), "notes": CURRENT["notes"]}
+        if not result["success"]:
+            out["error"] = (result.get("error") or result.get("log") or "")[-1500:]
+            return out
+        autograded = os.path.join(root, "autograder", "autograded", task["student"], task["lesson"])
+        out.update(collect(config, task["student"], task["lesson"], autograded))
+        return out
+    if op == "feedback":
+        result = api.generate_feedback(task["lesson"], task["student"], force=True)
+        return {"ok": bool(result["success"]), "error": (result.get("error") or "")[-300:]}
+    if op == "add_student":
+        from nbgrader.api import Gradebook
+        with Gradebook(config.CourseDirectory.db_url) as gb:
+            gb.update_or_create_student(task["student"])
+        return {"ok": True}
+    if op == "export":
+        from nbgrader.api import Gradebook
+        from nbgrader.plugins import CsvExportPlugin
+        tmp = task["dest"] + ".tmp"
+        with Gradebook(config.CourseDirectory.db_url) as gb:
+            CsvExportPlugin(to=tmp).export(gb)
+        os.replace(tmp, task["dest"])
+        return {"ok": True}
+    if op == "noop":
+        return {"ok": True}
+    return {"ok": False, "error": f"unknown task {op!r}"}
+
+
+def main():
+    root, work = sys.argv[1], sys.argv[2]
+    proto = os.fdopen(os.dup(1), "w", encoding="utf-8", errors="backslashreplace")
+    os.dup2(2, 1)  # nbgrader and nbconvert may print: keep the protocol channel clean
+    sys.stdout = sys.stderr
+    config = load_config(root, work)
+    api = make_api(config)
+    proto.write(json.dumps({"ready": True}) + "\n")
+    proto.flush()
+    for line in sys.stdin:
+        try:
+            task = json.loads(line)
+            reply = handle(task, api, config, root)
+        except Exception as exc:  # noqa: BLE001  (reported for this task; the worker keeps going)
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[-1500:]}
+        proto.write(json.dumps(reply, ensure_ascii=True, default=str) + "\n")
+        proto.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""Make a graded notebook safe to render as feedback HTML (used by nbgrader's GenerateFeedback).
+
+A student controls the text of their answer cells, the cells they add, and every output their code
+produced. Rendered as HTML, any of those could carry `<script>`, `<img onerror=...>`, `javascript:`
+links, SVG with scripts, or `Javascript()` outputs into the browser of whoever opens the feedback.
+`SafeFeedback` keeps only what renders as escaped text or inert images:
+
+- code-cell outputs: streams and errors (escaped text), and from displays only `text/plain`, `image/png`
+  and `image/jpeg` (checked to be base64); HTML, SVG, JavaScript, Markdown, LaTeX and widget outputs are
+  replaced by their plain-text form; output metadata is dropped;
+- Markdown written by the student (solution cells and cells that are not the lesson's) is shown as a
+  fenced code block (its text, escaped), and cell attachments are dropped;
+- ANSI escape codes are removed from long texts, and every text is capped, so rendering takes linear time;
+- cell and notebook metadata are reduced to what nbgrader's feedback needs; grade ids are made safe.
+
+The lesson's own Markdown (locked cells, restored from the instructor's source by nbgrader) is kept as is.
+"""
+
+import re
+
+from nbconvert.preprocessors import Preprocessor
+
+SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
+ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+BASE64 = re.compile(r"^[A-Za-z0-9+/=\s]*$")
+MAX_TEXT_CHARS = 50_000
+MAX_IMAGE_CHARS = 4_000_000
+
+
+def clean_text(text, limit=MAX_TEXT_CHARS):
+    if not isinstance(text, str):
+        text = "".join(str(t) for t in text) if isinstance(text, list) else str(text)
+    text = text.encode("utf-8", "replace").decode("utf-8")
+    if len(text) > 2_000:
+        text = ANSI.sub("", text[: limit * 4])
+    if len(text) > limit:
+        text = text[:limit] + "\n[... cut for the feedback page ...]"
+    return text
+
+
+def _safe_output(out):
+    kind = out.get("output_type")
+    if kind == "stream":
+        return {"output_type": "stream", "name": "stdout" if out.get("name") != "stderr" else "stderr",
+                "text": clean_text(out.get("text", ""))}
+    if kind == "error":
+        return {"output_type": "error", "ename": clean_text(out.get("ename", "Error"), 200),
+                "evalue": clean_text(out.get("evalue", ""), 4000),
+                "traceback": [clean_text(line, 4000) for line in list(out.get("traceback", []))[:200]]}
+    if kind in ("display_data", "execute_result"):
+        data = out.get("data", {}) if isinstance(out.get("data"), dict) else {}
+        safe = {}
+        for mime in ("image/png", "image/jpeg"):
+            value = data.get(mime)
+            if isinstance(value, str) and len(value) <= MAX_IMAGE_CHARS and BASE64.match(value):
+                safe[mime] = value
+        text = data.get("text/plain")
+        if text is not None:
+            safe["text/plain"] = clean_text(text)
+        elif not safe and data:
+            safe["text/plain"] = "[an output of type " + ", ".join(sorted(str(m)[:60] for m in data)) + \
+                                 " is not shown in the feedback]"
+        if not safe:
+            return None
+        new = {"output_type": kind, "data": safe, "metadata": {}}
+        if kind == "execute_result":
+            new["execution_count"] = None
+        return new
+    return None
+
+
+def _fence(text):
+    longest = max([len(m) for m in re.findall(r"`+|~+", text)] + [2])
+    fence = "`" * (longest + 1)
+    return f"{fence}text\n{text}\n{fence}"
+
+
+class SafeFeedback(Preprocessor):
+    """Strip everything from a graded notebook that a browser would execute (see the module docstring)."""
+
+    def preprocess(self, nb, resources):
+        from nbformat import from_dict
+
+        keep_meta = {k: nb.metadata[k] for k in ("kernelspec", "language_info") if k in nb.metadata}
+        nb.metadata = from_dict(keep_meta)
+        for cell in nb.cells:
+            nbg = cell.get("metadata", {}).get("nbgrader", {})
+            if nbg:
+                nbg = dict(nbg)
+                if "grade_id" in nbg:
+                    nbg["grade_id"] = SAFE_ID.sub("_", str(nbg["grade_id"]))[:100]
+            cell.metadata = from_dict({"nbgrader": nbg} if nbg else {})
+            cell.pop("attachments", None)
+            if cell.cell_type == "markdown":
+                # a locked cell whose grade id nbgrader found in the source: its text was restored from there
+                lesson_text = nbg.get("locked") and not nbg.get("solution") and nbg.get("grade_id")
+                if not lesson_text:
+                    cell.source = _fence(clean_text(cell.source))
+            elif cell.cell_type == "code":
+                cell.source = clean_text(cell.source)
+                outputs = [_safe_output(o) for o in cell.get("outputs", [])]
+                cell.outputs = [from_dict(o) for o in outputs if o is not None]
+            else:  # raw cells are rendered verbatim by some templates
+                cell.cell_type = "markdown"
+                cell.source = _fence(clean_text(cell.source))
+        return nb, resources
