@@ -1,0 +1,272 @@
+"""The OpenAI-compatible server's HTTP contract, on the real tokenizer and engine loop with a scripted
+executor (no model: fast). Every error case returns OpenAI's error shape and status; disconnects free
+the KV blocks; the official openai client works against it. The real model: tests/test_server_model.py."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from longctx.engine import ChunkedPrefillScheduler, Engine
+from longctx.engine.executor import ExecutionResult
+from longctx.serve.app import create_app
+from longctx.serve.async_engine import AsyncEngine
+from longctx.serve.launch import free_port
+
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from longctx.model.tokenizer import load_tokenizer
+
+    return load_tokenizer()
+
+
+class ScriptedExecutor:
+    """Every sequence generates ``script`` (cycled) one token per step; each step sleeps ``step_s``."""
+
+    def __init__(self, script: list[int], step_s: float = 0.01):
+        self.script, self.step_s = script, step_s
+
+    def execute(self, batch):
+        time.sleep(self.step_s)
+        ids = [self.script[e.seq.num_output_tokens % len(self.script)] for e in batch.entries]
+        return ExecutionResult(self.step_s, ids)
+
+
+class Server:
+    """uvicorn in a thread on a free port, over an engine with a scripted executor."""
+
+    def __init__(
+        self, tokenizer, num_blocks=64, max_waiting=16, step_s=0.01, text=" the quick brown fox jumps"
+    ):
+        import uvicorn
+
+        self.script = tokenizer.encode(text)
+        self.engine = Engine(
+            ScriptedExecutor(self.script, step_s),
+            ChunkedPrefillScheduler(64),
+            num_blocks=num_blocks,
+            block_size=16,
+            max_model_len=512,
+            eos_token_id=tokenizer.eos_token_id,
+            vocab_size=tokenizer.vocab_size,
+        )
+        self.aengine = AsyncEngine(self.engine, max_waiting=max_waiting)
+        app = create_app(self.aengine, tokenizer, MODEL)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        for _ in range(200):
+            if self.server.started:
+                return self
+            time.sleep(0.02)
+        raise RuntimeError("server did not start")
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(10)
+
+    def health(self):
+        return httpx.get(self.url + "/health").json()
+
+    def wait_idle(self, timeout_s=5.0):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            h = self.health()
+            if h["num_free_blocks"] == h["num_blocks"] and h["num_in_flight"] == 0 and h["num_running"] == 0:
+                return h
+            time.sleep(0.05)
+        raise AssertionError(f"blocks or requests leaked: {self.health()}")
+
+
+@pytest.fixture(scope="module")
+def server(tokenizer):
+    with Server(tokenizer) as s:
+        yield s
+
+
+def _assert_openai_error(resp, status, param=None):
+    assert resp.status_code == status, resp.text
+    err = resp.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    if param is not None:
+        assert err["param"] == param
+    return err
+
+
+def test_models_and_health(server):
+    models = httpx.get(server.url + "/v1/models").json()
+    assert models["object"] == "list" and models["data"][0]["id"] == MODEL
+    h = server.health()
+    assert h["status"] == "ok" and h["num_blocks"] == 64
+
+
+def test_completion_text_and_usage(server, tokenizer):
+    r = httpx.post(
+        server.url + "/v1/completions",
+        json={"model": MODEL, "prompt": "Hello there", "max_tokens": 5, "temperature": 0},
+    )
+    body = r.json()
+    assert r.status_code == 200 and body["object"] == "text_completion"
+    assert body["choices"][0]["text"] == tokenizer.decode(server.script[:5])
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"] == {
+        "prompt_tokens": len(tokenizer.encode("Hello there")),
+        "completion_tokens": 5,
+        "total_tokens": len(tokenizer.encode("Hello there")) + 5,
+    }
+
+
+def test_stream_one_chunk_per_token_then_done(server, tokenizer):
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 4,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        lines = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    import json
+
+    events = [json.loads(ln[6:]) for ln in lines[:-1]]
+    token_chunks = [e for e in events if e["choices"] and e["choices"][0]["finish_reason"] is None]
+    assert len(token_chunks) == 4
+    assert token_chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert "".join(e["choices"][0]["delta"]["content"] for e in token_chunks) == tokenizer.decode(
+        server.script[:4]
+    )
+    assert events[-2]["choices"][0]["finish_reason"] == "length"
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 4
+    assert events[-1]["usage"]["prompt_tokens"] == len(tokenizer.encode_chat("Hi"))
+
+
+def test_stop_string_cuts_the_text_and_frees_blocks(server):
+    r = httpx.post(
+        server.url + "/v1/completions",
+        json={"model": MODEL, "prompt": "x", "max_tokens": 12, "temperature": 0, "stop": [" brown"]},
+    )
+    choice = r.json()["choices"][0]
+    assert choice["text"] == " the quick" and choice["finish_reason"] == "stop"
+    server.wait_idle()
+
+
+@pytest.mark.parametrize(
+    ("payload", "param"),
+    [
+        ({"prompt": "hi", "temperature": 3}, "temperature"),
+        ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+        ({"prompt": "hi", "n": 2}, "n"),
+        ({"prompt": "hi", "top_p": 0}, "top_p"),
+        ({"prompt": "hi", "stop": 5}, "stop"),
+        ({"prompt": "hi", "logprobs": 3}, "logprobs"),
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": [1, 99999999]}, "prompt"),
+        ({"prompt": "hi", "max_tokens": 600}, "max_tokens"),  # over max_model_len 512
+        ({"prompt": "hi " * 600, "max_tokens": 1}, "prompt"),  # the prompt alone is over 512 tokens
+        ({"prompt": "hi", "stream": "yes"}, "stream"),
+    ],
+)
+def test_bad_parameters_are_400_in_openai_shape(server, payload, param):
+    _assert_openai_error(
+        httpx.post(server.url + "/v1/completions", json={"model": MODEL, **payload}), 400, param
+    )
+
+
+def test_other_error_cases(server):
+    url = server.url
+    err = _assert_openai_error(
+        httpx.post(url + "/v1/completions", json={"model": "gpt-4", "prompt": "x"}), 404, "model"
+    )
+    assert err["code"] == "model_not_found"
+    _assert_openai_error(httpx.post(url + "/v1/nope", json={}), 404)
+    _assert_openai_error(httpx.post(url + "/v1/completions", content=b"{not json"), 400)
+    _assert_openai_error(httpx.post(url + "/v1/completions", json=[1, 2]), 400)
+    _assert_openai_error(httpx.post(url + "/v1/completions", json={"prompt": "x"}), 400, "model")
+    bad_role = {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}
+    _assert_openai_error(httpx.post(url + "/v1/chat/completions", json=bad_role), 400, "messages")
+    _assert_openai_error(httpx.post(url + "/v1/chat/completions", json={"model": MODEL, "messages": []}), 400)
+    # needs more KV blocks than the whole pool (64 x 16 = 1024 tokens > max_model_len 512 here, so shrink it)
+    server.wait_idle()
+
+
+def test_kv_pool_too_small_is_400_and_full_queue_is_503(tokenizer):
+    with Server(tokenizer, num_blocks=4, max_waiting=1, step_s=0.02) as s:
+        big = {"model": MODEL, "prompt": "hello", "max_tokens": 100}  # 101 tokens > 4 x 16 slots
+        err = _assert_openai_error(httpx.post(s.url + "/v1/completions", json=big), 400, "max_tokens")
+        assert err["code"] == "kv_cache_too_small"
+        fill = {"model": MODEL, "prompt": "hello", "max_tokens": 55, "temperature": 0, "stream": True}
+        with httpx.Client(timeout=30) as c, c.stream("POST", s.url + "/v1/completions", json=fill) as a:
+            lines = a.iter_lines()
+            next(ln for ln in lines if ln.startswith("data: "))  # A runs and holds the whole pool
+            with c.stream("POST", s.url + "/v1/completions", json=fill) as b:
+                deadline = time.monotonic() + 5
+                while s.health()["num_waiting"] < 1 and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                err = _assert_openai_error(httpx.post(s.url + "/v1/completions", json=fill), 503)
+                assert err["type"] == "server_overloaded"
+                assert sum(ln.startswith("data: ") for ln in b.iter_lines()) == 55 + 2  # B ran after A
+            assert sum(ln.startswith("data: ") for ln in lines) >= 1
+        s.wait_idle()
+
+
+def test_disconnect_mid_stream_frees_blocks(server):
+    body = {"model": MODEL, "prompt": "hello", "max_tokens": 400, "temperature": 0, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=30) as r:
+        lines, got = r.iter_lines(), 0  # keep the iterator: closing it early would close the connection
+        for ln in lines:
+            got += ln.startswith("data: ")
+            if got == 3:
+                break
+        h = server.health()
+        assert h["num_free_blocks"] < h["num_blocks"]  # the request holds blocks while it streams
+    h = server.wait_idle()  # closed after 3 tokens: aborted, blocks back
+    assert h["status"] == "ok"
+
+
+def test_disconnect_while_waiting_for_a_full_answer_frees_blocks(server):
+    body = {"model": MODEL, "prompt": "hello", "max_tokens": 400, "temperature": 0}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", json=body, timeout=0.3)
+    server.wait_idle()
+
+
+def test_official_openai_client(server, tokenizer):
+    import openai
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+    out = client.completions.create(model=MODEL, prompt="Hi", max_tokens=3, temperature=0)
+    assert out.choices[0].text == tokenizer.decode(server.script[:3]) and out.usage.completion_tokens == 3
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3, temperature=0
+    )
+    assert chat.choices[0].message.content == out.choices[0].text
+    parts = [
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=3,
+            temperature=0,
+            stream=True,
+        )
+        if c.choices
+    ]
+    assert "".join(parts) == out.choices[0].text
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="Hi", max_tokens=3)
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=MODEL, prompt="Hi", max_tokens=3, temperature=9)
