@@ -115,6 +115,7 @@ def main(argv=None) -> int:
     ap.add_argument("--depths", default=None, help=f"comma-separated depths in [0, 1] (default {DEPTHS})")
     ap.add_argument("--seeds", type=int, default=None)
     ap.add_argument("--variants", default="none,linear,ntk,yarn")
+    ap.add_argument("--haystacks", default="passkey,multikey", help="beyond: which haystacks")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -142,7 +143,7 @@ def main(argv=None) -> int:
         lengths = ints(args.lengths or "12288,16320")
         depths = floats(args.depths or "0.5")
         seeds = range(args.seeds or 1)
-        cells = [(h, v, n, d, s) for h in ("passkey", "multikey") for n in lengths for d in depths
+        cells = [(h, v, n, d, s) for h in args.haystacks.split(",") for n in lengths for d in depths
                  for s in seeds for v in variants]  # fmt: skip
         print_table(run_trials(out, cells, model, tok, meta, max(lengths) + 64))
     elif args.section == "perplexity":

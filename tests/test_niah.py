@@ -1,0 +1,140 @@
+"""Needle in a haystack: exact placement in real tokens, scoring, the grid table, bad input."""
+
+import json
+import math
+
+import pytest
+from model_fixtures import our_tokenizer
+
+from longctx.evals.haystack import HaystackBuilder, natural_text
+from longctx.evals.niah import NiahRunner, check_grid, run_grid
+from longctx.evals.table import NiahTable
+
+
+@pytest.fixture(scope="module")
+def builder():
+    return HaystackBuilder(our_tokenizer())
+
+
+@pytest.mark.parametrize("haystack", ["passkey", "multikey"])
+@pytest.mark.parametrize("length", [300, 777, 2048])
+@pytest.mark.parametrize("depth", [0.0, 0.13, 0.5, 0.9, 1.0])
+def test_prompt_has_the_exact_length_and_needle_depth(builder, haystack, length, depth):
+    tok = our_tokenizer()
+    p = builder.build(length, depth, seed=3, haystack=haystack)
+    assert len(p.token_ids) == p.length == length
+    assert p.depth_tokens == round(depth * p.haystack_len)
+    needle = tok.decode(p.token_ids[p.needle_start : p.needle_start + p.needle_len])
+    assert p.answer in needle and ("pass key" in needle or "magic number" in needle)
+    assert tok.decode(p.answer_ids).strip() == p.answer
+    before = tok.decode(p.token_ids[: p.needle_start])
+    after = tok.decode(p.token_ids[p.needle_start + p.needle_len :])
+    assert p.answer not in before + after  # the answer appears once, in the needle
+    tail = tok.decode(p.token_ids[-40:], skip_special_tokens=False)
+    assert "<|im_start|>assistant\n" in tail
+    assert tail.endswith("The pass key is" if haystack == "passkey" else "mentioned in the provided text is")
+    if haystack == "multikey":
+        assert len(p.distractor_starts) == 3
+        for s in p.distractor_starts:  # distractors never overlap the needle
+            assert s + 5 <= p.needle_start or s >= p.needle_start + p.needle_len
+
+
+def test_depth_zero_and_one_are_the_ends_of_the_haystack(builder):
+    p0 = builder.build(1000, 0.0, 0, "passkey")
+    p1 = builder.build(1000, 1.0, 0, "passkey")
+    assert p0.needle_start == p0.haystack_start
+    assert p1.needle_start + p1.needle_len == p1.haystack_start + p1.haystack_len + p1.needle_len
+    assert p1.needle_start == p1.haystack_start + p1.haystack_len
+
+
+def test_seeds_change_the_needle_and_prompts_are_deterministic(builder):
+    a, b = builder.build(600, 0.5, 1, "multikey"), builder.build(600, 0.5, 1, "multikey")
+    assert a.token_ids == b.token_ids
+    assert builder.build(600, 0.5, 2, "multikey").answer != a.answer
+
+
+def test_natural_text_is_local_prose():
+    text = natural_text()
+    assert len(text) > 50_000 and "http" not in text[:1000]
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"length": 500, "depth": 1.5}, r"depth must be a number in \[0, 1\]"),
+        ({"length": 500, "depth": -0.1}, r"depth must be a number in \[0, 1\]"),
+        ({"length": 20, "depth": 0.5}, "too short"),
+        ({"length": 500, "depth": 0.5, "haystack": "essay"}, "haystack must be one of"),
+        ({"length": 0, "depth": 0.5}, "positive integer"),
+    ],
+)
+def test_bad_prompt_input_is_a_clear_error(builder, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        builder.build(**kwargs)
+
+
+def test_a_length_beyond_the_pool_is_refused_before_any_compute():
+    runner = NiahRunner(None, our_tokenizer(), max_tokens=600)  # no model needed to refuse
+    with pytest.raises(ValueError, match="pool holds 608"):
+        runner.trial(1024, 0.5)
+    with pytest.raises(ValueError, match="does not fit the runner's KV pool"):
+        run_grid(runner, [512, 4096], [0.5], 1)
+    with pytest.raises(ValueError, match=r"depths must be fractions in \[0, 1\]"):
+        run_grid(runner, [512], [0.5, 2.0], 1)
+
+
+def test_check_grid_normalises_and_validates():
+    assert check_grid([512], [0, 1], 2) == ([512], [0.0, 1.0], [0, 1])
+    with pytest.raises(ValueError, match="lengths"):
+        check_grid([-5], [0.5], 1)
+    with pytest.raises(ValueError, match="seed"):
+        check_grid([100], [0.5], [])
+
+
+def test_table_pivots_saves_and_loads(tmp_path):
+    rows = [
+        {"length": n, "depth": d, "seed": s, "correct": (n + s) % 3 != 0, "answer_logprob": -n / 1000 - d}
+        for n in (512, 1024) for d in (0.0, 1.0) for s in (0, 1)
+    ]  # fmt: skip
+    t = NiahTable(rows, meta={"date": "2026-12-01"})
+    lengths, depths, acc = t.pivot("correct")
+    assert lengths == [512, 1024] and depths == [0.0, 1.0]
+    assert acc[0, 0] == pytest.approx(0.5) and acc[1, 1] == pytest.approx(1.0)
+    _, _, lp = t.pivot("answer_logprob")
+    assert lp[1, 1] == pytest.approx(-2.024)
+    path = t.save(tmp_path / "grid.json")
+    back = NiahTable.load(path)
+    assert back.rows == t.rows and back.meta == t.meta
+    assert json.loads(path.read_text())["rows"][0] == rows[0]
+    assert len(t.where(length=512)) == 4
+    with pytest.raises(ValueError, match="no column"):
+        t.pivot("accuracy")
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="not a NIAH table"):
+        NiahTable.load(tmp_path / "bad.json")
+
+
+@pytest.mark.slow
+def test_scores_are_consistent_with_greedy_decoding_and_the_full_logits(tmp_path):
+    from model_fixtures import our_model
+
+    from longctx.engine import generate
+    from longctx.evals.perplexity import token_nll
+
+    model, tok = our_model(), our_tokenizer()
+    runner = NiahRunner(model, tok, max_tokens=1024)
+    table = run_grid(runner, [400], [0.0, 1.0], 1, "passkey", progress=False)
+    assert len(table) == 2 and all(r["length"] == 400 for r in table.rows)
+    for row in table.rows:
+        p = runner.builder.build(400, row["depth"], 0, "passkey")
+        greedy = generate(model, p.token_ids, len(p.answer_ids))
+        assert row["correct"] == (greedy == p.answer_ids)
+        if row["correct"]:
+            assert row["output"] == row["answer"]
+        else:
+            assert row["output"].startswith(tok.decode(greedy).strip()[:3])
+        nll = token_nll(model, p.token_ids + p.answer_ids, chunk_size=128)  # another path: chunked, all rows
+        assert -sum(nll[-len(p.answer_ids) :]) == pytest.approx(row["answer_logprob"], abs=2e-3)
+        assert math.isfinite(row["answer_logprob"]) and row["answer_logprob"] < 0
+    path = table.save(tmp_path / "t.json")
+    assert NiahTable.load(path).rows == table.rows
