@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "longctx.cli.calc",
     "longctx.cli.model",
     "longctx.cli.simulate",
+    "longctx.cli.niah",
     "longctx.cli.serve",
     "longctx.cli.bench",
     "longctx.cli.gpu",
