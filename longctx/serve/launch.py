@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import socket
@@ -79,6 +80,18 @@ def get_json(url: str, timeout_s: float = 5.0) -> tuple[int, dict]:
         return e.code, json.loads(e.read() or b"{}")
 
 
+def _die_with_parent() -> None:
+    """In the child, on Linux: ask the kernel to SIGTERM us when the parent dies (a killed notebook kernel)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
 class ServerProcess:
     """``python -m longctx serve`` in a child process on 127.0.0.1; use as a context manager.
 
@@ -112,7 +125,10 @@ class ServerProcess:
     def start(self) -> ServerProcess:
         out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(
+            self.args, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent
+        )
+        atexit.register(self.stop)  # a kernel that exits (or crashes in Python) still stops its server
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -133,6 +149,7 @@ class ServerProcess:
         return get_json(self.base_url + "/health")[1]
 
     def stop(self) -> None:
+        """Stop the child (idempotent): SIGTERM, then SIGKILL after 10 s."""
         if self.proc is None or self.proc.poll() is not None:
             return
         self.proc.terminate()
