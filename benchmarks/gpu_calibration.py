@@ -5,8 +5,7 @@
     .venv/bin/python benchmarks/gpu_calibration.py REC.json --hardware h200 --json
 
 Fits ``CostModelExecutor``'s efficiencies and overheads (``longctx.sim.calibrate``) to the record's timed
-steps (prefill chunks, decode points, Exercise 1's engine steps) and prints the error per source and a
-sample of steps. Sources left out of ``--fit`` are predictions on held-out steps. The default hardware is
+steps (prefill chunks, decode points, Exercise 1's engine steps) and prints the error per source. Sources left out of ``--fit`` are predictions on held-out steps. The default hardware is
 the record's measured ceilings; ``--hardware h200`` uses the datasheet instead. Works on a toy record
 made on the CPU (``python -m longctx gpu-bench --toy --out /tmp/toy.json``).
 """
@@ -18,23 +17,19 @@ import json
 import sys
 
 from longctx.gpu.calibration import SOURCES, calibrate_from_record
-from longctx.gpu.records import load_recorded, records_dir
+from longctx.gpu.records import load_record, record_path
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("record", nargs="?", default=str(records_dir() / "h200.json"), help="a gpu-bench record")
+    p.add_argument("record", nargs="?", default=str(record_path("h200")), help="a gpu-bench record")
     p.add_argument("--model", default="llama-3-8b", help="which recorded model to calibrate")
     p.add_argument("--fit", default=",".join(SOURCES), help=f"sources to fit on (of {','.join(SOURCES)})")
     p.add_argument("--hardware", default=None, help="registry GPU (h100, h200) instead of the measured ceilings")
     p.add_argument("--json", action="store_true", help="print factors and per-source errors as JSON")
     args = p.parse_args(argv)
     try:
-        record = load_recorded(path=args.record)
-        if record is None:
-            sys.stderr.write(f"no record at {args.record}: run `make gpu-bench` (or scripts/gpu_run.sh) on a "
-                             "GPU, or `python -m longctx gpu-bench --toy --out FILE` for a toy one\n")
-            return 1
+        record = load_record(path=args.record)
         fit = tuple(s.strip() for s in args.fit.split(",") if s.strip())
         report = calibrate_from_record(record, args.model, fit, args.hardware)
     except ValueError as exc:

@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-# Command modules, in the order `--help` lists them. A module that is absent is skipped.
+# Command modules, in the order `--help` lists them.
 COMMAND_MODULES = (
     "longctx.cli.doctor",
     "longctx.cli.calc",
@@ -36,13 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrorParser(prog="python -m longctx", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineErrorParser)
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:  # the command module itself is not written yet
-                continue
-            raise
-        module.register(subparsers)
+        importlib.import_module(name).register(subparsers)
     return parser
 
 

@@ -30,11 +30,13 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
+from longctx.memory import padded_tokens
+
 CATEGORIES = ("used", "reserved", "internal", "external", "free")
 
 
 @dataclass(frozen=True)
-class Request:
+class BacklogRequest:
     """One request: ``prompt_tokens`` prefilled at admission, then ``output_tokens`` decoded one per step."""
 
     request_id: int
@@ -52,7 +54,7 @@ class Request:
 
 def mixed_workload(
     num_requests: int, seed: int = 0, max_model_len: int = 4096, max_new_tokens: int = 1024
-) -> list[Request]:
+) -> list[BacklogRequest]:
     """A seeded mix: ~70 % chat turns (prompts ~ 250 tokens), ~30 % documents (1K to 3K tokens).
 
     Output lengths are log-normal (median ~ 130 tokens), at most ``max_new_tokens``; every request fits
@@ -70,7 +72,7 @@ def mixed_workload(
         output = int(rng.lognormvariate(4.9, 0.7))  # median e^4.9 ~ 134 tokens
         prompt = max(1, min(prompt, max_model_len - 16))
         output = max(1, min(output, max_new_tokens, max_model_len - prompt))
-        requests.append(Request(i, prompt, output))
+        requests.append(BacklogRequest(i, prompt, output))
     return requests
 
 
@@ -151,7 +153,7 @@ class PagedAllocator:
         self._blocks: dict[int, int] = {}  # request id -> blocks held
 
     def slots_needed(self, tokens: int) -> int:
-        return -(-tokens // self.block_size) * self.block_size
+        return padded_tokens(tokens, self.block_size)
 
     def _free_blocks(self) -> int:
         return self.num_blocks - sum(self._blocks.values())
@@ -219,10 +221,13 @@ class AllocationResult:
         return self.finished / self.steps
 
 
-def simulate(requests: list[Request], allocator, max_steps: int = 100_000) -> AllocationResult:
-    """Serve ``requests`` (all waiting at step 0) with ``allocator`` until all finish; returns the tally."""
+def simulate_allocation(requests: list[BacklogRequest], allocator, max_steps: int = 100_000) -> AllocationResult:
+    """Serve ``requests`` (all waiting at step 0) with ``allocator`` until all finish; returns the tally.
+
+    (Not ``longctx.sim.simulate``, which runs the serving engine on a cost model: this only allocates.)
+    """
     waiting = deque(requests)
-    running: dict[int, tuple[Request, int]] = {}  # id -> (request, tokens stored so far)
+    running: dict[int, tuple[BacklogRequest, int]] = {}  # id -> (request, tokens stored so far)
     result = AllocationResult(allocator.name, allocator.capacity_tokens, 0)
     for r in requests:
         if allocator.slots_needed(r.total_tokens) > allocator.capacity_tokens:
@@ -281,7 +286,7 @@ def simulate(requests: list[Request], allocator, max_steps: int = 100_000) -> Al
 
 
 def compare(
-    requests: list[Request],
+    requests: list[BacklogRequest],
     capacity_tokens: int,
     max_model_len: int,
     max_new_tokens: int | None = None,
@@ -289,6 +294,9 @@ def compare(
 ) -> dict[str, AllocationResult]:
     """Run the same backlog through a contiguous pool and a paged pool of the same capacity."""
     return {
-        "contiguous": simulate(requests, ContiguousAllocator(capacity_tokens, max_model_len, max_new_tokens)),
-        "paged": simulate(requests, PagedAllocator(capacity_tokens, block_size)),
+        "contiguous": simulate_allocation(requests, ContiguousAllocator(capacity_tokens, max_model_len, max_new_tokens)),
+        "paged": simulate_allocation(requests, PagedAllocator(capacity_tokens, block_size)),
     }
+
+
+simulate = simulate_allocation  # the old name, until lesson 03 calls simulate_allocation (H12)

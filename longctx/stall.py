@@ -9,10 +9,32 @@ replaces them with measurements.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from longctx.plots import IterationRecord
+from longctx.memory import blocks_needed
+
+
+@dataclass(frozen=True)
+class IterationRecord:
+    """One scheduler iteration as a timeline shows it: when it ran and which tokens it processed."""
+
+    start_s: float
+    duration_s: float
+    num_prefill_tokens: int
+    num_decode_tokens: int
+
+    @property
+    def kind(self) -> str:
+        return iteration_kind(self)
+
+
+def iteration_kind(iteration) -> str:
+    """``"decode"``, ``"prefill"``, ``"mixed"`` or ``"idle"``, from an iteration's token counts."""
+    if iteration.num_prefill_tokens and iteration.num_decode_tokens:
+        return "mixed"
+    if iteration.num_prefill_tokens:
+        return "prefill"
+    return "decode" if iteration.num_decode_tokens else "idle"
 
 
 @dataclass(frozen=True)
@@ -49,7 +71,7 @@ class StallScenario:
     def num_chunks(self, chunk_size: int) -> int:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be at least 1 token, got {chunk_size}")
-        return math.ceil(self.prompt_tokens / chunk_size)
+        return blocks_needed(self.prompt_tokens, chunk_size)  # ceil(prompt / chunk)
 
     def timeline(self, chunk_size: int | None = None, steps_before: int = 5,
                  steps_after: int = 5) -> list[IterationRecord]:

@@ -8,12 +8,12 @@ from hypothesis import strategies as st
 
 from longctx.allocation import (
     CATEGORIES,
+    BacklogRequest,
     ContiguousAllocator,
     PagedAllocator,
-    Request,
     compare,
     mixed_workload,
-    simulate,
+    simulate_allocation,
 )
 
 
@@ -61,13 +61,13 @@ def test_contiguous_default_reserves_max_model_len():
 
 
 def test_single_request_hand_worked():
-    r = Request(0, prompt_tokens=10, output_tokens=5)  # 15 tokens; admitted with 11
-    res = simulate([r], PagedAllocator(64, block_size=8))
+    r = BacklogRequest(0, prompt_tokens=10, output_tokens=5)  # 15 tokens; admitted with 11
+    res = simulate_allocation([r], PagedAllocator(64, block_size=8))
     assert res.steps == 5 and res.finished == 1 and res.preemptions == 0
     # tokens stored over the 5 steps: 11..15; blocks: 16 slots each step
     assert res.slot_steps["used"] == sum(range(11, 16))
     assert res.slot_steps["internal"] == 5 * 16 - sum(range(11, 16))
-    res = simulate([r], ContiguousAllocator(64, max_model_len=32))
+    res = simulate_allocation([r], ContiguousAllocator(64, max_model_len=32))
     assert res.slot_steps["used"] == sum(range(11, 16))
     assert res.slot_steps["reserved"] == sum(15 - t for t in range(11, 16))
     assert res.slot_steps["internal"] == 5 * (32 - 15)
@@ -101,16 +101,16 @@ def test_paged_wastes_less_and_serves_more():
 
 def test_block_size_trades_internal_waste():
     requests = mixed_workload(100, seed=1)
-    wastes = [simulate(requests, PagedAllocator(64 * 1024, bs)).waste_fraction for bs in (1, 16, 256)]
+    wastes = [simulate_allocation(requests, PagedAllocator(64 * 1024, bs)).waste_fraction for bs in (1, 16, 256)]
     assert wastes[0] == 0.0 < wastes[1] < wastes[2]
 
 
 def test_invalid_inputs_say_what_is_wrong():
     with pytest.raises(ValueError, match="output_tokens"):
-        Request(0, 10, 0)
+        BacklogRequest(0, 10, 0)
     with pytest.raises(ValueError, match="max_model_len"):
         ContiguousAllocator(100, 200)
     with pytest.raises(ValueError, match="outgrows"):
-        simulate([Request(0, 10, 50)], ContiguousAllocator(100, 100, max_new_tokens=20))
+        simulate_allocation([BacklogRequest(0, 10, 50)], ContiguousAllocator(100, 100, max_new_tokens=20))
     with pytest.raises(ValueError, match="never fit"):
-        simulate([Request(0, 100, 50)], PagedAllocator(128, 16))
+        simulate_allocation([BacklogRequest(0, 100, 50)], PagedAllocator(128, 16))

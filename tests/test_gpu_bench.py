@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from longctx.__main__ import main
-from longctx.gpu.bench import SECTIONS, BenchConfig, run_suite, summary_lines
-from longctx.gpu.records import load_recorded, validate_record
+from longctx.cli.gpu import summary_lines
+from longctx.gpu import sections
+from longctx.gpu.records import check_record, load_record
+from longctx.gpu.suite import SECTION_WEIGHTS, BenchConfig, run_suite
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -25,9 +27,10 @@ def toy_record(tmp_path_factory):
 
 def test_toy_run_writes_a_valid_record_with_every_section(toy_record):
     path, rec = toy_record
-    assert load_recorded(path=path) == rec
+    assert load_record(path=path) == rec
     assert rec["errors"] == []
     assert rec["toy"] is True and rec["device"]["key"] == "cpu" and rec["device"]["torch"] == torch.__version__
+    assert rec["dtype"] == "fp32" and rec["device"]["commit"]  # provenance: the code that measured
     assert set(rec["models"]) == {"llama-3-8b", "llama-3.1-70b-slice"}
     for section in ("prefill_chunks", "decode", "attention_share"):
         assert {r["model"] for r in rec[section]} == {"llama-3-8b", "llama-3.1-70b-slice"}, section
@@ -38,15 +41,15 @@ def test_toy_run_writes_a_valid_record_with_every_section(toy_record):
         assert [s for _, s, _ in r["chunks"]] == list(range(0, r["prompt_tokens"], r["chunk_size"]))
     runs = rec["exercise1"]["runs"]
     assert set(runs) == {"monolithic", "chunked-64", "chunked-128"}
-    streams = rec["exercise1"]["num_decode_streams"]
-    for name, run in runs.items():
-        assert run["ttft_s"] and min(run["itl_s"]) > 0
+    streams = rec["exercise1"]["scenario"]["num_decode_streams"]
+    for name, (run,) in runs.items():
+        assert run["scheduler"] == name and run["ttft_s"] > 0 and min(run["itl_s"]) > 0
         budget = None if name == "monolithic" else int(name.split("-")[1])
         for st in run["steps"]:
             assert budget is None or sum(n for n, _ in st["sequences"]) <= budget
         assert len(run["stream_token_times_s"]) == streams
     # monolithic: one step prefills the whole prompt, alone (every stream stalls)
-    mono = [st for st in runs["monolithic"]["steps"] if any(n > 1 for n, _ in st["sequences"])]
+    mono = [st for st in runs["monolithic"][0]["steps"] if any(n > 1 for n, _ in st["sequences"])]
     assert mono and all(len(st["sequences"]) == 1 for st in mono)
     assert any("KV over" in s for s in rec["skipped"])
 
@@ -60,21 +63,20 @@ def test_summary_mentions_each_part(toy_record):
 def test_time_cap_skips_instead_of_overrunning():
     cfg = BenchConfig.toy(time_cap_s=1e-6, sections=("ceilings", "decode"))
     rec = run_suite(cfg, device="cpu")
-    assert rec["decode"] == [] and any("time cap" in s for s in rec["skipped"])
-    validate_record(rec)
+    assert "decode" not in rec and any("time cap" in s for s in rec["skipped"])
+    check_record(rec)
 
 
 def test_a_failing_point_is_recorded_not_fatal(monkeypatch):
-    from longctx.gpu import sections
-
-    def broken(ctx, *a, **k):
+    def broken(run, name):
         raise RuntimeError("CUDA error: an illegal memory access")
 
-    monkeypatch.setattr(sections, "_decode_grid", broken)
-    rec = run_suite(BenchConfig.toy(sections=("ceilings", "decode", "attention_share")), device="cpu")
+    monkeypatch.setattr(sections, "decode", broken)
+    rec = run_suite(BenchConfig.toy(sections=("ceilings", "decode", "attention_share"), slice_layers=0),
+                    device="cpu")
     assert rec["errors"] == ["section decode: RuntimeError: CUDA error: an illegal memory access"]
     assert rec["attention_share"] and "ERRORS 1" in "\n".join(summary_lines(rec))
-    validate_record(rec)
+    check_record(rec)
 
 
 def test_bad_sections_and_cap_are_value_errors():
@@ -82,7 +84,7 @@ def test_bad_sections_and_cap_are_value_errors():
         BenchConfig.toy(sections=("warp",))
     with pytest.raises(ValueError, match="time_cap_s"):
         BenchConfig(time_cap_s=0)
-    assert set(BenchConfig().sections) == set(SECTIONS)
+    assert set(BenchConfig().sections) == set(SECTION_WEIGHTS)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
@@ -106,6 +108,6 @@ def test_gpu_run_script_toy(tmp_path):
     r = subprocess.run(["bash", "scripts/gpu_run.sh", "--toy"], capture_output=True, text=True, timeout=120,
                        cwd=ROOT, env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert validate_record(json.loads((tmp_path / "cpu-toy.json").read_text()))["toy"] is True
+    assert check_record(json.loads((tmp_path / "cpu-toy.json").read_text()))["toy"] is True
     assert "calibrated on prefill_chunks, decode" in r.stdout and "torch" in r.stderr
     assert (tmp_path / "gpu-bench-cpu-toy.log").is_file()

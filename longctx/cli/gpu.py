@@ -6,13 +6,12 @@
 
 Without a CUDA device and without ``--toy`` it exits 1 with one line on stderr. Progress goes to stdout,
 then a summary; ``--quiet`` prints the summary only. A point that fails is listed under ``errors`` in the
-record (exit status 1); the record is written whatever happens (``*.invalid.json`` if it breaks the schema).
+record (exit status 1); the record is written whatever happens.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import sys
 import tempfile
@@ -28,12 +27,11 @@ def register(subparsers) -> None:
     p.add_argument("--out", type=pathlib.Path, default=None,
                    help="where to write the record (default: longctx/data/gpu/<device>.json; with --toy a "
                         "file in the temporary directory)")
-    p.add_argument("--device-name", default=None, help="name the device in the record (default: torch's)")
     p.add_argument("--time-cap-s", type=float, default=None,
                    help="stop starting new measurements after this many seconds (default 360; toy 60)")
     p.add_argument("--sections", default=None,
                    help="comma-separated subset of: ceilings,prefill_chunks,decode,attention_share,"
-                        "exercise1,slice")
+                        "exercise1")
     p.add_argument("--quiet", action="store_true", help="print the summary only")
     p.set_defaults(func=run_gpu_bench)
 
@@ -56,28 +54,53 @@ def run_gpu_bench(args: argparse.Namespace) -> int:
     except ImportError:
         sys.stderr.write("torch is not installed: gpu-bench needs it (pip install -r requirements.txt)\n")
         return 1
-    from longctx.gpu.bench import BenchConfig, run_suite, summary_lines
-    from longctx.gpu.records import records_dir, save_record
+    from longctx.gpu.records import record_path, save_record
+    from longctx.gpu.suite import BenchConfig, run_suite
 
-    config = BenchConfig.toy(**overrides) if args.toy else BenchConfig.full(**overrides)
+    config = BenchConfig.toy(**overrides) if args.toy else BenchConfig(**overrides)
     log = None if args.quiet else (lambda msg: print(msg, flush=True))
-    record = run_suite(config, device="cpu" if args.toy else "cuda", name=args.device_name, log=log)
+    record = run_suite(config, device="cpu" if args.toy else "cuda", log=log)
     key = record["device"]["key"]
     if args.out is not None:
         out = args.out
     elif args.toy:
         out = pathlib.Path(tempfile.gettempdir()) / f"longctx-gpu-bench-{key}-toy.json"
     else:
-        out = records_dir() / f"{key}.json"
-    try:
-        path = save_record(record, out)
-    except ValueError as exc:  # keep the measurements anyway: a GPU run is too dear to lose
-        bad = out.with_suffix(".invalid.json")
-        bad.parent.mkdir(parents=True, exist_ok=True)
-        bad.write_text(json.dumps(record, indent=1, default=str) + "\n")
-        sys.stderr.write(f"the record breaks its schema ({exc}); wrote it to {bad}\n")
-        return 1
+        out = record_path(key)
+    path = save_record(record, out)
     for line in summary_lines(record):
         print(line)
     print(f"wrote {path}")
-    return 1 if record.get("errors") else 0
+    return 1 if record["errors"] else 0
+
+
+def summary_lines(record: dict) -> list[str]:
+    """A few lines a person reads after the run: ceilings, each curve's points, Exercise 1 per scheduler."""
+    import statistics
+
+    import numpy as np
+
+    from longctx.gpu.records import describe
+
+    c, d = record["ceilings"], record["device"]
+    lines = [f"{describe(record)}: torch {d['torch']}, CUDA {d['cuda']}, driver {d['driver']}, {record['wall_s']:.0f} s",
+             f"ceilings: matmul {c['matmul']['flops_per_s'] / 1e12:.1f} TFLOP/s (n={c['matmul']['n']}), "
+             f"copy {c['copy']['bytes_per_s'] / 1e12:.2f} TB/s (read + written)"]
+    lines += [f"prefill {r['model']} chunk {r['chunk_size']:>5}: {r['time_s'] * 1e3:9.2f} ms for {r['prompt_tokens']} "
+              f"tokens, {r['flops_per_s'] / 1e12:7.2f} TFLOP/s" for r in record.get("prefill_chunks", [])]
+    if record.get("decode"):
+        best = max(record["decode"], key=lambda r: r["bytes_per_s"])
+        lines.append(f"decode: {len(record['decode'])} points; best {best['bytes_per_s'] / 1e12:.2f} TB/s at batch "
+                     f"{best['batch_size']} context {best['context_tokens']} ({best['model']})")
+    lines += [f"layer {r['model']} T={r['context_tokens']:>6}: attention {r['attention_share']:5.1%} of time "
+              f"({r['flop_share']:5.1%} of FLOPs)" for r in record.get("attention_share", [])]
+    for name, runs in record.get("exercise1", {}).get("runs", {}).items():
+        itl = [g for r in runs for g in r["itl_s"]]
+        lines.append(f"exercise1 {name:<13}: TTFT {statistics.median(r['ttft_s'] for r in runs) * 1e3:9.1f} ms "
+                     f"(median of {len(runs)}), ITL p50 {np.percentile(itl, 50) * 1e3:7.2f} ms, "
+                     f"p99 {np.percentile(itl, 99) * 1e3:8.2f} ms, max {max(itl) * 1e3:8.2f} ms")
+    for key in ("errors", "skipped"):
+        if record[key]:
+            lines.append(f"{key.upper()} {len(record[key])}: " + "; ".join(record[key][:6])
+                         + (" ..." if len(record[key]) > 6 else ""))
+    return lines

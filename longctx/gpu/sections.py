@@ -1,288 +1,172 @@
-"""The sections of the GPU suite (``longctx.gpu.bench``). Each appends its results to ``ctx.record``.
+"""The sections of the GPU suite: ``section(run, model_name)`` appends its results to ``run.record``.
 
-Every point is timed with ``longctx.gpu.harness`` (CUDA events, warm-up, median of repeats). A point that
-runs out of memory is listed under ``skipped`` and the run goes on.
+Every point is timed by ``run.time`` (``longctx.gpu.harness.time_fn``: CUDA events, warm-up, median) and
+guarded by ``run.guarded``; FLOPs and bytes are ``run.cost``'s (``longctx.flops.step_cost``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-
 import torch
 
-from longctx.gpu import counts
-from longctx.gpu import workloads as w
-from longctx.gpu.harness import synchronize, time_fn, time_sequence
-from longctx.kv.cache import PagedKVCache
-from longctx.model.config import resized, spec_to_dict
+from longctx.flops import chunk_flops
+from longctx.kv.cache import PagedKVCache, build_attention_metadata
+from longctx.memory import blocks_needed
+from longctx.model.config import resized
 from longctx.model.llama import _sdpa, apply_rope, rope_cos_sin
-
-MAIN, SLICE = "llama-3-8b", "llama-3.1-70b-slice"
-
-
-@dataclass
-class Context:
-    record: dict
-    config: object  # BenchConfig
-    device: torch.device
-    dtype: torch.dtype
-    budget: object  # Budget
-    log: Callable[[str], None]
-    models: dict = field(default_factory=dict)
-
-    def model(self, name: str):
-        """The random-weight model ``name`` (built once; building the slice drops the 8B model first)."""
-        if name not in self.models:
-            self.drop_models()
-            cfg = w.model_configs(self.config.is_toy, self.config.slice_layers, self.config.main_layers)[name]
-            self.models[name] = w.build_model(cfg, self.device, self.dtype)
-            entry = {"config": spec_to_dict(cfg), "num_params": sum(p.numel() for p in self.models[name].parameters())}
-            if cfg.num_layers < (80 if name == SLICE else 32) and not self.config.is_toy:
-                entry["note"] = f"{cfg.num_layers} of the model's layers, at its real layer shape"
-            self.record.setdefault("models", {})[name] = entry
-        return self.models[name]
-
-    def drop_models(self) -> None:
-        self.models.clear()
-        free_memory(self.device)
-
-    @property
-    def dtype_bytes(self) -> int:
-        return torch.finfo(self.dtype).bits // 8
-
-    def time(self, fn, warmup=None, repeats=None):
-        c = self.config
-        return time_fn(fn, self.device, c.warmup if warmup is None else warmup,
-                       c.repeats if repeats is None else repeats)
-
-    def guarded(self, what: str, fn) -> object | None:
-        """``fn()``; or None, with ``what`` listed under ``skipped`` when the device runs out of memory and
-        under ``errors`` for any other exception (one failed point must not lose a whole GPU run)."""
-        try:
-            return fn()
-        except torch.OutOfMemoryError:
-            self.budget.skipped.append(f"{what} (out of memory)")
-        except Exception as exc:  # recorded, never hidden: tests require errors == []
-            self.record.setdefault("errors", []).append(f"{what}: {type(exc).__name__}: {exc}"[:500])
-            self.log(f"  ERROR {what}: {type(exc).__name__}: {exc}")
-        free_memory(self.device)
-        return None
+from longctx.specs import dtype_bytes
 
 
-def free_memory(device) -> None:
-    import gc
-
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-# ---- 1. ceilings --------------------------------------------------------------------------------------
-
-
-def ceilings(ctx: Context) -> None:
+def ceilings(ctx, name: str) -> None:
+    """A square matmul's FLOP/s and a copy's bytes/s (read + written): what this card really reaches."""
     c, dev = ctx.config, ctx.device
     gen = torch.Generator(device=dev).manual_seed(0)
     n = c.matmul_n
-    a = torch.randn(n, n, device=dev, dtype=ctx.dtype, generator=gen)
-    b = torch.randn(n, n, device=dev, dtype=ctx.dtype, generator=gen)
+    a, b = (torch.randn(n, n, device=dev, dtype=ctx.dtype, generator=gen) for _ in range(2))
     mm = ctx.time(lambda: a @ b, warmup=3, repeats=10)
-    src = torch.randn(c.copy_bytes // ctx.dtype_bytes, device=dev, dtype=ctx.dtype, generator=gen)
+    src = torch.randn(c.copy_bytes // int(dtype_bytes(c.dtype)), device=dev, dtype=ctx.dtype, generator=gen)
     dst = torch.empty_like(src)
     cp = ctx.time(lambda: dst.copy_(src), warmup=3, repeats=10)
-    nbytes = src.numel() * ctx.dtype_bytes
     ctx.record["ceilings"] = {
         "matmul": {"n": n, "flops": 2 * n**3, **mm.to_dict(), "flops_per_s": 2 * n**3 / mm.median_s},
-        "copy": {"bytes": nbytes, "bytes_moved": 2 * nbytes, **cp.to_dict(),
-                 "bytes_per_s": 2 * nbytes / cp.median_s, "convention": "bytes read + bytes written"},
-    }
-    ctx.log(f"  matmul {2 * n**3 / mm.median_s / 1e12:.1f} TFLOP/s, copy {2 * nbytes / cp.median_s / 1e12:.2f} TB/s")
+        "copy": {"bytes": src.nbytes, **cp.to_dict(), "bytes_per_s": 2 * src.nbytes / cp.median_s,
+                 "convention": "bytes read + bytes written"}}
+    ctx.log(f"  matmul {2 * n**3 / mm.median_s / 1e12:.1f} TFLOP/s, copy {2 * src.nbytes / cp.median_s / 1e12:.2f} TB/s")
 
 
-# ---- 2. prefill against chunk size --------------------------------------------------------------------
-
-
-def _prefill_curve(ctx: Context, name: str, chunk_sizes, prompt_tokens: int) -> None:
-    model = ctx.model(name)
-    cfg, bs, dev = model.config, ctx.config.block_size, ctx.device
-    cache = PagedKVCache.for_model(cfg, -(-prompt_tokens // bs), bs, dev, ctx.dtype)
+def prefill_chunks(ctx, name: str) -> None:
+    """Per chunk size: each chunk of one prompt timed after the earlier chunks filled the KV cache."""
+    model, T, bs, dev = ctx.model(name), ctx.config.prefill_prompt_tokens, ctx.config.block_size, ctx.device
+    cache = PagedKVCache.for_model(model.config, blocks_needed(T, bs), bs, dev, ctx.dtype)
     table = list(range(cache.num_blocks))
-    gen = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, cfg.vocab_size, (prompt_tokens,), generator=gen).to(dev)
-    out = ctx.record.setdefault("prefill_chunks", [])
-    for chunk in chunk_sizes:
-        if chunk > prompt_tokens or not ctx.budget.allows(f"{name} prefill chunk {chunk}"):
+    ids = torch.randint(0, model.config.vocab_size, (T,), generator=torch.Generator().manual_seed(1)).to(dev)
+
+    def chunk_s(n: int, s: int) -> float:  # n new tokens after s cached ones
+        meta, last = build_attention_metadata([(table, s, n)], bs, dev), torch.tensor([n - 1], device=dev)
+        return ctx.time(lambda: model(ids[s:s + n], cache, meta, logits_rows=last), warmup=1,
+                        repeats=max(1, ctx.config.repeats - 2)).median_s
+
+    for chunk in (c for c in ctx.config.chunk_sizes if c <= T):
+        what = f"{name} prefill chunk {chunk}"
+        pieces = [(min(chunk, T - s), s) for s in range(0, T, chunk)]  # (new, cached)
+        times = ctx.guarded(what, lambda pieces=pieces: [chunk_s(n, s) for n, s in pieces]) \
+            if ctx.allows(what) else None
+        if times is None:
             continue
-        pieces = [(s, min(chunk, prompt_tokens - s)) for s in range(0, prompt_tokens, chunk)]
-        metas = [w.fast_metadata([(table, s, n)], bs, dev) for s, n in pieces]
-        rows = [torch.tensor([n - 1], device=dev) for _, n in pieces]
-        fns = [lambda s=s, n=n, m=m, r=r: model(ids[s:s + n], cache, m, logits_rows=r)
-               for (s, n), m, r in zip(pieces, metas, rows, strict=True)]
-        res = ctx.guarded(f"{name} prefill chunk {chunk}", lambda fns=fns: time_sequence(
-            fns, dev, warmup=1, repeats=max(1, ctx.config.repeats - 2)))
-        if res is None:
-            continue
-        each, whole = res
-        seqs = [(n, s) for s, n in pieces]
-        flops = counts.executed_flops(cfg, seqs, logits_rows=len(pieces))
-        out.append({"model": name, "chunk_size": chunk, "prompt_tokens": prompt_tokens, "num_chunks": len(pieces),
-                    "time_s": whole, **flops, "flops_per_s": flops["flops"] / whole,
-                    "chunks": [[n, s, t] for (s, n), t in zip(pieces, each, strict=True)]})
-        ctx.log(f"  {name} chunk {chunk:>5}: {whole * 1e3:8.1f} ms, {flops['flops'] / whole / 1e12:6.1f} TFLOP/s")
+        flops = sum(ctx.cost(model.config, [p]).flops for p in pieces)
+        ctx.record.setdefault("prefill_chunks", []).append(
+            {"model": name, "chunk_size": chunk, "prompt_tokens": T, "time_s": sum(times), "flops": flops,
+             "flops_per_s": flops / sum(times), "chunks": [[n, s, t] for (n, s), t in zip(pieces, times, strict=True)]})
+        ctx.log(f"  {what:<30}: {sum(times) * 1e3:9.2f} ms, {flops / sum(times) / 1e12:6.2f} TFLOP/s")
 
 
-def prefill_chunks(ctx: Context) -> None:
-    with w.scores_per_call(ctx.config.max_scores_per_call):
-        _prefill_curve(ctx, MAIN, ctx.config.chunk_sizes, ctx.config.prefill_prompt_tokens)
-
-
-# ---- 3. decode against batch and context --------------------------------------------------------------
-
-
-def _decode_grid(ctx: Context, name: str, batch_sizes, contexts) -> None:
-    model = ctx.model(name)
-    cfg, bs, dev, c = model.config, ctx.config.block_size, ctx.device, ctx.config
-    points = [(b, L) for L in contexts for b in batch_sizes if b * L <= c.max_decode_kv_tokens]
-    for b, L in [(b, L) for L in contexts for b in batch_sizes if b * L > c.max_decode_kv_tokens]:
-        ctx.budget.skipped.append(f"{name} decode batch {b} context {L} (KV over {c.max_decode_kv_tokens} tokens)")
+def decode(ctx, name: str) -> None:
+    """One decode step of ``b`` sequences at context ``L`` (each in its own blocks), per (b, L)."""
+    c, bs, dev = ctx.config, ctx.config.block_size, ctx.device
+    points = [(b, L) for L in c.decode_contexts for b in c.decode_batch_sizes]
+    ctx.record["skipped"] += [f"{name} decode batch {b} context {L} (KV over {c.max_decode_kv_tokens} tokens)"
+                           for b, L in points if b * L > c.max_decode_kv_tokens]
+    points = [(b, L) for b, L in points if b * L <= c.max_decode_kv_tokens]
     if not points:
         return
-    blocks_per_seq = {L: -(-(L + 1) // bs) for _, L in points}
+    model = ctx.model(name)
+    nb = {L: blocks_needed(L + 1, bs) for _, L in points}
     cache = ctx.guarded(f"{name} decode cache", lambda: PagedKVCache.for_model(
-        cfg, max(b * blocks_per_seq[L] for b, L in points), bs, dev, ctx.dtype))
+        model.config, max(b * nb[L] for b, L in points), bs, dev, ctx.dtype))
     if cache is None:
         return
     cache.data.normal_(generator=torch.Generator(device=dev).manual_seed(2))  # real numbers, not zeros
-    copy_bw = ctx.record.get("ceilings", {}).get("copy", {}).get("bytes_per_s")
-    out = ctx.record.setdefault("decode", [])
+
+    def step_timing(b: int, L: int):
+        meta = build_attention_metadata([(list(range(i * nb[L], (i + 1) * nb[L])), L, 1) for i in range(b)],
+                                        bs, dev)
+        ids, rows = torch.randint(0, model.config.vocab_size, (b,), device=dev), torch.arange(b, device=dev)
+        return ctx.time(lambda: model(ids, cache, meta, logits_rows=rows))
+
     for b, L in points:
-        if not ctx.budget.allows(f"{name} decode batch {b} context {L}"):
-            continue
-        nb = blocks_per_seq[L]
-        meta = w.fast_metadata([(list(range(i * nb, (i + 1) * nb)), L, 1) for i in range(b)], bs, dev)
-        ids = torch.randint(0, cfg.vocab_size, (b,), device=dev)
-        rows = torch.arange(b, device=dev)
-        t = ctx.guarded(f"{name} decode batch {b} context {L}",
-                        lambda ids=ids, meta=meta, rows=rows: ctx.time(
-                            lambda: model(ids, cache, meta, logits_rows=rows)))
-        del meta
+        what = f"{name} decode batch {b} context {L}"
+        t = ctx.guarded(what, lambda b=b, L=L: step_timing(b, L)) if ctx.allows(what) else None
         if t is None:
             continue
-        seqs = [(1, L)] * b
-        nbytes = counts.min_step_bytes(cfg, seqs, ctx.dtype_bytes)
-        entry = {"model": name, "batch_size": b, "context_tokens": L, "step_s": t.median_s,
-                 "min_s": t.min_s, "bytes": nbytes, "bytes_per_s": nbytes / t.median_s,
-                 **counts.executed_flops(cfg, seqs, logits_rows=b)}
-        if copy_bw:
-            entry["fraction_of_copy"] = nbytes / t.median_s / copy_bw
-        out.append(entry)
-        ctx.log(f"  {name} decode b={b:>3} ctx={L:>6}: {t.median_s * 1e3:7.2f} ms, "
-                f"{nbytes / t.median_s / 1e12:5.2f} TB/s")
+        cost = ctx.cost(model.config, [(1, L)] * b)
+        ctx.record.setdefault("decode", []).append(
+            {"model": name, "batch_size": b, "context_tokens": L, "step_s": t.median_s, "bytes": cost.bytes,
+             "bytes_per_s": cost.bytes / t.median_s, "flops": cost.flops})
+        ctx.log(f"  {what:<38}: {t.median_s * 1e3:7.2f} ms, {cost.bytes / t.median_s / 1e12:5.2f} TB/s")
 
 
-def decode(ctx: Context) -> None:
-    _decode_grid(ctx, MAIN, ctx.config.decode_batch_sizes, ctx.config.decode_contexts)
+def attention_share(ctx, name: str) -> None:
+    """One layer's prefill of T tokens timed in two parts: the attention core (causal SDPA with GQA, as
+    ``longctx.model.llama``) and the rest (norms, projections, RoPE, SwiGLU MLP, residuals)."""
+    block, dev = ctx.model(name).layers[0], ctx.device
+    cfg, gen = ctx.models[name].config, torch.Generator(device=dev).manual_seed(3)
+    H, Hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
 
+    def measure(T: int):
+        def randn(*shape):
+            return torch.randn(*shape, device=dev, dtype=ctx.dtype, generator=gen)
 
-# ---- 4. attention versus the rest of a layer ------------------------------------------------------------
+        x, q, k, v, attn_out = randn(T, cfg.d_model), randn(1, H, T, d), randn(1, Hkv, T, d), randn(1, Hkv, T, d), \
+            randn(T, H * d)
+        cos, sin = rope_cos_sin(torch.arange(T, device=dev), d, cfg.rope_theta, ctx.dtype)
+        a = block.attn
 
+        def rest():
+            hn = block.attn_norm(x)
+            apply_rope(a.q_proj(hn).view(T, H, d), cos, sin)  # [T, H, d]
+            apply_rope(a.k_proj(hn).view(T, Hkv, d), cos, sin)  # [T, H_kv, d]
+            a.v_proj(hn)
+            h = x + a.o_proj(attn_out)
+            return h + block.mlp(block.mlp_norm(h))
 
-def _layer_split(ctx: Context, name: str, contexts) -> None:
-    """One layer's prefill of T tokens, timed in two parts: the attention core (causal SDPA with GQA, as
-    ``longctx.model.llama``) and the rest (norms, q/k/v/o projections, RoPE, SwiGLU MLP, residuals)."""
-    block = ctx.model(name).layers[0]
-    cfg, dev = ctx.models[name].config, ctx.device
-    gen = torch.Generator(device=dev).manual_seed(3)
-    out = ctx.record.setdefault("attention_share", [])
-    for T in contexts:
-        if not ctx.budget.allows(f"{name} attention share {T}"):
-            continue
+        return (ctx.time(lambda: _sdpa(q, k, v, is_causal=True), warmup=1, repeats=3),
+                ctx.time(rest, warmup=1, repeats=3))
 
-        def measure(T=T):
-            H, Hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-            x = torch.randn(T, cfg.d_model, device=dev, dtype=ctx.dtype, generator=gen)
-            q = torch.randn(1, H, T, d, device=dev, dtype=ctx.dtype, generator=gen)
-            k = torch.randn(1, Hkv, T, d, device=dev, dtype=ctx.dtype, generator=gen)
-            v = torch.randn(1, Hkv, T, d, device=dev, dtype=ctx.dtype, generator=gen)
-            attn_out = torch.randn(T, H * d, device=dev, dtype=ctx.dtype, generator=gen)
-            cos, sin = rope_cos_sin(torch.arange(T, device=dev), d, cfg.rope_theta, ctx.dtype)
-            a = block.attn
-
-            def rest():
-                hn = block.attn_norm(x)
-                apply_rope(a.q_proj(hn).view(T, H, d), cos, sin)  # [T, H, d]
-                apply_rope(a.k_proj(hn).view(T, Hkv, d), cos, sin)  # [T, H_kv, d]
-                a.v_proj(hn)
-                h = x + a.o_proj(attn_out)
-                return h + block.mlp(block.mlp_norm(h))
-
-            t_att = ctx.time(lambda: _sdpa(q, k, v, is_causal=True), warmup=1, repeats=3)
-            t_rest = ctx.time(rest, warmup=1, repeats=3)
-            return t_att, t_rest
-
-        res = ctx.guarded(f"{name} attention share {T}", measure)
+    for T in ctx.config.attention_contexts:
+        what = f"{name} attention share {T}"
+        res = ctx.guarded(what, lambda T=T: measure(T)) if ctx.allows(what) else None
         if res is None:
             continue
-        t_att, t_rest = res
-        f = counts.executed_flops(resized(cfg, num_layers=1), [(T, 0)], logits_rows=0)
-        share = t_att.median_s / (t_att.median_s + t_rest.median_s)
-        out.append({"model": name, "context_tokens": T, "attention_s": t_att.median_s, "rest_s": t_rest.median_s,
-                    "attention_share": share, "attention_flops": f["attention_flops"],
-                    "linear_flops": f["linear_flops"],
-                    "flop_share": f["attention_flops"] / f["flops"],
-                    "attention_flops_per_s": f["attention_flops"] / t_att.median_s,
-                    "rest_flops_per_s": f["linear_flops"] / t_rest.median_s})
-        ctx.log(f"  {name} layer T={T:>6}: attention {t_att.median_s * 1e3:8.2f} ms, rest "
-                f"{t_rest.median_s * 1e3:8.2f} ms, share {share:.0%}")
-        free_memory(dev)
+        att_s, rest_s = res[0].median_s, res[1].median_s
+        f = chunk_flops(resized(cfg, num_layers=1), T, logit_tokens=0)  # causal, "matmul"
+        ctx.record.setdefault("attention_share", []).append(
+            {"model": name, "context_tokens": T, "attention_s": att_s, "rest_s": rest_s,
+             "attention_share": att_s / (att_s + rest_s), "attention_flops": f.attention_flops,
+             "linear_flops": f.linear_flops, "flop_share": f.attention_share})
+        ctx.log(f"  {name} layer T={T:>6}: attention {att_s * 1e3:8.2f} ms, rest {rest_s * 1e3:8.2f} ms")
+        ctx.free_memory()
 
 
-def attention_share(ctx: Context) -> None:
-    _layer_split(ctx, MAIN, ctx.config.attention_contexts)
+def exercise1(ctx, name: str) -> None:
+    """``Exercise1`` on the real engine (``TorchExecutor`` on this device, wall clock), per scheduler."""
+    from longctx.engine import ChunkedPrefillScheduler, Engine, MonolithicScheduler, WallClock
+    from longctx.engine.torch_executor import TorchExecutor
+    from longctx.kv.block_manager import BlockManager
+    from longctx.sim.exercise1 import Exercise1
+    from longctx.sim.recording import RecordingExecutor
 
+    c, model = ctx.config, ctx.model(name)
+    scenario = Exercise1(c.ex1_num_decode_streams, c.ex1_prompt_tokens, c.ex1_stream_context_tokens,
+                         c.ex1_warmup_steps, c.ex1_tail_steps)
 
-# ---- 5. Exercise 1 on the real engine ---------------------------------------------------------------------
+    def run(scheduler, scenario=scenario):
+        pool = BlockManager(scenario.kv_blocks(c.block_size, getattr(scheduler, "token_budget", None)), c.block_size)
+        recorder = RecordingExecutor(TorchExecutor(model, pool))
+        engine = Engine(recorder, scheduler, pool, clock=WallClock(), max_model_len=scenario.max_model_len())
+        return scenario.run(engine, recorder)
 
-
-def exercise1(ctx: Context) -> None:
-    from longctx.engine import ChunkedPrefillScheduler, MonolithicScheduler
-    from longctx.gpu.exercise1 import run_exercise1, summarize_runs
-
-    c, model = ctx.config, ctx.model(MAIN)
-    kw = dict(num_decode_streams=c.ex1_num_decode_streams, prompt_tokens=c.ex1_prompt_tokens,
-              stream_context_tokens=c.ex1_stream_context_tokens, warmup_steps=c.ex1_warmup_steps,
-              tail_steps=c.ex1_tail_steps, block_size=c.block_size)
-    factories = {"monolithic": MonolithicScheduler}
-    factories.update({f"chunked-{b}": (lambda b=b: ChunkedPrefillScheduler(token_budget=b)) for b in c.ex1_budgets})
-    with w.scores_per_call(c.max_scores_per_call):
-        # warm-up: kernels, allocator and the engine's code paths, at a small size (discarded)
-        ctx.guarded("exercise1 warm-up", lambda: run_exercise1(
-            model, ChunkedPrefillScheduler(max(c.ex1_budgets)), **{**kw, "prompt_tokens": max(c.ex1_budgets) * 2,
-                                                                   "warmup_steps": 2, "tail_steps": 2}))
-        runs: dict = {}
-        for rep in range(c.ex1_repeats):
-            for label, make in factories.items():
-                if not ctx.budget.allows(f"exercise1 {label} repeat {rep}"):
-                    continue
-                r = ctx.guarded(f"exercise1 {label}", lambda make=make, rep=rep: run_exercise1(
-                    model, make(), seed=rep, **kw))
-                free_memory(ctx.device)
+    top = max(c.ex1_budgets)  # warm-up (kernels, allocator, the engine's paths) at a small size, discarded
+    ctx.guarded("exercise1 warm-up", lambda: run(ChunkedPrefillScheduler(top), Exercise1(
+        scenario.num_decode_streams, 2 * top, scenario.stream_context_tokens, 2, 2)))
+    makers = {"monolithic": MonolithicScheduler, **{f"chunked-{b}": (lambda b=b: ChunkedPrefillScheduler(b))
+                                                     for b in c.ex1_budgets}}
+    runs: dict[str, list[dict]] = {}
+    for rep in range(c.ex1_repeats):
+        for label, make in makers.items():
+            if ctx.allows(f"exercise1 {label} repeat {rep}"):
+                r = ctx.guarded(f"exercise1 {label}", lambda make=make: run(make()))
                 if r is not None:
-                    runs.setdefault(label, []).append(r)
-                    ctx.log(f"  exercise1 {label:<13} TTFT {r['ttft_s'] * 1e3:8.1f} ms, max ITL "
-                            f"{r['max_itl_s'] * 1e3:7.1f} ms, steady ITL {r['steady_itl_s'] * 1e3:6.2f} ms")
-    ctx.record["exercise1"] = {"model": MAIN, **{k: v for k, v in kw.items() if k != "block_size"},
-                               "runs": {k: summarize_runs(v) for k, v in runs.items()}}
-
-
-# ---- 6. the 70B-shaped slice ----------------------------------------------------------------------------
-
-
-def slice(ctx: Context) -> None:  # noqa: A001 (the section's name)
-    c = ctx.config
-    with w.scores_per_call(c.max_scores_per_call):
-        _prefill_curve(ctx, SLICE, c.chunk_sizes, c.prefill_prompt_tokens)
-    _decode_grid(ctx, SLICE, c.slice_decode_batch_sizes, c.slice_decode_contexts)
-    _layer_split(ctx, SLICE, c.slice_attention_contexts)
-    synchronize(ctx.device)
+                    runs.setdefault(label, []).append(r.to_dict())
+                    ctx.log(f"  exercise1 {label:<13} TTFT {r.long_prompt_ttft_s * 1e3:8.1f} ms, max ITL "
+                            f"{r.max_itl_s * 1e3:7.1f} ms, steady ITL {r.steady_itl_s * 1e3:6.2f} ms")
+                ctx.free_memory()
+    ctx.record["exercise1"] = {"model": name, "scenario": scenario.__dict__, "runs": runs}

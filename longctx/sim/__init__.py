@@ -6,20 +6,18 @@
     res = simulate(wl, ChunkedPrefillScheduler(token_budget=1024), model="llama-3-8b", hardware="h100")
     res.metrics.itl.p(99), res.to_dict()["ttft_s"]["p50"]
 
-- ``cost_model``: ``CostModelExecutor``, ``CostFactors``, ``calibrate``, ``RecordingExecutor``.
+- ``cost_model``: ``CostModelExecutor`` (``longctx.flops``' FLOPs and bytes on a roofline), ``CostFactors``.
+- ``recording``: ``RecordingExecutor`` keeps a real engine's steps as ``MeasuredStep``\\ s.
+- ``calibration``: ``calibrate`` fits the cost model's factors to measured steps.
 - ``workload``: ``make_workload`` with Poisson / gamma arrivals; ``Fixed``, ``Uniform``, ``LogNormal``, ``Trace``.
 - ``run``: ``simulate`` -> ``SimResult``; ``build_sim_engine``; ``kv_pool_blocks``.
-- ``scenarios``: ``exercise1`` (16 decodes + a 12K prompt), ``capacity`` (highest rate under an ITL SLO).
+- ``exercise1``: the source's Exercise 1 (16 decodes + a 12K prompt) on any engine.
+- ``scenarios``: ``capacity`` (highest rate under an ITL SLO), rate sweeps.
 """
 
-from longctx.sim.cost_model import (
-    Calibration,
-    CostFactors,
-    CostModelExecutor,
-    MeasuredStep,
-    RecordingExecutor,
-    calibrate,
-)
+from longctx.sim.calibration import Calibration, calibrate
+from longctx.sim.cost_model import CostFactors, CostModelExecutor
+from longctx.sim.recording import MeasuredStep, RecordingExecutor
 from longctx.sim.run import SimResult, build_sim_engine, kv_pool_blocks, simulate
 from longctx.sim.workload import Fixed, LogNormal, Request, Trace, Uniform, arrival_times, make_workload
 

@@ -1,117 +1,28 @@
 """Ready-made simulator experiments used by the lessons and ``benchmarks/``.
 
-- ``exercise1``: the source's Exercise 1 at H100 scale: 16 streams decoding, then one 12K-token prompt
-  arrives; with a monolithic scheduler every stream stalls for the whole prefill, with chunked prefill
-  each stream waits at most one budget-sized step. Returns every iteration and every stream's token times.
+- ``exercise1``, ``exercise1_compare``, ``Exercise1Result``: the source's Exercise 1 (defined once in
+  ``longctx.sim.exercise1``, re-exported here).
 - ``sweep_rates`` / ``capacity``: Sarathi-Serve's capacity experiment (Agrawal et al., OSDI 2024, §5):
   the highest request rate whose P99 inter-token latency stays under an SLO while the median scheduling
   delay stays under 2 s (so the queue does not grow without bound).
-- ``load_recorded``: results of ``benchmarks/capacity.py`` stored in ``longctx/data/recorded/``.
+- ``load_recorded``: results of ``benchmarks/capacity.py`` stored in ``longctx/data/recorded/``
+  (``longctx.recorded.load_recorded``, re-exported).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from importlib import resources
+from dataclasses import dataclass
 
 import numpy as np
 
-from longctx.engine import ChunkedPrefillScheduler, MonolithicScheduler, Scheduler, StepRecord
+from longctx.engine import ChunkedPrefillScheduler, MonolithicScheduler, Scheduler
+from longctx.recorded import load_recorded
 from longctx.sim.cost_model import CostFactors
-from longctx.sim.run import build_sim_engine, simulate
+from longctx.sim.exercise1 import Exercise1Result, exercise1, exercise1_compare
+from longctx.sim.run import simulate
 from longctx.sim.workload import LogNormal, make_workload
-
-# ---- Exercise 1 ------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Exercise1Result:
-    """One scheduler's run of Exercise 1. Times in seconds on the simulated clock.
-
-    ``steps``: every iteration from the long prompt's arrival until ``tail_steps`` after its first token.
-    ``stream_token_times_s``: for each of the decoding streams, the times of its tokens in that window
-    (including the last token before the arrival). ``steady_itl_s``: median gap before the arrival.
-    """
-
-    scheduler: str
-    arrival_s: float
-    long_prompt_ttft_s: float
-    steady_itl_s: float
-    max_itl_s: float
-    steps: list[StepRecord] = field(repr=False)
-    stream_token_times_s: list[list[float]] = field(repr=False)
-
-    @property
-    def jitter(self) -> float:
-        """Worst gap after the arrival over the steady gap (the source's 57x, on its own numbers)."""
-        return self.max_itl_s / self.steady_itl_s
-
-    def stream_itl_s(self) -> list[list[float]]:
-        """Inter-token gaps of each stream in the window."""
-        return [list(np.diff(t)) for t in self.stream_token_times_s]
-
-
-def _scheduler_name(s: Scheduler) -> str:
-    budget = getattr(s, "token_budget", None)
-    return "monolithic" if budget is None else f"chunked-{budget}"
-
-
-def exercise1(
-    scheduler: Scheduler,
-    model: str = "teaching-7b-mha",
-    hardware: str = "h100",
-    num_decode_streams: int = 16,
-    prompt_tokens: int = 12_000,
-    stream_context_tokens: int = 1024,
-    warmup_steps: int = 20,
-    tail_steps: int = 10,
-    factors: CostFactors | None = None,
-) -> Exercise1Result:
-    """Run Exercise 1 with ``scheduler``: streams decode, then a ``prompt_tokens`` prompt arrives."""
-    if num_decode_streams < 1 or prompt_tokens < 1:
-        raise ValueError("num_decode_streams and prompt_tokens must be >= 1")
-    max_len = prompt_tokens + stream_context_tokens + 100_000
-    engine = build_sim_engine(scheduler, model, hardware, factors, max_model_len=max_len)
-    streams = [engine.add_request([0] * stream_context_tokens, 100_000, arrival_s=0.0)
-               for _ in range(num_decode_streams)]
-    while not all(s.is_decode and s.num_output_tokens > 1 for s in streams):
-        engine.step()
-    for _ in range(warmup_steps):
-        engine.step()
-    arrival_s = engine.clock.now()
-    steady = float(np.median([g for s in streams for g in s.itl_s[-warmup_steps:]]))
-    first = {s.seq_id: len(s.token_times_s) - 1 for s in streams}
-    n_hist = len(engine.history)
-    long_req = engine.add_request([0] * prompt_tokens, 16, arrival_s=arrival_s)
-    while not long_req.token_times_s:
-        engine.step()
-    for _ in range(tail_steps):
-        engine.step()
-    times = [s.token_times_s[first[s.seq_id]:] for s in streams]
-    gaps = [g for t in times for g in np.diff(t)]
-    return Exercise1Result(
-        scheduler=_scheduler_name(scheduler),
-        arrival_s=arrival_s,
-        long_prompt_ttft_s=float(long_req.ttft_s),
-        steady_itl_s=steady,
-        max_itl_s=float(max(gaps)),
-        steps=engine.history[n_hist:],
-        stream_token_times_s=times,
-    )
-
-
-def exercise1_compare(
-    budgets: Sequence[int] = (512, 1024, 2048), **kwargs
-) -> dict[str, Exercise1Result]:
-    """Exercise 1 with the monolithic scheduler and chunked prefill at each budget, keyed by name."""
-    out = {"monolithic": exercise1(MonolithicScheduler(), **kwargs)}
-    for b in budgets:
-        out[f"chunked-{b}"] = exercise1(ChunkedPrefillScheduler(token_budget=b), **kwargs)
-    return out
-
 
 # ---- capacity (Sarathi-Serve) -----------------------------------------------------------------------------
 
@@ -250,9 +161,5 @@ def capacity_table(
     return rows
 
 
-def load_recorded(name: str = "sim_capacity.json") -> dict:
-    """A JSON result recorded by ``benchmarks/`` (in ``longctx/data/recorded/``)."""
-    path = resources.files("longctx") / "data" / "recorded" / name
-    if not path.is_file():
-        raise ValueError(f"no recorded result {name!r}; run benchmarks/capacity.py to produce it")
-    return json.loads(path.read_text())
+__all__ = ["Exercise1Result", "RatePoint", "capacity", "capacity_table", "default_schedulers", "exercise1",
+           "exercise1_compare", "load_recorded", "p99_itl_curve", "run_rate", "sweep_rates"]

@@ -1,0 +1,232 @@
+"""The GPU suite behind ``python -m longctx gpu-bench``: one prepared run, a time cap, one record.
+
+Sections, in order; each gets its weight's share of what is left of the cap, and a point that would
+start after its section's deadline is listed under ``skipped`` (as is one that runs out of memory);
+any other failure is listed under ``errors`` and the run goes on:
+
+1. ``ceilings``: a large matmul's FLOP/s and a device-to-device copy's bytes/s (read + written).
+2. ``prefill_chunks``: one prompt prefilled in chunks (each attends to the earlier chunks' KV cache).
+3. ``decode``: one decode step against batch size and context (batch x context capped).
+4. ``attention_share``: one layer's prefill, the attention core against the rest, as the context grows.
+5. ``exercise1``: ``longctx.sim.exercise1.Exercise1`` on the real engine, monolithic against chunked.
+
+Sections 2-4 run each model of ``models``: Llama-3-8B (whole) and a Llama-3.1-70B-shaped slice (its real
+layer shape, a few layers). Models have random weights (speed is all we need); FLOPs and bytes are
+``longctx.flops.step_cost``'s (``params="matmul"``, causal attention). ``BenchConfig.toy()`` runs every
+section on the CPU in seconds with tiny fp32 models (the tests use it).
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import platform
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from longctx.flops import StepCost, step_cost
+from longctx.gpu import device_key
+from longctx.gpu.harness import Timing, time_fn
+from longctx.gpu.records import SCHEMA
+from longctx.model.config import LLAMA3_8B, resized, spec_to_dict
+from longctx.specs import ModelSpec, get_model
+
+SECTION_WEIGHTS = {"ceilings": 0.5, "prefill_chunks": 2.0, "decode": 2.5, "attention_share": 1.0,
+                   "exercise1": 2.5}
+PER_MODEL = ("prefill_chunks", "decode", "attention_share")  # the others run once (on Llama-3-8B)
+TOY = ModelSpec("toy", 2, 64, 4, 2, 16, "tiny random-weight stand-in for the CPU toy run",
+                intermediate_size=160, vocab_size=512, rope_theta=10000.0, max_context=1 << 16)
+TOY_WIDE = resized(TOY, name="toy-wide", d_model=128, num_heads=8, head_dim=16, intermediate_size=320,
+                   num_layers=1)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Sizes of one run. ``BenchConfig()``: the real H200 run (bf16); ``toy()``: the same code, tiny."""
+
+    is_toy: bool = False
+    dtype: str = "bf16"  # a longctx.specs dtype name
+    warmup: int = 2
+    repeats: int = 5
+    matmul_n: int = 8192
+    copy_bytes: int = 2 * 2**30  # 2 GiB read + 2 GiB written: far beyond the L2 cache
+    prefill_prompt_tokens: int = 8192
+    chunk_sizes: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096, 8192)
+    decode_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    decode_contexts: tuple[int, ...] = (1024, 2048, 4096, 8192, 16384, 32768)
+    max_decode_kv_tokens: int = 1 << 19  # 512K tokens = 64 GiB of Llama-3-8B bf16 KV
+    attention_contexts: tuple[int, ...] = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+    ex1_num_decode_streams: int = 16
+    ex1_prompt_tokens: int = 12_000
+    ex1_stream_context_tokens: int = 1024
+    ex1_budgets: tuple[int, ...] = (512, 1024, 2048)
+    ex1_repeats: int = 3
+    ex1_warmup_steps: int = 20
+    ex1_tail_steps: int = 10
+    main_layers: int | None = None  # None: all 32 layers of Llama-3-8B
+    slice_layers: int = 4  # of Llama-3.1-70B's 80; 0 leaves the slice out
+    block_size: int = 16
+    time_cap_s: float = 360.0
+    sections: tuple[str, ...] = tuple(SECTION_WEIGHTS)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.sections) - set(SECTION_WEIGHTS)
+        if unknown:
+            raise ValueError(f"unknown sections {sorted(unknown)}; allowed: {', '.join(SECTION_WEIGHTS)}")
+        if not self.time_cap_s > 0:
+            raise ValueError(f"time_cap_s must be > 0 seconds, got {self.time_cap_s}")
+        if self.repeats < 1 or self.warmup < 0:
+            raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {self.repeats}, {self.warmup}")
+
+    @classmethod
+    def toy(cls, **overrides) -> BenchConfig:
+        sizes = dict(is_toy=True, dtype="fp32", warmup=1, repeats=3, matmul_n=256, copy_bytes=8 * 2**20,
+                     prefill_prompt_tokens=256, chunk_sizes=(16, 32, 64, 128, 256),
+                     decode_batch_sizes=(1, 2, 4, 8), decode_contexts=(64, 128, 256), max_decode_kv_tokens=1024,
+                     attention_contexts=(64, 128, 256, 512), ex1_num_decode_streams=4, ex1_prompt_tokens=384,
+                     ex1_stream_context_tokens=64, ex1_budgets=(64, 128), ex1_repeats=1, ex1_warmup_steps=4,
+                     ex1_tail_steps=3, slice_layers=1, time_cap_s=60.0)
+        return cls(**{**sizes, **overrides})
+
+    def models(self) -> dict[str, ModelSpec]:
+        """Name -> shape: ``llama-3-8b`` and (unless ``slice_layers`` is 0) ``llama-3.1-70b-slice``."""
+        if self.is_toy:
+            main, wide = TOY, TOY_WIDE
+        else:
+            main = LLAMA3_8B if self.main_layers is None else resized(LLAMA3_8B, num_layers=self.main_layers)
+            wide = resized(get_model("llama-3.1-70b"), num_layers=max(1, self.slice_layers))
+        return {"llama-3-8b": main, **({"llama-3.1-70b-slice": wide} if self.slice_layers else {})}
+
+
+@dataclass
+class Run:
+    """One run in progress: its record, the models built so far, the current section's deadline (each
+    section gets its weight's share of the time left when it starts) and what was skipped."""
+
+    record: dict
+    config: BenchConfig
+    device: object  # torch.device
+    dtype: object  # torch.dtype
+    log: Callable[[str], None]
+    models: dict = field(default_factory=dict)
+    start: float = field(default_factory=time.monotonic)
+    deadline: float = 0.0
+
+    def begin(self, section: str, remaining: list[str]) -> None:
+        left = self.config.time_cap_s - (time.monotonic() - self.start)
+        self.deadline = time.monotonic() + max(0.0, left) * SECTION_WEIGHTS[section] / sum(
+            SECTION_WEIGHTS[s] for s in remaining)
+
+    def allows(self, what: str) -> bool:
+        """True while the section has time left; otherwise lists ``what`` as skipped."""
+        if time.monotonic() < self.deadline:
+            return True
+        self.record["skipped"].append(f"{what} (time cap)")
+        return False
+
+    def model(self, name: str):
+        """The random-weight ``Llama`` called ``name`` (built once; building another drops the previous)."""
+        if name not in self.models:
+            from longctx.model.llama import Llama
+
+            self.models.clear()
+            self.free_memory()
+            spec = self.config.models()[name]
+            self.models[name] = Llama(spec, device=self.device, dtype=self.dtype).init_random_(0).eval()
+            self.record["models"][name] = {"config": spec_to_dict(spec), "num_params": spec.num_params}
+        return self.models[name]
+
+    def cost(self, spec: ModelSpec, sequences) -> StepCost:
+        """``flops.step_cost`` of one step (``params="matmul"``, causal) in this run's dtype."""
+        return step_cost(spec, sequences, weight_dtype=self.config.dtype, kv_dtype=self.config.dtype)
+
+    def time(self, fn, warmup: int | None = None, repeats: int | None = None) -> Timing:
+        c = self.config
+        return time_fn(fn, self.device, c.warmup if warmup is None else warmup, c.repeats if repeats is None else repeats)
+
+    def guarded(self, what: str, fn):
+        """``fn()``; or None, with ``what`` listed under ``skipped`` when the device runs out of memory and
+        under ``errors`` for any other exception (one failed point must not lose a whole GPU run)."""
+        import torch
+
+        try:
+            return fn()
+        except torch.OutOfMemoryError:
+            self.record["skipped"].append(f"{what} (out of memory)")
+        except Exception as exc:  # recorded and printed, never hidden: the tests require errors == []
+            self.record["errors"].append(f"{what}: {type(exc).__name__}: {exc}"[:500])
+            self.log(f"  ERROR {what}: {type(exc).__name__}: {exc}")
+        self.free_memory()
+        return None
+
+    def free_memory(self) -> None:
+        gc.collect()
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
+
+
+def _run(args: list[str]) -> str | None:
+    try:
+        out = subprocess.run(args, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+
+
+def device_info(device) -> dict:
+    """Provenance: device name and key, torch, CUDA, driver, memory, multiprocessors; the code's commit."""
+    import torch
+
+    info = {"name": "cpu", "torch": torch.__version__, "cuda": torch.version.cuda, "driver": None,
+            "python": platform.python_version(), "commit": _run(["git", "rev-parse", "HEAD"])}
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        info.update(name=p.name, memory_bytes=int(p.total_memory), multiprocessors=int(p.multi_processor_count),
+                    capability=f"{p.major}.{p.minor}",
+                    driver=_run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]))
+    else:
+        info["processor"] = platform.processor() or platform.machine()
+    return {**info, "key": device_key(info["name"])}
+
+
+def run_suite(config: BenchConfig, device=None, log: Callable[[str], None] | None = None) -> dict:
+    """Run the sections of ``config`` on ``device`` (default: CUDA if present, else the CPU); returns the
+    record (``longctx.gpu.records``)."""
+    import torch
+
+    from longctx.gpu import sections
+
+    log = log or (lambda _msg: None)
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[config.dtype]
+    record = {"schema": SCHEMA, "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+              "toy": config.is_toy, "dtype": config.dtype, "device": device_info(device),
+              "config": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(config).items()},
+              "notes": "random-weight models run by longctx.model.llama over the engine's paged KV cache "
+                       "(torch SDPA, not a fused paged-attention kernel): this engine's speed, not vLLM's",
+              "models": {}, "errors": [], "skipped": []}
+    run = Run(record, config, device, dtype, log)
+    todo = [s for s in SECTION_WEIGHTS if s in config.sections or s == "ceilings"]  # every reader needs these
+    threads = torch.get_num_threads()
+    if device.type == "cpu":  # tiny CPU kernels: one thread avoids OpenMP barriers stalling on a busy machine
+        torch.set_num_threads(1)
+    try:
+        with torch.inference_mode():
+            for i, section in enumerate(todo):
+                run.begin(section, todo[i:])
+                t0 = time.monotonic()
+                log(f"[{section}] ...")
+                for name in config.models() if section in PER_MODEL else ["llama-3-8b"]:
+                    fn = getattr(sections, section)
+                    run.guarded(f"section {section}", lambda fn=fn, name=name: fn(run, name))
+                log(f"[{section}] done in {time.monotonic() - t0:.1f} s")
+    finally:
+        run.models.clear()
+        run.free_memory()
+        torch.set_num_threads(threads)
+    record["wall_s"] = round(time.monotonic() - run.start, 3)
+    return record
