@@ -1,0 +1,416 @@
+"""Drive the course the way a learner meets it: `make lab`'s JupyterLab, in a real Chromium, with Playwright.
+
+Used by tests/test_browser.py. Nothing here is a test; it starts and stops the two programs and offers
+the few gestures a learner makes: open a notebook, put the cursor on a cell, run it (Ctrl+Enter), type
+into it, save (Ctrl+S), press a toolbar button, look at what is on the screen.
+
+- `LabServer` starts JupyterLab with the command `make lab` runs (read from `make -n lab`, so a change to
+  the Makefile is followed), on a free local port, token authentication on, with only the root folder
+  moved to a scratch copy of the course (running a lesson in the browser autosaves it: the committed
+  notebooks must not change). JupyterLab's own state (settings, workspaces, runtime files) lives in the
+  scratch folder too.
+- Chromium is Debian's (`/usr/bin/chromium`, installed by scripts/check_browser.sh); Playwright's own
+  browser download is not used.
+- `NotebookPage` works with JupyterLab 4's windowed notebook: only cells near the viewport exist in the
+  page, so cells are reached by moving the active cell with the arrow keys, as a learner scrolls.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+SCREENSHOTS = ROOT / ".ci-output" / "screenshots"
+# What a headless Chromium needs on a machine with no network and no display (and, as root, no sandbox).
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-quic", "--disable-extensions"]
+_PROMPT_DONE = re.compile(r"^\[(\d+)\]:$")
+
+
+def chromium_path() -> str | None:
+    """Debian's Chromium, or $LONGCTX_CHROMIUM; None when there is none."""
+    for candidate in (os.environ.get("LONGCTX_CHROMIUM"), shutil.which("chromium"), "/usr/bin/chromium",
+                      shutil.which("chromium-browser")):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def browser_missing_reason() -> str | None:
+    """Why the browser tests cannot run on this machine, or None when they can."""
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "the playwright package is not installed (pip install -r requirements.txt)"
+    if chromium_path() is None:
+        return ("no Chromium on this machine: scripts/check_browser.sh --install installs Debian's chromium "
+                "with apt (needs root and apt); `make test` runs it first")
+    return None
+
+
+def lesson_ids() -> list[str]:
+    """Every released lesson: lessons/NN_slug/NN_slug.ipynb (lessons added later are picked up)."""
+    return sorted(p.parent.name for p in (ROOT / "lessons").glob("*/*.ipynb")
+                  if p.stem == p.parent.name and re.match(r"^\d\d_", p.stem))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def make_lab_command(port: int, root_dir: Path) -> list[str]:
+    """The command `make lab PORT=port` runs, with its root folder replaced by `root_dir`."""
+    dry = subprocess.run(["make", "-n", "-s", "-o", ".venv/.longctx-setup", "lab", f"PORT={port}"], cwd=ROOT,
+                         capture_output=True, text=True, check=True)
+    lines = [line for line in dry.stdout.splitlines() if re.search(r"\bjupyter\b.*\blab\b", line)]
+    if len(lines) != 1:
+        raise RuntimeError(f"cannot find the jupyter lab command in `make -n lab`:\n{dry.stdout}")
+    argv = shlex.split(lines[0])
+    roots = [i for i, arg in enumerate(argv) if arg.startswith("--ServerApp.root_dir=")]
+    if len(roots) != 1:
+        raise RuntimeError(f"`make lab` no longer passes one --ServerApp.root_dir: {argv}")
+    argv[roots[0]] = f"--ServerApp.root_dir={root_dir}"
+    if not os.path.isabs(argv[0]):
+        argv[0] = str(ROOT / argv[0])
+    return argv
+
+
+class LabServer:
+    """JupyterLab as `make lab` starts it, serving `root_dir`; a context manager that stops it and its kernels."""
+
+    def __init__(self, root_dir: Path, state_dir: Path, start_timeout_s: float = 120.0):
+        self.root_dir = Path(root_dir)
+        self.state_dir = Path(state_dir)
+        self.start_timeout_s = start_timeout_s
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+        self.token = ""
+        self.log_path = self.state_dir / "jupyterlab.log"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> LabServer:
+        runtime = self.state_dir / "runtime"
+        settings = self.state_dir / "settings"
+        runtime.mkdir(parents=True, exist_ok=True)
+        # A learner answers JupyterLab's "fetch news?" toast once; this machine has no network anyway.
+        notification = settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+        notification.parent.mkdir(parents=True, exist_ok=True)
+        notification.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+        env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(runtime), JUPYTERLAB_SETTINGS_DIR=str(settings),
+                   JUPYTERLAB_WORKSPACES_DIR=str(self.state_dir / "workspaces"),
+                   PATH=f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+                   HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONDONTWRITEBYTECODE="1")
+        env.pop("JUPYTER_TOKEN", None)  # the token is the one JupyterLab makes up, as with `make lab`
+        self.argv = make_lab_command(self.port, self.root_dir)
+        self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+                                     stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"JupyterLab exited ({self.proc.returncode}):\n{self.log()[-3000:]}")
+            for info_file in runtime.glob("jpserver-*.json"):
+                try:
+                    info = json.loads(info_file.read_text())
+                except (OSError, ValueError):
+                    continue
+                if info.get("pid") == self.proc.pid and info.get("port") == self.port:
+                    self.token = info.get("token", "")
+                    if self._answers():
+                        return self
+            time.sleep(0.25)
+        self.__exit__(None, None, None)
+        raise RuntimeError(f"JupyterLab did not start within {self.start_timeout_s:.0f} s:\n{self.log()[-3000:]}")
+
+    def _answers(self) -> bool:
+        try:
+            self.api("GET", "/api/status")
+            return True
+        except OSError:
+            return False
+
+    def api(self, method: str, path: str):
+        request = urllib.request.Request(self.base_url + path, method=method,
+                                         headers={"Authorization": f"token {self.token}"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            body = response.read()
+        return json.loads(body) if body else None
+
+    def shutdown_kernels(self) -> None:
+        """Stop every kernel (a closed tab leaves its kernel running, as in JupyterLab)."""
+        for session in self.api("GET", "/api/sessions") or []:
+            self.api("DELETE", f"/api/sessions/{session['id']}")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)  # the server and its kernels (one process group)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=20)
+
+
+@dataclass
+class CellRun:
+    """What the learner saw after running one code cell."""
+
+    index: int
+    execution_count: int
+    seconds: float
+    images: int                      # <img> outputs shown, decoded (naturalWidth > 0)
+    broken_images: int               # <img> outputs that did not decode
+    output_mimes: list = field(default_factory=list)
+    output_text: str = ""
+
+
+class NotebookPage:
+    """One notebook open in JupyterLab in a browser tab."""
+
+    def __init__(self, page, lab: LabServer, relpath: str):
+        self.page = page
+        self.lab = lab
+        self.relpath = relpath
+        self.path = lab.root_dir / relpath
+
+    def open(self, timeout_s: float = 120.0) -> NotebookPage:
+        # A workspace of its own: JupyterLab would otherwise reopen (and restart the kernels of) the tabs
+        # an earlier test left in the default workspace.
+        workspace = re.sub(r"[^A-Za-z0-9]+", "-", self.relpath) + f"-{time.monotonic_ns()}"
+        self.page.goto(f"{self.lab.base_url}/lab/workspaces/{workspace}/tree/{self.relpath}?token={self.lab.token}")
+        self.page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell", timeout=timeout_s * 1000)
+        self.wait_idle(timeout_s)
+        return self
+
+    # -- what is on the screen -------------------------------------------------------------------
+    @property
+    def panel(self):
+        return self.page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)").first
+
+    def cell(self, index: int):
+        return self.panel.locator(f'.jp-Notebook .jp-Cell[data-windowed-list-index="{index}"]')
+
+    def active_index(self) -> int:
+        active = self.panel.locator(".jp-Notebook .jp-Cell.jp-mod-active").first
+        return int(active.get_attribute("data-windowed-list-index"))
+
+    def wait_idle(self, timeout_s: float = 120.0) -> None:
+        self.panel.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').wait_for(timeout=timeout_s * 1000)
+
+    def screenshot(self, name: str) -> Path:
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        path = SCREENSHOTS / f"{name}.png"
+        self.page.screenshot(path=str(path))
+        return path
+
+    # -- gestures --------------------------------------------------------------------------------
+    def command_mode(self) -> None:
+        """Leave any editor and give the notebook the keyboard (clicking the active cell's prompt)."""
+        self.page.keyboard.press("Escape")
+        active = self.panel.locator(".jp-Notebook .jp-Cell.jp-mod-active .jp-InputPrompt").first
+        active.click()
+        self.page.keyboard.press("Escape")
+
+    def go_to(self, index: int) -> None:
+        """Make cell `index` the active one with the arrow keys (JupyterLab scrolls it into view)."""
+        self.command_mode()
+        for _ in range(1000):
+            current = self.active_index()
+            if current == index:
+                self.cell(index).scroll_into_view_if_needed()
+                return
+            self.page.keyboard.press("ArrowDown" if current < index else "ArrowUp")
+        raise RuntimeError(f"could not reach cell {index}")
+
+    def run_cell(self, index: int, timeout_s: float = 300.0) -> CellRun:
+        """Run cell `index` with Ctrl+Enter and wait until its prompt shows its execution count."""
+        self.go_to(index)
+        cell = self.cell(index)
+        prompt = cell.locator(".jp-InputArea-prompt").first
+        before = prompt.inner_text().strip()
+        start = time.monotonic()
+        self.page.keyboard.press("Control+Enter")
+        deadline, pressed_at = start + timeout_s, start
+        while True:
+            text = prompt.inner_text().strip()
+            done = _PROMPT_DONE.match(text)
+            if done and text != before:
+                break
+            if text == before and time.monotonic() - pressed_at > 5:
+                # JupyterLab marks a cell [*] as soon as it takes the keypress: this one was lost.
+                self.go_to(index)
+                self.page.keyboard.press("Control+Enter")
+                pressed_at = time.monotonic()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"cell {index} of {self.relpath} still running after {timeout_s:.0f} s "
+                                   f"(prompt {text!r})")
+            time.sleep(0.1)
+        seconds = time.monotonic() - start
+        # Outputs arrive before the reply that sets the prompt; give the images a moment to decode.
+        self.page.wait_for_timeout(150)
+        images = cell.locator(".jp-OutputArea-output img").evaluate_all(
+            "imgs => imgs.map(i => i.complete && i.naturalWidth > 0)")
+        mimes = cell.locator(".jp-OutputArea-output").evaluate_all(
+            "nodes => nodes.map(n => n.getAttribute('data-mime-type') || '')")
+        text_out = cell.locator(".jp-OutputArea").first.inner_text() if mimes else ""
+        return CellRun(index=index, execution_count=int(done.group(1)), seconds=seconds,
+                       images=sum(images), broken_images=len(images) - sum(images), output_mimes=mimes,
+                       output_text=text_out)
+
+    def wait_for_cell(self, index: int, timeout_s: float = 300.0) -> int:
+        """Bring cell `index` into view and wait until it has run (its prompt shows a number)."""
+        self.go_to(index)
+        prompt = self.cell(index).locator(".jp-InputArea-prompt").first
+        deadline = time.monotonic() + timeout_s
+        while not (done := _PROMPT_DONE.match(prompt.inner_text().strip())):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"cell {index} of {self.relpath} did not run within {timeout_s:.0f} s")
+            time.sleep(0.2)
+        return int(done.group(1))
+
+    def run_all_from_menu(self) -> None:
+        """Run > Run All Cells, from the menu bar."""
+        self.command_mode()
+        self.page.locator(".lm-MenuBar-item", has_text=re.compile(r"^Run$")).first.click()
+        self.page.locator(".lm-Menu-item", has_text="Run All Cells").first.click()
+
+    def set_source(self, index: int, text: str) -> None:
+        """Replace the cell's code as a learner does: click into it, select all, type (paste) the answer."""
+        self.go_to(index)
+        editor = self.cell(index).locator(".jp-InputArea-editor .cm-content").first
+        editor.click()
+        self.page.keyboard.press("Control+a")
+        self.page.keyboard.press("Delete")
+        # insert_text is one input event, like a paste: the editor's auto-indent and auto-close
+        # brackets do not rewrite it, as they would a character-by-character typing of indented code.
+        self.page.keyboard.insert_text(text)
+        self.command_mode()
+
+    def save(self, timeout_s: float = 60.0):
+        """Ctrl+S, wait until the tab is no longer dirty, and return the notebook as saved on disk."""
+        self.command_mode()
+        self.page.keyboard.press("Control+s")
+        self.page.locator(".lm-TabBar-tab.jp-mod-current:not(.jp-mod-dirty)").first.wait_for(
+            timeout=timeout_s * 1000)
+        return nbformat.read(self.path, as_version=4)
+
+    def click_validate(self, timeout_s: float = 300.0) -> str:
+        """Press nbgrader's Validate button and return the text of the dialog it opens (then close it)."""
+        self.command_mode()
+        self.panel.locator('.jp-Toolbar jp-button[aria-label="Validate"]').first.click()
+        dialog = self.page.locator(".jp-Dialog").first
+        dialog.wait_for(timeout=timeout_s * 1000)
+        body = dialog.locator(".jp-Dialog-body")
+        # nbgrader first shows a "Validating..." state; wait until the result is in.
+        deadline = time.monotonic() + timeout_s
+        while re.search(r"validating", body.inner_text(), re.I) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        text = dialog.inner_text()
+        return text
+
+    def close_dialog(self) -> None:
+        dialog = self.page.locator(".jp-Dialog").first
+        buttons = dialog.locator(".jp-Dialog-footer button")
+        buttons.last.click()
+        dialog.wait_for(state="detached", timeout=30_000)
+
+
+def nbgrader_role(cell) -> str:
+    """'exercise' (a solution cell), 'test' (an autograded test cell) or '' for everything else."""
+    meta = cell.metadata.get("nbgrader", {})
+    if meta.get("solution"):
+        return "exercise"
+    if meta.get("grade") and cell.cell_type == "code":
+        return "test"
+    return ""
+
+
+def solution_answer(lesson: str, grade_id: str) -> str:
+    """The instructor's answer for exercise `grade_id`: the solution cell with nbgrader's markers removed."""
+    nb = nbformat.read(ROOT / "solutions" / lesson / f"{lesson}.ipynb", as_version=4)
+    for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
+            lines = [line for line in cell.source.splitlines()
+                     if line.strip() not in ("### BEGIN SOLUTION", "### END SOLUTION")]
+            return "\n".join(lines) + "\n"
+    raise KeyError(f"{grade_id} is not a cell of solutions/{lesson}")
+
+
+# -- which cells a browser run executes -----------------------------------------------------------------
+# A browser run repeats what tests/test_lesson_cells.py and nbval already execute through a kernel; its
+# job is what only a browser shows (rendering, the learner's gestures). To keep `make test` within its
+# budget it leaves out the cells that run the real model or other long measurements (they import torch,
+# load the model, build an engine, start a server, or recompute a recorded sweep), and every later cell that
+# reads a name only such a cell defines. LONGCTX_BROWSER_ALL_CELLS=1 runs every cell.
+HEAVY_CELL = re.compile(r"\b(import torch|from torch\b|load_model|build_engine|TorchExecutor|ServerProcess\("
+                        r"|launch_server|RECOMPUTE\s*=\s*True)")
+
+
+def _defined_and_used(source: str) -> tuple[set, set]:
+    import ast
+
+    source = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!")))
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set(), set()
+    defined, used = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (defined if isinstance(node.ctx, ast.Store) else used).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            defined |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return defined, used
+
+
+def plan_cells(nb, run_everything: bool | None = None) -> tuple[list[int], dict[int, str]]:
+    """(code cells to run, {skipped cell: why}) for a browser run of `nb`."""
+    if run_everything is None:
+        run_everything = os.environ.get("LONGCTX_BROWSER_ALL_CELLS") == "1"
+    run, skipped, cheap_names, heavy_names = [], {}, set(), set()
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        defined, used = _defined_and_used(cell.source)
+        reason = ""
+        if not run_everything:
+            if HEAVY_CELL.search(cell.source):
+                reason = f"runs the model or a long measurement ({HEAVY_CELL.search(cell.source).group(0)})"
+            elif (used - defined) & heavy_names:
+                reason = f"reads {sorted((used - defined) & heavy_names)[0]} from a skipped cell"
+        if reason:
+            skipped[index] = reason
+            heavy_names |= defined - cheap_names
+        else:
+            run.append(index)
+            cheap_names |= defined
+            heavy_names -= defined
+    return run, skipped
