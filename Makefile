@@ -2,7 +2,7 @@
 #   make lab    set up .venv (pinned dependencies, the package, the model) and serve JupyterLab on lessons/
 #   make test   the same set-up, then the whole test suite
 # Instructors: make release (lessons/ from solutions/), make grade (autograde autograder/submitted/).
-# GPU owners: make gpu-bench.  Benchmarks: make bench.
+# GPU owners: make gpu-bench.  Benchmarks: make bench.  Binder's limits: make binder-check.
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -19,7 +19,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: lab test release grade bench gpu-bench setup lint clean
+.PHONY: lab test release grade bench gpu-bench binder-check setup lint clean
 
 setup: $(SETUP)
 
@@ -34,9 +34,11 @@ $(SETUP): requirements.txt pyproject.toml
 lab: $(SETUP)
 	$(VENV)/bin/jupyter lab --no-browser --port=$(PORT) --ServerApp.root_dir=lessons $(if $(filter 0,$(shell id -u)),--allow-root)
 
-# Without root or bubblewrap the autograder's sandbox tests are skipped (with the reason), not failed.
+# Without root or bubblewrap the autograder's sandbox tests are skipped (with the reason), not failed;
+# likewise the browser tests without Chromium (check_browser.sh installs Debian's chromium with apt).
 test: $(SETUP)
 	-autograder/check_sandbox.sh --install
+	-scripts/check_browser.sh --install
 	$(VENV)/bin/ruff check longctx tests benchmarks autograder scripts
 	$(PY) -m pytest
 
@@ -50,6 +52,11 @@ grade: $(SETUP)
 
 bench: $(SETUP)
 	$(PY) benchmarks/notebooks.py
+
+# Binder's build and limits reproduced (root, Linux): a fresh environment from binder/, every lesson under
+# 1 CPU and 2 GiB; prints a table (scripts/binder_check.py; about 15 minutes on 2 cores).
+binder-check: $(SETUP)
+	$(PY) scripts/binder_check.py
 
 # GPU machines often have a CUDA torch and no package index: this target installs nothing and uses the
 # python that has CUDA (PYTHON=... to choose); it writes longctx/data/gpu/<device>.json.
