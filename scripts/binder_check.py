@@ -126,7 +126,11 @@ class BinderEnv:
 
     def environ(self) -> dict:
         """The image's environment: the Python environment first on PATH, the notebook user's home."""
-        keep = {k: v for k, v in os.environ.items() if k in ("LANG", "LC_ALL", "TERM", "TZ")}
+        # The machine's own package set-up (pip's wheel folders, certificates, proxies) stays: Binder's
+        # build machines have theirs. Nothing of the course's .venv leaks in.
+        keep = {k: v for k, v in os.environ.items() if k in ("LANG", "LC_ALL", "TERM", "TZ") or k.startswith(
+            ("PIP_", "SSL_CERT", "REQUESTS_CA", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy",
+             "https_proxy", "no_proxy"))}
         return {**keep, "HOME": str(self.home), "USER": "jovyan", "PATH": f"{self.env / 'bin'}:/usr/local/bin:"
                 "/usr/bin:/bin", "PYTHONUNBUFFERED": "1", "SHELL": "/bin/bash",
                 "JUPYTER_RUNTIME_DIR": str(self.home / ".local/share/jupyter/runtime")}

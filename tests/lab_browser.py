@@ -223,6 +223,11 @@ class NotebookPage:
     def wait_idle(self, timeout_s: float = 120.0) -> None:
         self.panel.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').wait_for(timeout=timeout_s * 1000)
 
+    def show_output_image(self, index: int) -> None:
+        """Scroll so that the first image cell `index` shows is on the screen (cell `index` must be active)."""
+        image = self.cell(index).locator(".jp-OutputArea-output img").first
+        image.evaluate("img => img.scrollIntoView({block: 'end'})")
+
     def screenshot(self, name: str) -> Path:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         path = SCREENSHOTS / f"{name}.png"

@@ -151,6 +151,7 @@ def test_lesson_in_the_browser(lesson, lab, page):
         for index in to_run:
             shown[index] = notebook.run_cell(index)
             if shown[index].images and not plot_shot:
+                notebook.show_output_image(index)
                 notebook.screenshot(f"{lesson}-first-plot")
                 plot_shot = True
         saved = notebook.save()
