@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 import longctx.model.llama as llama
-from longctx import flops, specs
+from longctx import flops, memory, specs
 from longctx.kv.cache import PagedKVCache, build_attention_metadata
 from longctx.model.weights import load_model
 
@@ -64,7 +64,7 @@ def attention_removed():
 def prefill_s(model, tokens: torch.Tensor) -> tuple[float, float]:
     """(CPU seconds, wall seconds) of one monolithic prefill of ``tokens`` into a fresh paged cache."""
     n = tokens.numel()
-    num_blocks = -(-n // BLOCK_SIZE)
+    num_blocks = memory.blocks_needed(n, BLOCK_SIZE)
     cache = PagedKVCache.for_model(model.config, num_blocks=num_blocks, block_size=BLOCK_SIZE)
     meta = build_attention_metadata([(list(range(num_blocks)), 0, n)], BLOCK_SIZE)
     last = torch.tensor([n - 1])
