@@ -187,10 +187,21 @@ class StudentFunction:
 
 
 class StudentObject:
-    """An instance living in the student's kernel; lesson 02's scheduler answers `decide(state)`."""
+    """An instance living in the student's kernel; lesson 02's scheduler answers `decide(state)`.
 
-    def __init__(self, channel, name, ref):
+    Its attributes are the keyword arguments the test itself passed to the constructor (e.g.
+    `token_budget`): the checker's own values, never read back from the student's object.
+    """
+
+    def __init__(self, channel, name, ref, init_kwargs=None):
         self._channel, self._name, self._ref = channel, name, ref
+        self._init_kwargs = dict(init_kwargs or {})
+
+    def __getattr__(self, attr):
+        if attr.startswith("_") or attr not in self.__dict__.get("_init_kwargs", {}):
+            raise AttributeError(f"the checker's stand-in for {self.__dict__.get('_name', '?')} has no attribute "
+                                 f"{attr!r} (only decide(state) and the constructor's keyword arguments)")
+        return self._init_kwargs[attr]
 
     def decide(self, state):
         try:
@@ -219,7 +230,7 @@ class StudentClass:
         reply = self._channel.ask(request)
         if type(reply.get("ref")) is not int:
             raise KernelError("StudentCodeError", f"{self._name}(...) did not create an object")
-        return StudentObject(self._channel, self._name, reply["ref"])
+        return StudentObject(self._channel, self._name, reply["ref"], kwargs)
 
     def __repr__(self):
         return f"<the student's class {self._name}>"
@@ -237,9 +248,11 @@ def _resolve(channel, name, namespace):
     elif kind == "value":
         namespace[name] = channel.value(reply, name)
     else:
-        raise NotPlainDataError(f"`{name}` is not plain data (it is a {str(reply.get('type', '?'))[:100]}); "
-                                "a test can only read numbers, strings, booleans, None, lists, tuples, "
-                                "dicts and numpy arrays from the notebook")
+        why = str(reply.get("why") or "")[:300]
+        raise NotPlainDataError(f"`{name}` is not plain data (a {str(reply.get('type', '?'))[:100]}"
+                                + (f"; {why}" if why and "not plain data" not in why else "") + "): a test can "
+                                "only read numbers, strings, booleans, None, lists, tuples, dicts and numpy arrays "
+                                "from the notebook")
 
 
 def _cap(text):

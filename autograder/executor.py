@@ -265,8 +265,8 @@ class GraderLink:
         return replies[-1]
 
 
-REAP = ("import os as _o\nwhile True:\n    try:\n        _p, _ = _o.waitpid(-1, _o.WNOHANG)\n"
-        "    except ChildProcessError:\n        break\n    if _p == 0:\n        break\ndel _o")
+REAP = ("import os as _o\nwhile True:\n    try:\n        _o.waitpid(-1, 0)\n"
+        "    except ChildProcessError:\n        break\ndel _o")
 
 
 async def contain_fork_bomb(client, job, status, index):

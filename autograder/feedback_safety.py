@@ -8,14 +8,17 @@ links, SVG with scripts, or `Javascript()` outputs into the browser of whoever o
 - code-cell outputs: streams and errors (escaped text), and from displays only `text/plain`, `image/png`
   and `image/jpeg` (checked to be base64); HTML, SVG, JavaScript, Markdown, LaTeX and widget outputs are
   replaced by their plain-text form; output metadata is dropped;
-- Markdown written by the student (solution cells and cells that are not the lesson's) is shown as a
-  fenced code block (its text, escaped), and cell attachments are dropped;
+- Markdown that is not the lesson's own text (answers, added or edited cells: anything whose text is
+  not a Markdown cell of solutions/<lesson>/<lesson>.ipynb) is shown as a fenced code block (its text,
+  escaped), and cell attachments are dropped;
 - ANSI escape codes are removed from long texts, and every text is capped, so rendering takes linear time;
 - cell and notebook metadata are reduced to what nbgrader's feedback needs; grade ids are made safe.
 
-The lesson's own Markdown (locked cells, restored from the instructor's source by nbgrader) is kept as is.
+The lesson's own Markdown (exactly the instructor's text) is kept as is.
 """
 
+import json
+import os
 import re
 
 from nbconvert.preprocessors import Preprocessor
@@ -75,11 +78,34 @@ def _fence(text):
     return f"{fence}text\n{text}\n{fence}"
 
 
+def lesson_markdown(root, lesson):
+    """The Markdown texts of the instructor's source notebook (trusted), or an empty set."""
+    path = os.path.join(root, "solutions", lesson, f"{lesson}.ipynb")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            cells = json.load(fh).get("cells", [])
+    except (OSError, ValueError):
+        return set()
+    texts = set()
+    for cell in cells:
+        if cell.get("cell_type") == "markdown":
+            src = cell.get("source", "")
+            texts.add("".join(src) if isinstance(src, list) else src)
+    return texts
+
+
 class SafeFeedback(Preprocessor):
     """Strip everything from a graded notebook that a browser would execute (see the module docstring)."""
 
     def preprocess(self, nb, resources):
         from nbformat import from_dict
+
+        try:
+            root = self.config.CourseDirectory.root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        except AttributeError:
+            root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        lesson = str(resources.get("nbgrader", {}).get("assignment", ""))
+        trusted = lesson_markdown(str(root), lesson) if re.fullmatch(r"[A-Za-z0-9_.-]+", lesson) else set()
 
         keep_meta = {k: nb.metadata[k] for k in ("kernelspec", "language_info") if k in nb.metadata}
         nb.metadata = from_dict(keep_meta)
@@ -92,9 +118,7 @@ class SafeFeedback(Preprocessor):
             cell.metadata = from_dict({"nbgrader": nbg} if nbg else {})
             cell.pop("attachments", None)
             if cell.cell_type == "markdown":
-                # a locked cell whose grade id nbgrader found in the source: its text was restored from there
-                lesson_text = nbg.get("locked") and not nbg.get("solution") and nbg.get("grade_id")
-                if not lesson_text:
+                if cell.source not in trusted:
                     cell.source = _fence(clean_text(cell.source))
             elif cell.cell_type == "code":
                 cell.source = clean_text(cell.source)

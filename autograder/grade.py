@@ -259,7 +259,7 @@ def prepare(job, config, root, work, lesson_info):
     test_cells = []
     for index, cell in enumerate(nb.cells):
         if cell.cell_type == "code" and utils.is_grade(cell) and not utils.is_solution(cell):
-            gid = cell.metadata.nbgrader.get("grade_id")
+            gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
             source = tests.get(gid, cell.source)  # the instructor's source, hidden tests included
             job.test_plans[index] = dict(checker.plan(source, lesson_sources), source=source, grade_id=gid)
             test_cells.append(index)
@@ -282,7 +282,11 @@ class CheckService:
         if os.path.exists(self.path):
             os.remove(self.path)
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(self.path)
+        dir_fd = os.open(job.ctl_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:  # a Unix socket path must be < 108 bytes: bind through the folder's descriptor instead
+            self.listener.bind(f"/proc/self/fd/{dir_fd}/grader.sock")
+        finally:
+            os.close(dir_fd)
         os.chmod(self.path, 0o600)
         self.listener.listen(1)
         self.listener.settimeout(0.5)
@@ -588,15 +592,16 @@ def main(argv=None):
             with lock:  # nbgrader's preprocessors share the gradebook
                 test_cells = prepare(job, config, root, work, lesson_info[job.lesson])
             job.timings["prepare_s"] = time.monotonic() - t0
-            uid = uids.get()
-            service = CheckService(job, ctx, limits)
+            uid, service = uids.get(), None
             try:
+                service = CheckService(job, ctx, limits)
                 job.result = sandbox.run(course_root=root, ctl_dir=job.ctl_dir, submission_dir=job.staged_dir,
                                          uid=uid, limits=limits, test_cells=test_cells,
                                          extra_ro=extra_read_only_paths())
             finally:
                 uids.put(uid)
-                service.close()
+                if service is not None:
+                    service.close()
             job.timings["check_s"] = service.check_s
             with open(os.path.join(job.ctl_dir, "verdicts.json"), "w") as fh:
                 json.dump({str(k): v for k, v in job.verdicts.items()}, fh)

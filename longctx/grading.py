@@ -19,9 +19,11 @@ subclass becoming a Python (heap) type.
     check_array(name, answer, expected, *, rel_tol=1e-2, abs_tol=0.0, unit="", hint="")
     check_true(name, condition, message)
 
-When `make grade` runs a test cell it first loads a fresh copy of this file from the read-only course
-library into ``sys.modules["longctx.grading"]``, so a notebook that replaced ``check_number`` (or
-anything else here) before the test cell runs is undone (see autograder/README in the instructor guide).
+In `make lab` these checks run in the learner's own kernel and teach. In `make grade` a test cell never
+runs in the student's kernel: it runs in a separate, pristine checker process that has this module from
+the instructor's library and receives only plain data from the notebook (values, results of calling the
+student's functions); see autograder/README.md. The defensive conversions above still matter there:
+numpy scalars and arrays arrive as numpy values and must be read exactly.
 """
 
 # References taken from literals, not from (patchable) builtins.

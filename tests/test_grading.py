@@ -2,12 +2,20 @@
 
 import builtins
 import math
+import multiprocessing
+import os
+import sys
+import threading
 
 import numpy as np
 import pytest
 
 from longctx import grading
 from longctx.grading import check_array, check_integer, check_number, check_true
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "autograder"))
+import checker  # noqa: E402
+import plaindata  # noqa: E402
 
 torch = pytest.importorskip("torch")
 
@@ -249,3 +257,129 @@ def test_message_has_name_values_units_ratio_and_hint():
     text = str(info.value)
     for part in ("TTFT", "0.5 s", "0.25 s", "2x", "+100%", "prefill is the whole prompt"):
         assert part in text, (part, text)
+
+
+# ---------------------------------------------------------------- the plain-data boundary of `make grade`
+
+@pytest.mark.parametrize("value", [None, True, 0, -7, 2**80, 1.5, "héllo", [1, [2.5, None]], (1, "a"),
+                                   {256: 0.031, "k": [1, 2], (1, 2): None}, np.arange(6, dtype=np.int32).reshape(2, 3),
+                                   np.float32(1.25), np.int64(7), np.bool_(True), [math.inf, -math.inf]])
+def test_plain_data_round_trip_keeps_types(value):
+    back = plaindata.decode(plaindata.loads(plaindata.dumps(plaindata.encode(value))))
+    if isinstance(value, np.ndarray):
+        assert back.dtype == value.dtype and back.shape == value.shape and (back == value).all()
+    else:
+        assert back == value and type(back) is type(value)
+
+
+def test_plain_data_nan_and_tensors():
+    assert math.isnan(plaindata.decode(plaindata.encode(float("nan"))))
+    torch = pytest.importorskip("torch")
+    back = plaindata.decode(plaindata.encode(torch.tensor([1.5, 2.5])))
+    assert isinstance(back, np.ndarray) and back.tolist() == [1.5, 2.5]
+
+
+class _Liar(int):
+    def __eq__(self, other):
+        return True
+
+    __hash__ = int.__hash__
+
+
+@pytest.mark.parametrize("value, words", [(object(), "answer is a object"), (_Liar(3), "_Liar"),
+                                          ([1, lambda: 0], r"answer\[1\] is a function"), ({object(): 1}, "key"),
+                                          (np.array(["a"]), "dtype"), ([0] * 3_000_000, "values")])
+def test_plain_data_refuses_objects_with_a_clear_message(value, words):
+    with pytest.raises(plaindata.NotPlainData, match=words):
+        plaindata.encode(value, "answer")
+
+
+@pytest.mark.parametrize("text", ['{"$": "x", "v": 1}', '[1, 2]', '{"a": 1}', '{"$": "nd", "dtype": "object", '
+                                  '"shape": [1], "v": [1]}', 'NaN', '{"$": "nd", "dtype": "int8", "shape": [2], "v": [1]}',
+                                  '{"$": "d", "v": [[{"$": "l", "v": []}, 1]]}'])
+def test_plain_data_decoding_is_strict(text):
+    with pytest.raises(ValueError):
+        plaindata.decode(plaindata.loads(text))
+
+
+def test_checker_plan_asks_the_kernel_only_for_notebook_names():
+    test = ("from longctx.grading import check_number\nfor t in (1, 2):\n    check_number('x', f(t), g(t))\n"
+            "check_number('y', answer, memory.kv(specs.get_model('m')))\nlocal = 3\nprint(local, len([1]))")
+    lesson = ["from longctx import memory, specs\nimport numpy as np", "def f(t):\n    return t", "answer = 4",
+              "g = lambda t: t"]
+    plan = checker.plan(test, lesson)
+    assert plan == {"imports": ["from longctx import memory", "from longctx import specs"],
+                    "kernel_names": ["answer", "f", "g"]}
+
+
+class _FakeKernel(threading.Thread):
+    """Answers a checker's requests like the kernel's plaindata.serve, from a dict of 'notebook' names."""
+
+    def __init__(self, conn, names):
+        super().__init__(daemon=True)
+        self.conn, self.names, self.seen = conn, names, []
+
+    def run(self):
+        while True:
+            try:
+                kind, payload = self.conn.recv()
+            except EOFError:
+                return
+            if kind == "verdict":
+                self.verdict = payload
+                return
+            request = plaindata.loads(payload)
+            self.seen.append(request)
+            value = self.names.get(request.get("name"))
+            if request["op"] == "describe":
+                if request["name"] not in self.names:
+                    reply = {"ok": True, "kind": "missing"}
+                elif callable(value):
+                    reply = {"ok": True, "kind": "function"}
+                else:
+                    try:
+                        reply = {"ok": True, "kind": "value", "value": plaindata.encode(value)}
+                    except plaindata.NotPlainData as exc:
+                        reply = {"ok": True, "kind": "other", "type": type(value).__name__, "why": str(exc)}
+            else:
+                result = value(*plaindata.decode(request["args"]), **plaindata.decode(request["kwargs"]))
+                reply = {"ok": True, "value": plaindata.encode(result)}
+            self.conn.send(plaindata.dumps(reply))
+
+
+def _check(source, names, lesson=()):
+    ours, theirs = multiprocessing.Pipe()
+    kernel = _FakeKernel(ours, names)
+    kernel.start()
+    spec = dict(checker.plan(source, list(lesson)), source=source, grade_id="t")
+    saved = sys.stdout, sys.stderr
+    try:
+        checker.run_check(theirs, spec)
+    finally:
+        sys.stdout, sys.stderr = saved
+    kernel.join(10)
+    return kernel.verdict, kernel.seen
+
+
+TEST = ("from longctx.grading import check_number, check_integer\n"
+        "check_number('kv(3)', kv(3), 6)\ncheck_integer('answer', answer, 42)\n"
+        "### BEGIN HIDDEN TESTS\ncheck_number('kv(1000)', kv(1000), 2000)\n### END HIDDEN TESTS")
+
+
+def test_checker_passes_right_answers_and_never_sends_the_test_source():
+    verdict, seen = _check(TEST, {"kv": lambda n: 2 * n, "answer": np.int64(42)})
+    assert verdict["passed"], verdict
+    assert all("check_" not in plaindata.dumps(r) and "HIDDEN" not in plaindata.dumps(r) for r in seen)
+    assert {r["op"] for r in seen} == {"describe", "call"}
+
+
+@pytest.mark.parametrize("names, ename, words", [
+    ({"kv": lambda n: 2 * n + 1, "answer": 42}, "AssertionError", "kv(3)"),
+    ({"kv": lambda n: 2 * n, "answer": 41}, "AssertionError", "off by -1"),
+    ({"kv": lambda n: 2 * n}, "NameError", "answer"),
+    ({"kv": lambda n: 2 * n, "answer": object()}, "NotPlainData", "`answer` is not plain data"),
+    ({"kv": lambda n: 2 * n if n < 100 else 0, "answer": 42}, "AssertionError", "kv(1000)"),
+])
+def test_checker_fails_wrong_missing_and_non_plain_answers(names, ename, words):
+    verdict, _ = _check(TEST, names)
+    assert not verdict["passed"] and verdict["ename"] == ename and words in verdict["evalue"], verdict

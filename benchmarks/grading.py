@@ -1,0 +1,126 @@
+"""The grader's own cost per submission, beyond the notebook's execution, and its throughput with -j.
+
+    python benchmarks/grading.py [--lesson 00_start_here] [--submissions 8] [--jobs 1 2]
+
+Builds a temporary copy of the course with one lesson, submits its solution N times, runs
+`autograder/grade.py --jobs J --timings ...` for each J, and prints, per submission (mean over N):
+
+    notebook    wall time of the student's cells in the kernel (what a plain run of the notebook costs)
+    kernel      starting the kernel in the sandbox
+    sandbox     bubblewrap + the executor's start and finish (sandbox wall - cells - tests - kernel)
+    checks      the test cells: checker children and the plain-data round trips to the kernel
+    prepare     staging + nbgrader's sanitizing + planning the checks
+    gradebook   nbgrader autograde into the gradebook (bookkeeping worker)
+    feedback    nbgrader generate_feedback (sanitized HTML)
+    overhead    everything above except `notebook` (the target is <= 3 s per submission)
+and the run's wall time, throughput (submissions per minute), and CPU seconds per submission of the
+whole process tree (grader, sandboxes, kernels, workers). Needs root and bubblewrap (as `make grade`).
+
+The machine's load average is printed with each run: on a shared machine, wall times are noisy (the CPU
+seconds are not); compare runs made at the same load.
+
+Recorded (2 cores shared with ~6 other busy sessions, load average 5-9; lesson 00, 8 submissions):
+see the final report of issue 11; rerun on a quiet machine for clean numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GRADER_FILES = ["nbgrader_config.py", "grade.py", "sandbox.py", "executor.py", "kernel_launch.py", "plaindata.py",
+                "checker.py", "bookkeeper.py", "feedback_safety.py"]
+
+
+def make_course(tmp: str, lesson: str) -> str:
+    root = os.path.join(tmp, "course")
+    os.makedirs(os.path.join(root, "autograder"))
+    for name in GRADER_FILES:
+        shutil.copy(os.path.join(REPO, "autograder", name), os.path.join(root, "autograder", name))
+    shutil.copytree(os.path.join(REPO, "longctx"), os.path.join(root, "longctx"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(os.path.join(REPO, "solutions", lesson), os.path.join(root, "solutions", lesson))
+    return root
+
+
+def submit(root: str, lesson: str, n: int) -> None:
+    src = os.path.join(root, "solutions", lesson, f"{lesson}.ipynb")
+    for i in range(n):
+        folder = os.path.join(root, "autograder", "submitted", f"student{i:03d}", lesson)
+        os.makedirs(folder, exist_ok=True)
+        shutil.copy(src, os.path.join(folder, f"{lesson}.ipynb"))
+
+
+def run(root: str, jobs: int) -> dict:
+    timings = os.path.join(root, f"timings-j{jobs}.json")
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+               PYTHONWARNINGS="ignore")
+    load = os.getloadavg()[0]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, os.path.join(root, "autograder", "grade.py"), "--jobs", str(jobs),
+                           "--timings", timings], cwd=root, env=env, capture_output=True, text=True)
+    wall = time.monotonic() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise SystemExit(f"grade.py failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    data = json.load(open(timings))
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"jobs": jobs, "wall_s": wall, "cpu_s": cpu, "load": load, "rows": data["submissions"]}
+
+
+def mean(values):
+    values = list(values)
+    return sum(values) / len(values) if values else 0.0
+
+
+def summarize(result: dict) -> dict:
+    rows = result["rows"]
+    parts = {
+        "notebook": mean(r["cells_s"] for r in rows),
+        "kernel": mean(r["kernel_start_s"] for r in rows),
+        "sandbox": mean(max(0.0, r["sandbox_s"] - r["cells_s"] - r.get("check_s", 0.0) - r["kernel_start_s"])
+                        for r in rows),
+        "checks": mean(r.get("check_s", 0.0) for r in rows),
+        "prepare": mean(r.get("prepare_s", 0.0) for r in rows),
+        "gradebook": mean(r.get("autograde_s", 0.0) for r in rows),
+        "feedback": mean(r.get("feedback_s", 0.0) for r in rows),
+    }
+    parts["overhead"] = sum(v for k, v in parts.items() if k != "notebook")
+    n = len(rows)
+    parts.update(wall_per_sub=result["wall_s"] / n, per_min=60.0 * n / result["wall_s"],
+                 cpu_per_sub=result["cpu_s"] / n)
+    return parts
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--lesson", default="00_start_here")
+    p.add_argument("--submissions", type=int, default=8)
+    p.add_argument("--jobs", type=int, nargs="+", default=[1, 2])
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="grading-bench-") as tmp:
+        root = make_course(tmp, args.lesson)
+        submit(root, args.lesson, args.submissions)
+        results = [run(root, j) for j in args.jobs]
+    cols = ["notebook", "kernel", "sandbox", "checks", "prepare", "gradebook", "feedback", "overhead",
+            "wall_per_sub", "per_min", "cpu_per_sub"]
+    print(f"lesson {args.lesson}, {args.submissions} submissions, {os.cpu_count()} cores; seconds per submission "
+          "(means), per_min = submissions graded per minute")
+    print(f"{'jobs':>4} {'load':>5} " + " ".join(f"{c:>12}" for c in cols) + f" {'run wall s':>11}")
+    for result in results:
+        s = summarize(result)
+        print(f"{result['jobs']:>4} {result['load']:>5.1f} " + " ".join(f"{s[c]:>12.2f}" for c in cols)
+              + f" {result['wall_s']:>11.1f}")
+
+
+if __name__ == "__main__":
+    main()
