@@ -394,6 +394,7 @@ def measure_launch(be: BinderEnv, timeout_s: float = 600) -> dict:
     run = run_limited([be.python, "-c", probe], env=be.environ(), cwd=be.repo, timeout_s=timeout_s, name="lab")
     found = re.search(r"server_ready_s=([\d.]+)", run.output)
     launch["jupyterlab_ready_s"] = float(found.group(1)) if found else None
+    launch["jupyterlab_rss_bytes"] = run.rss_peak_bytes
     run = run_limited([be.python, "-c", LOAD_MODEL], env=be.environ(), cwd=be.repo, timeout_s=timeout_s,
                       name="model")
     found = re.search(r"load_model_s=([\d.]+)", run.output)
@@ -474,7 +475,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, check in shipped.items():
         print(f"{'ok' if check['ok'] else '!!'} {name}: {check['detail']}", flush=True)
     launch = measure_launch(be)
-    print(f"first launch under the limits: JupyterLab answers after {launch['jupyterlab_ready_s']} s; "
+    print(f"first launch under the limits: JupyterLab answers after {launch['jupyterlab_ready_s']} s "
+          f"(server resident memory {_gib(launch['jupyterlab_rss_bytes'])} GiB, on top of a lesson's kernel); "
           f"the first load_model() (from the image's cache) takes {launch['first_load_model_s']} s", flush=True)
     print(f"\nlessons (solution notebooks, every cell) under {MEMORY_LIMIT_BYTES / 2**30:.0f} GiB, {CPU_LIMIT:g} CPU, "
           f"no network; {os.cpu_count()} cores on this machine, shared")

@@ -213,7 +213,8 @@ def test_a_run_over_the_memory_limit_is_killed_and_reported(tmp_path):
                                    timeout_s=60, name="hog", memory_bytes=256 * 2**20)
     assert run.returncode != 0 and "survived" not in run.output
     assert run.oom_kills >= 1
-    small = "b = bytearray(64 * 2**20); b[::4096] = b'x' * len(b[::4096]); print('survived')"
+    small = ("import time; b = bytearray(64 * 2**20); b[::4096] = b'x' * len(b[::4096]); time.sleep(0.5); "
+             "print('survived')")  # held long enough for the 50 ms resident-memory poll to see it
     run = binder_check.run_limited([sys.executable, "-c", small], env=dict(os.environ), cwd=tmp_path,
                                    timeout_s=60, name="small", memory_bytes=256 * 2**20)
     assert run.returncode == 0 and "survived" in run.output and run.oom_kills == 0
@@ -229,5 +230,15 @@ def test_a_limited_run_has_one_core_and_no_network(tmp_path):
     assert run.returncode == 0, run.output
     cores, interfaces = run.output.strip().split(" ", 1)
     assert cores == "1"
+    group = binder_check.LimitedGroup(f"longctx-binder-quota-{os.getpid()}", 2**30, 1.0)
+    try:
+        quota = group.memory.parent.parent / "cpu" / group.memory.name / "cpu.cfs_quota_us"
+        if group.kind == "cgroup v1" and quota.exists():
+            period = int((quota.parent / "cpu.cfs_period_us").read_text())
+            assert int(quota.read_text()) == period, "one CPU: the quota must equal the period"
+        assert int((group.memory / ("memory.limit_in_bytes" if group.kind == "cgroup v1" else "memory.max"))
+                   .read_text()) == 2**30
+    finally:
+        group.remove()
     if shutil.which("unshare") and shutil.which("ip"):
         assert interfaces == "['lo']", f"a lesson run must see loopback only, saw {interfaces}"
