@@ -22,6 +22,7 @@ import os
 import re
 
 from nbconvert.preprocessors import Preprocessor
+from traitlets import Bool
 
 SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
@@ -96,6 +97,8 @@ def lesson_markdown(root, lesson):
 
 class SafeFeedback(Preprocessor):
     """Strip everything from a graded notebook that a browser would execute (see the module docstring)."""
+
+    enabled = Bool(True, help="nbconvert runs a preprocessor only when it is enabled").tag(config=True)
 
     def preprocess(self, nb, resources):
         from nbformat import from_dict

@@ -39,7 +39,6 @@ c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedb
 # per-cell timeout, see autograder/grade.py).
 c.Execute.timeout = 120
 c.Execute.interrupt_on_timeout = True
-c.Execute.allow_errors = True
 
 # Keep outputs bounded in the autograded notebooks and the feedback (nbgrader 0.9.6's LimitOutput has
 # max_lines and max_traceback; `make grade` also caps every output's size in its sandbox).

@@ -16,12 +16,15 @@ import autograder_helpers as h  # noqa: E402
 sys.path.insert(0, os.path.join(h.REPO, "autograder"))
 import sandbox  # noqa: E402
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(bool(sandbox.check()), reason="; ".join(sandbox.check()) or "sandbox ok")]
+pytestmark = [pytest.mark.slow]
+PROBLEMS = sandbox.check()
+needs_sandbox = pytest.mark.skipif(bool(PROBLEMS), reason="; ".join(PROBLEMS) or "sandbox ok")
 
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
+    if PROBLEMS:
+        pytest.skip("; ".join(PROBLEMS))
     root = h.make_course(tmp_path_factory.mktemp("roundtrip"))
     os.remove(os.path.join(root, "autograder", "gradebook.db"))  # a fresh clone has no gradebook
     h.submit(root, "alice", "toy", h.solution(root, "toy"))
@@ -95,6 +98,7 @@ def _released_lessons():
                   and os.path.isfile(os.path.join(lessons, d, f"{d}.ipynb"))) if os.path.isdir(lessons) else []
 
 
+@needs_sandbox
 @pytest.mark.skipif(not _released_lessons(), reason="no released lessons yet")
 def test_real_lessons_solutions_full_marks_released_zero(tmp_path):
     """Every real lesson: its solution earns every point, its untouched release earns none."""
@@ -109,3 +113,22 @@ def test_real_lessons_solutions_full_marks_released_zero(tmp_path):
     for row in rows:
         expected = float(row["max_score"]) if row["student_id"] == "solution" else 0.0
         assert float(row["score"]) == expected, (row, h.report(root, row["student_id"]))
+
+
+def test_nbgrader_config_sets_only_options_that_exist():
+    """Every `c.Class.option = ...` in nbgrader_config.py names a real trait (0.9.6 has no LimitOutput.max_length)."""
+    import nbconvert.preprocessors
+    import nbgrader.apps
+    import nbgrader.converters
+    import nbgrader.coursedir
+    import nbgrader.preprocessors
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = PyFileConfigLoader("nbgrader_config.py", path=os.path.join(h.REPO, "autograder")).load_config()
+    modules = [nbgrader.preprocessors, nbgrader.converters, nbgrader.coursedir, nbgrader.apps, nbconvert.preprocessors]
+    for section, options in config.items():
+        klass = next((getattr(m, section) for m in modules if hasattr(m, section)), None)
+        assert klass is not None, section
+        traits = klass.class_trait_names(config=True)
+        for option in options:
+            assert option in traits, f"{section}.{option} is not an option of nbgrader/nbconvert"

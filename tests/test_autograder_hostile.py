@@ -132,7 +132,7 @@ CASES = {
                     ["0 / 3", "not plain data"]),
     "patch_checks": (wrong("import longctx.grading as g, numpy, math\n"
                            "g.check_number = g.check_integer = lambda *a, **k: True\n"
-                           "numpy.isclose = math.isclose = lambda *a, **k: True\n"), 0, ["0 / 3", "review"]),
+                           "numpy.isclose = math.isclose = lambda *a, **k: True\n"), 0, ["0 / 3"]),
     "swallow_errors": (wrong("get_ipython().set_custom_exc((BaseException,), lambda *a, **k: None)\n"), 0,
                        ["0 / 3", "set_custom_exc"]),
     "edited_tests": (lambda r: set_test_source(set_test_source(build(r, WRONG01, EX02_LITERAL),
@@ -357,7 +357,9 @@ def test_hidden_test_source_reaches_no_student_visible_output(graded):
         for piece in HIDDEN_SOURCE:
             assert piece not in visible, (student, piece)
     leak = _outputs(root, "leak")
-    assert "LEAK-DUMP" in leak and "check_number" not in leak and "blocked /ctl" in leak, leak[:3000]
+    assert "LEAK-DUMP" in leak and "blocked /ctl" in leak, leak[:3000]
+    for piece in HIDDEN_SOURCE + ["test_ex01_tensor_bytes", "check_number(\"mlp_weight_mib\""]:
+        assert piece not in leak, piece  # not even the visible tests ran in the kernel
 
 
 def test_feedback_html_runs_no_student_script(graded):
@@ -367,8 +369,8 @@ def test_feedback_html_runs_no_student_script(graded):
         for pattern in (rf"<script[^>]*>[^<]*S{n}", rf"<img[^>]*onerror[^>]*S{n}", rf"href=\"?javascript:[^\"]*S{n}",
                         rf"<iframe[^>]*S{n}"):
             assert not re.search(pattern, html, re.S), (pattern, n)
-    for n in (3, 4, 5):  # Javascript(), SVG and HTML outputs are dropped (their text/plain form stays)
-        assert f"S{n}" not in html, n
+    for kind in ("output_javascript", "output_svg", "output_html"):  # such outputs are dropped (text/plain stays)
+        assert kind not in html, kind
 
 
 def test_output_floods_are_capped_and_feedback_is_quick(graded):
