@@ -54,6 +54,14 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
+def _samples_now(entry) -> bool:
+    """True when this batch entry reaches the end of its sequence, so the step samples a token for it."""
+    done = getattr(entry, "completes_prefill", None)
+    if done is not None:
+        return bool(done)
+    return entry.num_tokens == entry.seq.num_uncomputed_tokens
+
+
 class SamplingExecutor:
     """A ``TorchExecutor`` whose token choice follows each request's ``SamplingParams``."""
 
@@ -78,6 +86,6 @@ class SamplingExecutor:
         next_ids = logits.argmax(dim=-1).tolist()
         for i, entry in enumerate(batch.entries):
             got = self._params.get(entry.seq.seq_id)
-            if got is not None and not got[0].greedy and entry.completes_prefill:
+            if got is not None and not got[0].greedy and _samples_now(entry):
                 next_ids[i] = sample_token(logits[i].cpu(), got[0], got[1])
         return ExecutionResult(duration_s=time.perf_counter() - t0, next_token_ids=next_ids)
