@@ -188,8 +188,8 @@ def test_lesson_in_the_browser(lesson, lab, page):
         # The first exercise, answered through the browser, passes its visible tests.
         exercises = [i for i in to_run if nbgrader_role(nb.cells[i]) == "exercise"
                      and _tests_of(nb, i) and set(_tests_of(nb, i)) <= set(to_run)]
-        if not exercises:
-            pytest.skip(f"{lesson} has no exercise whose test runs in the browser")
+        if not exercises:  # every exercise's test reads a skipped (model) cell: nothing more to type here
+            return
         exercise = exercises[0]
         grade_id = nb.cells[exercise].metadata["nbgrader"]["grade_id"]
         notebook.set_source(exercise, solution_answer(lesson, grade_id))
