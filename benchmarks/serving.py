@@ -10,10 +10,20 @@ Usage::
 
     python benchmarks/serving.py [--threads 2] [--token-budget 64] [--out PATH]
 
-Recorded on the course machine (2 cores shared with other jobs: see the load average in the JSON), 2026-12-01:
+Recorded on the course machine, 2026-12-01T10:11Z, 2 cores SHARED with other jobs (1-min load average 8.3
+before, 15.0 after: every time below is several times what a quiet machine gives), torch 2.13.0+cpu, 2 threads,
+chunked token budget 64::
 
-    load        scheduler    chat TTFT p50/p99 ms   chat ITL p50/p99 ms   worst gap ms   long TTFT ms   goodput req/s
-    (filled in by the run below; see serving_cpu.json)
+    load   scheduler    chat TTFT p50/p99 ms  chat ITL p50/p99 ms  worst gap ms  long TTFT ms  goodput req/s
+    light  monolithic         653/682              201/12700             12700         12505    0.000 (0/2)
+    light  chunked            903/1095             455/1152               1152          9550    0.000 (0/2)
+    heavy  monolithic        3156/3202             341/24243             26809         25232    0.000 (0/6)
+    heavy  chunked           1557/2481             679/2338               2338         17511    0.000 (0/6)
+
+What it shows: on the monolithic server each chat user's worst gap is the whole prefill of the long prompts
+(12.7 s, 26.8 s); chunked prefill cuts it 11x at both loads, at the price of a higher median ITL (every step
+carries a 64-token chunk). On this overloaded machine no chat request met the 1 s worst-gap SLO, so goodput
+is 0 for both; rerun on a quiet machine to see it separate.
 """
 
 from __future__ import annotations
