@@ -197,6 +197,8 @@ class AsyncEngine:
                 self.num_steps += 1
                 self._deliver(live)
                 engine.finished.clear()  # delivered: the server keeps no per-request history
+                if getattr(engine, "aborted", None):
+                    engine.aborted.clear()
                 if len(engine.history) > self.history_len:
                     del engine.history[: len(engine.history) - self.history_len]
         except Exception as exc:  # the loop died: fail every request in flight, report unhealthy
