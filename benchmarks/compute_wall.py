@@ -12,9 +12,9 @@ the process (``time.process_time``) with one torch thread by default: on a share
 stretch wall-clock time but hardly the CPU time this one uses (wall times are recorded too). One thread is
 also what a Binder session gets. Everything else — the Q/K/V/O projections,
 RoPE, the KV-cache writes, the MLP, the norms — stays in ``rest_s``, exactly the split of
-``longctx.flops``: linear FLOPs ``2 * T * N`` against attention FLOPs ``4 * L * d_attn * pairs``. Since only
-the last row's logits are computed, the predicted linear FLOPs use N without the (tied) embedding table,
-which is looked up, not multiplied, for every token but the last.
+``longctx.flops``: linear FLOPs (``params="matmul"``: ``2 * T * N_layers`` plus the LM head for the last
+row, whose logits are the only ones computed; the tied embedding table is looked up, not multiplied)
+against attention FLOPs ``4 * L * d_attn * pairs``.
 
 Writes ``longctx/data/recorded/compute_wall_cpu.json`` (with provenance: CPU, cores, threads, torch, date)
 and prints a table. Usage::
@@ -77,7 +77,7 @@ def prefill_s(model, tokens: torch.Tensor) -> tuple[float, float]:
 def predicted(tokens: int) -> dict:
     """FLOPs of the prefill as this benchmark runs it (causal and full attention conventions)."""
     m = specs.get_model("smollm2-135m")
-    linear = 2 * tokens * (m.num_params - m.embedding_params)  # last-row logits only: no LM head per token
+    linear = flops.linear_flops(m, tokens)  # the course's convention: matmul weights, LM head on the last row
     causal = flops.attention_flops(m, tokens, "causal")
     full = flops.attention_flops(m, tokens, "full")
     return {
