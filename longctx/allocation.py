@@ -297,6 +297,3 @@ def compare(
         "contiguous": simulate_allocation(requests, ContiguousAllocator(capacity_tokens, max_model_len, max_new_tokens)),
         "paged": simulate_allocation(requests, PagedAllocator(capacity_tokens, block_size)),
     }
-
-
-simulate = simulate_allocation  # the old name, until lesson 03 calls simulate_allocation (H12)

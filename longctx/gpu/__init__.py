@@ -16,30 +16,17 @@ import re
 
 
 def available() -> bool:
-    """True when torch is installed and sees at least one CUDA device."""
+    """True when torch is installed and sees a CUDA device."""
     try:
         import torch
     except ImportError:
         return False
-    try:
-        return bool(torch.cuda.is_available()) and torch.cuda.device_count() > 0
-    except Exception:  # a broken driver reads as "no GPU", never as a crash
-        return False
+    return torch.cuda.is_available()
 
 
-def device_key(name: str | None = None) -> str:
-    """A short file-name key for a device name: ``"NVIDIA H200"`` -> ``"h200"``, ``"NVIDIA H100 80GB HBM3"``
-    -> ``"h100"``, ``"cpu"`` -> ``"cpu"``; otherwise the name in lower case with ``-`` for other characters."""
-    if name is None:
-        import torch
-
-        name = torch.cuda.get_device_name(0) if available() else "cpu"
+def device_key(name: str) -> str:
+    """A file-name key for a device name: ``"NVIDIA H200"`` -> ``"h200"``, ``"NVIDIA H100 80GB HBM3"`` ->
+    ``"h100"``, ``"cpu"`` -> ``"cpu"``; otherwise the name in lower case with ``-`` for other characters."""
     low = name.lower().replace("nvidia", " ")
     m = re.search(r"\b([a-z]{1,3}\d{1,4}[a-z]?)\b", low)
-    if m:
-        return m.group(1)
-    slug = re.sub(r"[^a-z0-9]+", "-", low).strip("-")
-    return slug or "unknown"
-
-
-__all__ = ["available", "device_key"]
+    return m.group(1) if m else re.sub(r"[^a-z0-9]+", "-", low).strip("-") or "unknown"

@@ -1,10 +1,12 @@
 """The sections of the GPU suite: ``section(run, model_name)`` appends its results to ``run.record``.
 
 Every point is timed by ``run.time`` (``longctx.gpu.harness.time_fn``: CUDA events, warm-up, median) and
-guarded by ``run.guarded``; FLOPs and bytes are ``run.cost``'s (``longctx.flops.step_cost``).
+guarded by ``run.point``; FLOPs and bytes are ``run.cost``'s (``longctx.flops.step_cost``).
 """
 
 from __future__ import annotations
+
+from dataclasses import asdict
 
 import torch
 
@@ -48,8 +50,7 @@ def prefill_chunks(ctx, name: str) -> None:
     for chunk in (c for c in ctx.config.chunk_sizes if c <= T):
         what = f"{name} prefill chunk {chunk}"
         pieces = [(min(chunk, T - s), s) for s in range(0, T, chunk)]  # (new, cached)
-        times = ctx.guarded(what, lambda pieces=pieces: [chunk_s(n, s) for n, s in pieces]) \
-            if ctx.allows(what) else None
+        times = ctx.point(what, lambda pieces=pieces: [chunk_s(n, s) for n, s in pieces])
         if times is None:
             continue
         flops = sum(ctx.cost(model.config, [p]).flops for p in pieces)
@@ -70,8 +71,8 @@ def decode(ctx, name: str) -> None:
         return
     model = ctx.model(name)
     nb = {L: blocks_needed(L + 1, bs) for _, L in points}
-    cache = ctx.guarded(f"{name} decode cache", lambda: PagedKVCache.for_model(
-        model.config, max(b * nb[L] for b, L in points), bs, dev, ctx.dtype))
+    cache = ctx.point(f"{name} decode cache", lambda: PagedKVCache.for_model(
+        model.config, max(b * nb[L] for b, L in points), bs, dev, ctx.dtype), timed=False)
     if cache is None:
         return
     cache.data.normal_(generator=torch.Generator(device=dev).manual_seed(2))  # real numbers, not zeros
@@ -84,7 +85,7 @@ def decode(ctx, name: str) -> None:
 
     for b, L in points:
         what = f"{name} decode batch {b} context {L}"
-        t = ctx.guarded(what, lambda b=b, L=L: step_timing(b, L)) if ctx.allows(what) else None
+        t = ctx.point(what, lambda b=b, L=L: step_timing(b, L))
         if t is None:
             continue
         cost = ctx.cost(model.config, [(1, L)] * b)
@@ -123,7 +124,7 @@ def attention_share(ctx, name: str) -> None:
 
     for T in ctx.config.attention_contexts:
         what = f"{name} attention share {T}"
-        res = ctx.guarded(what, lambda T=T: measure(T)) if ctx.allows(what) else None
+        res = ctx.point(what, lambda T=T: measure(T))
         if res is None:
             continue
         att_s, rest_s = res[0].median_s, res[1].median_s
@@ -137,16 +138,14 @@ def attention_share(ctx, name: str) -> None:
 
 
 def exercise1(ctx, name: str) -> None:
-    """``Exercise1`` on the real engine (``TorchExecutor`` on this device, wall clock), per scheduler."""
+    """``config.exercise1`` on the real engine (``TorchExecutor`` on this device, wall clock), per scheduler."""
     from longctx.engine import ChunkedPrefillScheduler, Engine, MonolithicScheduler, WallClock
     from longctx.engine.torch_executor import TorchExecutor
     from longctx.kv.block_manager import BlockManager
     from longctx.sim.exercise1 import Exercise1
     from longctx.sim.recording import RecordingExecutor
 
-    c, model = ctx.config, ctx.model(name)
-    scenario = Exercise1(c.ex1_num_decode_streams, c.ex1_prompt_tokens, c.ex1_stream_context_tokens,
-                         c.ex1_warmup_steps, c.ex1_tail_steps)
+    c, model, scenario = ctx.config, ctx.model(name), ctx.config.exercise1
 
     def run(scheduler, scenario=scenario):
         pool = BlockManager(scenario.kv_blocks(c.block_size, getattr(scheduler, "token_budget", None)), c.block_size)
@@ -155,18 +154,17 @@ def exercise1(ctx, name: str) -> None:
         return scenario.run(engine, recorder)
 
     top = max(c.ex1_budgets)  # warm-up (kernels, allocator, the engine's paths) at a small size, discarded
-    ctx.guarded("exercise1 warm-up", lambda: run(ChunkedPrefillScheduler(top), Exercise1(
+    ctx.point("exercise1 warm-up", timed=False, fn=lambda: run(ChunkedPrefillScheduler(top), Exercise1(
         scenario.num_decode_streams, 2 * top, scenario.stream_context_tokens, 2, 2)))
     makers = {"monolithic": MonolithicScheduler, **{f"chunked-{b}": (lambda b=b: ChunkedPrefillScheduler(b))
                                                      for b in c.ex1_budgets}}
     runs: dict[str, list[dict]] = {}
     for rep in range(c.ex1_repeats):
         for label, make in makers.items():
-            if ctx.allows(f"exercise1 {label} repeat {rep}"):
-                r = ctx.guarded(f"exercise1 {label}", lambda make=make: run(make()))
-                if r is not None:
-                    runs.setdefault(label, []).append(r.to_dict())
-                    ctx.log(f"  exercise1 {label:<13} TTFT {r.long_prompt_ttft_s * 1e3:8.1f} ms, max ITL "
-                            f"{r.max_itl_s * 1e3:7.1f} ms, steady ITL {r.steady_itl_s * 1e3:6.2f} ms")
-                ctx.free_memory()
-    ctx.record["exercise1"] = {"model": name, "scenario": scenario.__dict__, "runs": runs}
+            r = ctx.point(f"exercise1 {label} repeat {rep}", lambda make=make: run(make()))
+            if r is not None:
+                runs.setdefault(label, []).append(r.to_dict())
+                ctx.log(f"  exercise1 {label:<13} TTFT {r.long_prompt_ttft_s * 1e3:8.1f} ms, max ITL "
+                        f"{r.max_itl_s * 1e3:7.1f} ms, steady ITL {r.steady_itl_s * 1e3:6.2f} ms")
+            ctx.free_memory()
+    ctx.record["exercise1"] = {"model": name, "scenario": asdict(scenario), "runs": runs}

@@ -1,19 +1,11 @@
 """The GPU suite behind ``python -m longctx gpu-bench``: one prepared run, a time cap, one record.
 
-Sections, in order; each gets its weight's share of what is left of the cap, and a point that would
-start after its section's deadline is listed under ``skipped`` (as is one that runs out of memory);
-any other failure is listed under ``errors`` and the run goes on:
-
-1. ``ceilings``: a large matmul's FLOP/s and a device-to-device copy's bytes/s (read + written).
-2. ``prefill_chunks``: one prompt prefilled in chunks (each attends to the earlier chunks' KV cache).
-3. ``decode``: one decode step against batch size and context (batch x context capped).
-4. ``attention_share``: one layer's prefill, the attention core against the rest, as the context grows.
-5. ``exercise1``: ``longctx.sim.exercise1.Exercise1`` on the real engine, monolithic against chunked.
-
-Sections 2-4 run each model of ``models``: Llama-3-8B (whole) and a Llama-3.1-70B-shaped slice (its real
-layer shape, a few layers). Models have random weights (speed is all we need); FLOPs and bytes are
-``longctx.flops.step_cost``'s (``params="matmul"``, causal attention). ``BenchConfig.toy()`` runs every
-section on the CPU in seconds with tiny fp32 models (the tests use it).
+Sections (``longctx.gpu.sections``), in order: ``ceilings`` (matmul FLOP/s, copy bytes/s; always run),
+``prefill_chunks``, ``decode``, ``attention_share`` (each for Llama-3-8B and a Llama-3.1-70B-shaped slice:
+its real layer shape, a few layers) and ``exercise1`` (``longctx.sim.exercise1.Exercise1`` on the real
+engine). Each section gets its weight's share of the time left; a point past its section's deadline or
+out of memory is listed under ``skipped``, any other failure under ``errors``, and the run goes on.
+``BenchConfig.toy()`` runs it all on the CPU in seconds with tiny fp32 models (the tests use it).
 """
 
 from __future__ import annotations
@@ -31,6 +23,7 @@ from longctx.gpu import device_key
 from longctx.gpu.harness import Timing, time_fn
 from longctx.gpu.records import SCHEMA
 from longctx.model.config import LLAMA3_8B, resized, spec_to_dict
+from longctx.sim.exercise1 import Exercise1
 from longctx.specs import ModelSpec, get_model
 
 SECTION_WEIGHTS = {"ceilings": 0.5, "prefill_chunks": 2.0, "decode": 2.5, "attention_share": 1.0,
@@ -58,13 +51,9 @@ class BenchConfig:
     decode_contexts: tuple[int, ...] = (1024, 2048, 4096, 8192, 16384, 32768)
     max_decode_kv_tokens: int = 1 << 19  # 512K tokens = 64 GiB of Llama-3-8B bf16 KV
     attention_contexts: tuple[int, ...] = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
-    ex1_num_decode_streams: int = 16
-    ex1_prompt_tokens: int = 12_000
-    ex1_stream_context_tokens: int = 1024
+    exercise1: Exercise1 = Exercise1()  # the source's sizes: 16 streams at 1K, a 12K-token prompt
     ex1_budgets: tuple[int, ...] = (512, 1024, 2048)
     ex1_repeats: int = 3
-    ex1_warmup_steps: int = 20
-    ex1_tail_steps: int = 10
     main_layers: int | None = None  # None: all 32 layers of Llama-3-8B
     slice_layers: int = 4  # of Llama-3.1-70B's 80; 0 leaves the slice out
     block_size: int = 16
@@ -85,9 +74,8 @@ class BenchConfig:
         sizes = dict(is_toy=True, dtype="fp32", warmup=1, repeats=3, matmul_n=256, copy_bytes=8 * 2**20,
                      prefill_prompt_tokens=256, chunk_sizes=(16, 32, 64, 128, 256),
                      decode_batch_sizes=(1, 2, 4, 8), decode_contexts=(64, 128, 256), max_decode_kv_tokens=1024,
-                     attention_contexts=(64, 128, 256, 512), ex1_num_decode_streams=4, ex1_prompt_tokens=384,
-                     ex1_stream_context_tokens=64, ex1_budgets=(64, 128), ex1_repeats=1, ex1_warmup_steps=4,
-                     ex1_tail_steps=3, slice_layers=1, time_cap_s=60.0)
+                     attention_contexts=(64, 128, 256, 512), exercise1=Exercise1(4, 384, 64, 4, 3),
+                     ex1_budgets=(64, 128), ex1_repeats=1, slice_layers=1, time_cap_s=60.0)
         return cls(**{**sizes, **overrides})
 
     def models(self) -> dict[str, ModelSpec]:
@@ -119,13 +107,6 @@ class Run:
         self.deadline = time.monotonic() + max(0.0, left) * SECTION_WEIGHTS[section] / sum(
             SECTION_WEIGHTS[s] for s in remaining)
 
-    def allows(self, what: str) -> bool:
-        """True while the section has time left; otherwise lists ``what`` as skipped."""
-        if time.monotonic() < self.deadline:
-            return True
-        self.record["skipped"].append(f"{what} (time cap)")
-        return False
-
     def model(self, name: str):
         """The random-weight ``Llama`` called ``name`` (built once; building another drops the previous)."""
         if name not in self.models:
@@ -146,11 +127,15 @@ class Run:
         c = self.config
         return time_fn(fn, self.device, c.warmup if warmup is None else warmup, c.repeats if repeats is None else repeats)
 
-    def guarded(self, what: str, fn):
-        """``fn()``; or None, with ``what`` listed under ``skipped`` when the device runs out of memory and
-        under ``errors`` for any other exception (one failed point must not lose a whole GPU run)."""
+    def point(self, what: str, fn, timed: bool = True):
+        """``fn()``; or None, with ``what`` listed under ``skipped`` when the section's time is up (``timed``)
+        or the device runs out of memory, and under ``errors`` for any other exception (one failed point
+        must not lose a whole GPU run)."""
         import torch
 
+        if timed and time.monotonic() >= self.deadline:
+            self.record["skipped"].append(f"{what} (time cap)")
+            return None
         try:
             return fn()
         except torch.OutOfMemoryError:
@@ -205,7 +190,7 @@ def run_suite(config: BenchConfig, device=None, log: Callable[[str], None] | Non
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[config.dtype]
     record = {"schema": SCHEMA, "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
               "toy": config.is_toy, "dtype": config.dtype, "device": device_info(device),
-              "config": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(config).items()},
+              "config": asdict(config),
               "notes": "random-weight models run by longctx.model.llama over the engine's paged KV cache "
                        "(torch SDPA, not a fused paged-attention kernel): this engine's speed, not vLLM's",
               "models": {}, "errors": [], "skipped": []}
@@ -222,7 +207,7 @@ def run_suite(config: BenchConfig, device=None, log: Callable[[str], None] | Non
                 log(f"[{section}] ...")
                 for name in config.models() if section in PER_MODEL else ["llama-3-8b"]:
                     fn = getattr(sections, section)
-                    run.guarded(f"section {section}", lambda fn=fn, name=name: fn(run, name))
+                    run.point(f"section {section}", lambda fn=fn, name=name: fn(run, name), timed=False)
                 log(f"[{section}] done in {time.monotonic() - t0:.1f} s")
     finally:
         run.models.clear()
