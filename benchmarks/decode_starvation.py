@@ -99,7 +99,7 @@ def run_one(model, tokenizer, scheduler, args) -> dict:
     num_blocks = blocks_for_tokens(args.prompt_tokens + 64, 16) + sum(
         blocks_for_tokens(len(s) + max_stream_tokens, 16) for s in stream_ids
     )
-    engine = Engine(TorchExecutor(model, num_blocks, 16), scheduler, BlockManager(num_blocks, 16))
+    engine = Engine(TorchExecutor(model, BlockManager(num_blocks, 16)), scheduler)
     streams = [engine.add_request(ids, max_tokens=max_stream_tokens, eos_token_id=-1) for ids in stream_ids]
     while min(s.num_output_tokens for s in streams) < args.warmup_tokens + 1:
         engine.step()

@@ -3,8 +3,15 @@
 import pytest
 from model_fixtures import PROMPTS, our_model, our_tokenizer
 
-from longctx.engine import ChunkedPrefillScheduler, Engine, MonolithicScheduler
-from longctx.engine.torch_executor import TorchExecutor, chunked_prefill_max_diff, generate
+from longctx.engine import (
+    ChunkedPrefillScheduler,
+    Engine,
+    MonolithicScheduler,
+    PrefillFirstChunkedScheduler,
+    TorchExecutor,
+    chunked_prefill_max_diff,
+    generate,
+)
 from longctx.kv.block_manager import BlockManager
 
 pytestmark = pytest.mark.slow
@@ -33,13 +40,12 @@ def test_mixed_batches_give_each_request_its_solo_tokens():
     model, tok = our_model(), our_tokenizer()
     prompts = [tok.encode_chat(p) for p in PROMPTS]
     solo = [generate(model, ids, 10) for ids in prompts]
-    for scheduler in (ChunkedPrefillScheduler(token_budget=24), MonolithicScheduler()):
+    for scheduler in (ChunkedPrefillScheduler(24), PrefillFirstChunkedScheduler(24), MonolithicScheduler()):
         bm = BlockManager(40, 16)
-        engine = Engine(TorchExecutor(model, 40, 16), scheduler, bm)
+        engine = Engine(TorchExecutor(model, bm), scheduler)
         seqs = [engine.add_request(ids, max_tokens=10) for ids in prompts]
         engine.run_until_done()
         assert [s.output_token_ids for s in seqs] == solo
         assert bm.num_free_blocks == 40
-        assert any(r.num_prefill_tokens and r.num_decode_tokens for r in engine.history) or isinstance(
-            scheduler, MonolithicScheduler
-        )
+        mixed = any(r.num_prefill_tokens and r.num_decode_tokens for r in engine.history)
+        assert mixed == isinstance(scheduler, ChunkedPrefillScheduler)  # only the stall-free policy mixes

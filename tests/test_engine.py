@@ -8,12 +8,13 @@ from longctx.engine import (
     ChunkedPrefillScheduler,
     Engine,
     MonolithicScheduler,
+    PrefillFirstChunkedScheduler,
     ToyExecutor,
     VirtualClock,
     summarize,
 )
+from longctx.engine.batch import ScheduledBatch
 from longctx.engine.executor import ExecutionResult
-from longctx.engine.scheduler import ScheduledBatch
 from longctx.kv.block_manager import BlockManager
 
 
@@ -43,7 +44,8 @@ class ShadowKVExecutor:
         record, next_ids = [], []
         for seq, n in batch.entries:
             start = seq.num_computed_tokens
-            table = batch.block_tables[seq.seq_id]
+            table = self.bm.block_table(seq.seq_id)
+            assert len(table) == -(-(start + n) // bs), "the batch reserved too few or too many blocks"
             for p in range(start):
                 slot = table[p // bs] * bs + p % bs
                 assert self.shadow.get(slot) == (seq.seq_id, p), f"seq {seq.seq_id} lost position {p}"
@@ -138,10 +140,14 @@ workloads = st.lists(
     num_blocks=st.integers(6, 24),
     block_size=st.sampled_from([1, 4, 16]),
     budget=st.sampled_from([None, 1, 7, 32]),
+    prefill_first=st.booleans(),
 )
-def test_random_workloads_conserve_tokens_and_free_every_block(workload, num_blocks, block_size, budget):
+def test_random_workloads_conserve_tokens_and_free_every_block(
+    workload, num_blocks, block_size, budget, prefill_first
+):
     bm = BlockManager(num_blocks, block_size)
-    scheduler = MonolithicScheduler() if budget is None else ChunkedPrefillScheduler(budget, max_num_seqs=4)
+    chunked = PrefillFirstChunkedScheduler if prefill_first else ChunkedPrefillScheduler
+    scheduler = MonolithicScheduler() if budget is None else chunked(budget, max_num_seqs=4)
     executor = ShadowKVExecutor(bm)
     engine = Engine(executor, scheduler, bm, clock=VirtualClock())
     seqs = []
@@ -184,3 +190,41 @@ def test_preemption_happens_and_recovers():
     assert bm.num_free_blocks == 6
     m = summarize(engine.finished)
     assert m.completed == 4 and m.total_output_tokens == 48
+
+
+def test_prefill_first_chunking_still_stalls_decodes():
+    def max_itl(scheduler):
+        engine = toy_engine(scheduler, num_blocks=512)
+        streams = [engine.add_request([1] * 16, max_tokens=40, arrival_s=0.0) for _ in range(4)]
+        engine.add_request([1] * 2000, max_tokens=2, arrival_s=0.05)
+        engine.run_until_done()
+        return max(g for s in streams for g in s.itl_s)
+
+    # 2000 tokens in 32 chunks of 64: every chunk runs before the next decode, so the gap is the whole
+    # prefill (~1 s + 32 step overheads), about as long as the monolithic stall
+    assert max_itl(PrefillFirstChunkedScheduler(64)) > 1.0
+
+
+def test_abort_frees_blocks_and_leaves_the_queues():
+    engine = toy_engine(ChunkedPrefillScheduler(8), num_blocks=16)
+    a = engine.add_request([1] * 20, max_tokens=5)
+    b = engine.add_request([1] * 4, max_tokens=5)
+    engine.step()  # a gets 8 tokens of prefill
+    assert engine.block_manager.num_free_blocks < 16
+    assert engine.abort(a.seq_id) and not engine.abort(a.seq_id)
+    assert a.finish_reason == "abort" and a in engine.aborted and a not in engine.finished
+    engine.run_until_done()
+    assert engine.finished == [b] and engine.block_manager.num_free_blocks == 16
+
+
+def test_executor_with_its_own_pool_is_the_engines_pool():
+    class PoolExecutor(ToyExecutor):
+        block_manager = BlockManager(8, 4)
+
+    ex = PoolExecutor()
+    engine = Engine(ex, ChunkedPrefillScheduler(8), clock=VirtualClock())
+    assert engine.block_manager is ex.block_manager
+    with pytest.raises(ValueError, match="its own KV pool"):
+        Engine(ex, ChunkedPrefillScheduler(8), BlockManager(8, 4))
+    with pytest.raises(ValueError, match="its own KV pool"):
+        Engine(ex, ChunkedPrefillScheduler(8), num_blocks=8)

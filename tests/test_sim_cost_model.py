@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from longctx.engine import ChunkedPrefillScheduler, ScheduledBatch, Sequence
 from longctx.flops import step_cost
+from longctx.kv.block_manager import BlockManager
 from longctx.sim import CostFactors, CostModelExecutor, MeasuredStep, calibrate
 from longctx.specs import HARDWARE, MODELS, get_hardware
 
@@ -59,7 +60,7 @@ def test_decode_step_is_weight_bandwidth_bound_on_h100():
 def test_execute_reads_batch_before_the_step():
     seq = Sequence(0, [0] * 100, max_tokens=4)
     seq.num_computed_tokens = 60
-    batch = ScheduledBatch()
+    batch = ScheduledBatch(BlockManager(16, 16))
     batch.add(seq, 40)
     ex = CostModelExecutor("llama-3-8b", "h100")
     r = ex.execute(batch)

@@ -60,7 +60,7 @@ def run_generate(args) -> int:
         raise ValueError("the prompt is empty")
     import torch
 
-    from longctx.engine.torch_executor import generate
+    from longctx.engine import generate
     from longctx.model.tokenizer import load_tokenizer
     from longctx.model.weights import load_model
 

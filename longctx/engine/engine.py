@@ -1,7 +1,14 @@
 """The engine loop: admit arrivals, schedule, execute, timestamp the new tokens, free finished sequences.
 
 One loop for both executors: ``TorchExecutor`` with a ``WallClock`` is a real (small) inference engine;
-a cost-model executor with a ``VirtualClock`` is the simulator. Nothing here imports torch.
+a cost-model executor with a ``VirtualClock`` is the simulator. Each step is
+
+    batch = ScheduledBatch(...); scheduler.schedule(running, waiting, batch)   # decide (reserves KV)
+    batch.commit(running, waiting, now)                                         # move queues, flip states
+    result = executor.execute(batch)                                            # run (or model) the step
+    update: count computed tokens, append sampled tokens with their time, free finished sequences
+
+Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -9,9 +16,10 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
+from longctx.engine.batch import ScheduledBatch
 from longctx.engine.clock import Clock, WallClock
 from longctx.engine.executor import Executor
-from longctx.engine.scheduler import ScheduledBatch, Scheduler
+from longctx.engine.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler
 from longctx.engine.sequence import Sequence, SequenceStatus
 from longctx.kv.block_manager import BlockManager, blocks_for_tokens
 
@@ -41,10 +49,13 @@ class Engine:
     """A continuous-batching engine over a paged KV cache.
 
     Args:
-        executor: runs a ``ScheduledBatch`` (``TorchExecutor``, a cost model, ``ToyExecutor``).
-        scheduler: a ``Scheduler`` subclass instance (the policy).
-        block_manager: the KV pool's bookkeeping; or give ``num_blocks`` (and ``block_size``) instead. It
-            must describe the same pool as the executor's cache.
+        executor: runs a ``ScheduledBatch`` (``TorchExecutor``, a cost model, ``ToyExecutor``). An executor
+            with a KV cache of its own (``TorchExecutor``) carries its pool as ``executor.block_manager``:
+            the engine uses that one, so the bookkeeping and the tensors describe one pool.
+        scheduler: the policy: a ``Scheduler`` subclass instance (anything with ``schedule(running,
+            waiting, batch)`` and optional ``token_budget`` / ``max_num_seqs`` attributes).
+        block_manager: the KV pool's bookkeeping for an executor without a cache of its own; or give
+            ``num_blocks`` (and ``block_size``) instead.
         clock: ``WallClock()`` by default; a ``VirtualClock`` for simulation.
         max_model_len: longest prompt accepted, in tokens.
         eos_token_id: default end-of-sequence token (only checked when the executor returns real tokens).
@@ -64,7 +75,15 @@ class Engine:
         eos_token_id: int | None = None,
         vocab_size: int | None = None,
     ) -> None:
-        if block_manager is None:
+        own = getattr(executor, "block_manager", None)
+        if own is not None:
+            if block_manager is not None and block_manager is not own or num_blocks is not None:
+                raise ValueError(
+                    "the executor has its own KV pool (executor.block_manager); do not give the engine "
+                    "another block_manager or num_blocks"
+                )
+            block_manager = own
+        elif block_manager is None:
             if num_blocks is None:
                 raise ValueError("give either block_manager or num_blocks")
             block_manager = BlockManager(num_blocks, block_size)
@@ -81,6 +100,7 @@ class Engine:
         self.waiting: list[Sequence] = []  # arrived, no KV blocks (new or preempted), queue order
         self.running: list[Sequence] = []  # hold KV blocks, oldest first
         self.finished: list[Sequence] = []  # in finishing order
+        self.aborted: list[Sequence] = []  # dropped by abort(), in abort order
         self.history: list[StepRecord] = []
         self._next_id = 0
 
@@ -98,17 +118,20 @@ class Engine:
         Raises ``ValueError`` for an empty prompt, a prompt over ``max_model_len``, ``max_tokens < 1``, or
         a request whose prompt + max_tokens cannot fit in the whole KV pool.
         """
-        ids = [int(t) for t in prompt_token_ids]
+        ids = prompt_token_ids.tolist() if hasattr(prompt_token_ids, "tolist") else list(prompt_token_ids)
         if not ids:
             raise ValueError("the prompt is empty: give at least one token")
         if len(ids) > self.max_model_len:
             raise ValueError(
                 f"the prompt has {len(ids)} tokens, more than max_model_len={self.max_model_len}"
             )
-        if self.vocab_size is not None and not all(0 <= t < self.vocab_size for t in ids):
-            bad = next(t for t in ids if not 0 <= t < self.vocab_size)
-            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
-        if int(max_tokens) != max_tokens or max_tokens < 1:
+        if self.vocab_size is not None:
+            if not set(map(type, ids)) <= {int}:
+                ids = [int(t) for t in ids]
+            if not 0 <= min(ids) <= max(ids) < self.vocab_size:
+                bad = next(t for t in ids if not 0 <= t < self.vocab_size)
+                raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+        if isinstance(max_tokens, bool) or int(max_tokens) != max_tokens or max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
         bm = self.block_manager
         need = blocks_for_tokens(len(ids) + int(max_tokens), bm.block_size)
@@ -128,6 +151,8 @@ class Engine:
         self._next_id += 1
         if seq.arrival_s <= now:
             self.waiting.append(seq)
+        elif not self.pending or self.pending[-1].arrival_s <= seq.arrival_s:
+            self.pending.append(seq)  # arrivals in order (a workload): no search
         else:
             bisect.insort(self.pending, seq, key=lambda s: s.arrival_s)
         return seq
@@ -135,18 +160,18 @@ class Engine:
     def abort(self, seq_id: int) -> bool:
         """Drop an unfinished request (a client went away): free its KV blocks, remove it from the queues.
 
-        The sequence ends with ``finish_reason == "abort"`` and is *not* added to ``finished`` (it has no
-        complete timings). Returns False when no unfinished sequence has that id (already done: a no-op).
+        The sequence ends with ``finish_reason == "abort"`` and goes to ``aborted``, not ``finished`` (it
+        has no complete timings). Returns False when no unfinished sequence has that id (a no-op).
         """
         for queue in (self.pending, self.waiting, self.running):
             for seq in queue:
                 if seq.seq_id == seq_id:
                     queue.remove(seq)
-                    if self.block_manager.has(seq_id):
-                        self.block_manager.free(seq_id)
+                    self.block_manager.free(seq_id)
                     seq.status = SequenceStatus.FINISHED
                     seq.finish_reason = "abort"
                     seq.finished_s = self.clock.now()
+                    self.aborted.append(seq)
                     return True
         return False
 
@@ -156,14 +181,28 @@ class Engine:
     @property
     def sequences(self) -> list[Sequence]:
         """Every sequence added so far, by id."""
-        every = self.pending + self.waiting + self.running + self.finished
+        every = self.pending + self.waiting + self.running + self.finished + self.aborted
         return sorted(every, key=lambda s: s.seq_id)
 
     # ---- the loop ----
     def _admit_arrivals(self) -> None:
-        now = self.clock.now()
-        while self.pending and self.pending[0].arrival_s <= now:
-            self.waiting.append(self.pending.pop(0))
+        now, pending = self.clock.now(), self.pending
+        i = 0
+        while i < len(pending) and pending[i].arrival_s <= now:
+            i += 1
+        if i:
+            self.waiting += pending[:i]
+            del pending[:i]
+
+    def new_batch(self) -> ScheduledBatch:
+        """An empty batch over this engine's pool and running queue, with the scheduler's limits."""
+        s = self.scheduler
+        return ScheduledBatch(
+            self.block_manager,
+            list(self.running),
+            token_budget=getattr(s, "token_budget", None),
+            max_num_seqs=getattr(s, "max_num_seqs", DEFAULT_MAX_NUM_SEQS),
+        )
 
     def step(self) -> StepRecord | None:
         """Run one iteration. Returns its record, or None when there was nothing to do."""
@@ -173,31 +212,28 @@ class Engine:
                 return None
             self.clock.wait_until(self.pending[0].arrival_s)  # idle until the next arrival
             self._admit_arrivals()
-        batch = self.scheduler.schedule(list(self.running), list(self.waiting), self.block_manager)
-        self._apply_preemptions(batch)
-        self._check(batch)
-        num_prefill, num_decode = batch.num_prefill_tokens, batch.num_decode_tokens
-        for e in batch.entries:  # admitted this step
-            if e.seq.status is SequenceStatus.WAITING:
-                self.waiting.remove(e.seq)
-                self.running.append(e.seq)
-                e.seq.status = SequenceStatus.RUNNING
-                if e.seq.first_scheduled_s is None:
-                    e.seq.first_scheduled_s = self.clock.now()
-        batch.block_tables = {e.seq.seq_id: self.block_manager.block_table(e.seq.seq_id) for e in batch}
+        batch = self.new_batch()
+        self.scheduler.schedule(batch.running, list(self.waiting), batch)
+        if not batch.entries:
+            raise RuntimeError(
+                f"{type(self.scheduler).__name__}.schedule left the batch empty although "
+                f"{len(self.running)} sequences run and {len(self.waiting)} wait: the engine would never finish"
+            )
         start_s = self.clock.now()
+        batch.commit(self.running, self.waiting, start_s)
         result = self.executor.execute(batch)
         self.clock.advance(result.duration_s)
         end_s = self.clock.now()
         self._update(batch, result.next_token_ids, end_s)
+        entries = batch.entries
         record = StepRecord(
             start_s=start_s,
             end_s=end_s,
             duration_s=float(result.duration_s),
-            num_prefill_tokens=num_prefill,
-            num_decode_tokens=num_decode,
-            seq_ids=tuple(e.seq.seq_id for e in batch),
-            chunk_tokens=tuple(e.num_tokens for e in batch),
+            num_prefill_tokens=batch.num_prefill_tokens,
+            num_decode_tokens=batch.num_decode_tokens,
+            seq_ids=tuple([e[0].seq_id for e in entries]),
+            chunk_tokens=tuple([e[1] for e in entries]),
             num_preempted=len(batch.preempted),
             num_free_blocks=self.block_manager.num_free_blocks,
         )
@@ -215,64 +251,29 @@ class Engine:
         return self.finished
 
     # ---- internals ----
-    def _apply_preemptions(self, batch: ScheduledBatch) -> None:
-        for seq in batch.preempted:
-            if seq in self.running:
-                self.running.remove(seq)
-        # Preempted sequences go to the front of the queue, oldest first.
-        self.waiting[:0] = [s for s in self.running_order(batch.preempted) if s not in self.waiting]
-
-    @staticmethod
-    def running_order(seqs: list[Sequence]) -> list[Sequence]:
-        return sorted(seqs, key=lambda s: (s.arrival_s, s.seq_id))
-
-    def _check(self, batch: ScheduledBatch) -> None:
-        name = type(self.scheduler).__name__
-        if not batch.entries:
-            raise RuntimeError(
-                f"{name}.schedule returned an empty batch although {len(self.running)} sequences run and "
-                f"{len(self.waiting)} wait: the engine would never finish"
-            )
-        seen: set[int] = set()
-        for seq, n in batch.entries:
-            if seq.seq_id in seen:
-                raise RuntimeError(f"{name} scheduled sequence {seq.seq_id} twice in one batch")
-            seen.add(seq.seq_id)
-            if not 1 <= n <= seq.num_uncomputed_tokens:
-                raise RuntimeError(
-                    f"{name} scheduled {n} tokens of sequence {seq.seq_id}, which has "
-                    f"{seq.num_uncomputed_tokens} left to compute (allowed: 1 to that)"
-                )
-            if self.block_manager.num_tokens(seq.seq_id) < seq.num_computed_tokens + n:
-                raise RuntimeError(
-                    f"{name} scheduled {n} tokens of sequence {seq.seq_id} without reserving their KV "
-                    f"slots: add entries with self.reserve(batch, seq, n, running, block_manager)"
-                )
-        budget = getattr(self.scheduler, "token_budget", None)
-        if budget is not None and batch.num_tokens > budget:
-            raise RuntimeError(f"{name} scheduled {batch.num_tokens} tokens, over token_budget={budget}")
-
     def _update(self, batch: ScheduledBatch, next_token_ids: list[int] | None, now_s: float) -> None:
-        if next_token_ids is not None and len(next_token_ids) != len(batch.entries):
-            raise RuntimeError(
-                f"the executor returned {len(next_token_ids)} tokens for {len(batch.entries)} entries"
-            )
-        for i, (seq, n) in enumerate(batch.entries):
+        entries = batch.entries
+        if next_token_ids is not None and len(next_token_ids) != len(entries):
+            raise RuntimeError(f"the executor returned {len(next_token_ids)} tokens for {len(entries)} entries")
+        done = []
+        for i, (seq, n) in enumerate(entries):
             seq.num_computed_tokens += n
-            if seq.num_uncomputed_tokens > 0:
+            outputs = seq.output_token_ids
+            if len(seq.prompt_token_ids) + len(outputs) > seq.num_computed_tokens:
                 continue  # a prefill chunk that is not the last: no token yet
             token = 0 if next_token_ids is None else int(next_token_ids[i])
-            seq.output_token_ids.append(token)
+            outputs.append(token)
             seq.token_times_s.append(now_s)
-            if seq.num_output_tokens >= seq.max_tokens:
-                self._finish(seq, "length", now_s)
-            elif next_token_ids is not None and seq.eos_token_id is not None and token == seq.eos_token_id:
-                self._finish(seq, "stop", now_s)
-
-    def _finish(self, seq: Sequence, reason: str, now_s: float) -> None:
-        self.block_manager.free(seq.seq_id)
-        seq.status = SequenceStatus.FINISHED
-        seq.finish_reason = reason
-        seq.finished_s = now_s
-        self.running.remove(seq)
-        self.finished.append(seq)
+            if len(outputs) >= seq.max_tokens:
+                done.append((seq, "length"))
+            elif next_token_ids is not None and token == seq.eos_token_id:
+                done.append((seq, "stop"))
+        if done:
+            for seq, reason in done:
+                self.block_manager.free(seq.seq_id)
+                seq.status = SequenceStatus.FINISHED
+                seq.finish_reason = reason
+                seq.finished_s = now_s
+                self.finished.append(seq)
+            ids = {seq.seq_id for seq, _ in done}
+            self.running[:] = [s for s in self.running if s.seq_id not in ids]

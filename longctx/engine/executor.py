@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from longctx.engine.scheduler import ScheduledBatch
+from longctx.engine.batch import ScheduledBatch
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,7 @@ class ExecutionResult:
     """``duration_s``: how long the step took (measured or modelled).
 
     ``next_token_ids``: one token id per batch entry, in ``batch.entries`` order; only the entries that
-    complete their sequence (``entry.completes_prefill``) use theirs. ``None`` when the executor produces no
+    reach the end of their sequence (all its tokens computed) use theirs. ``None`` when the executor produces no
     real tokens (a cost model): the engine then appends a dummy token and stops by ``max_tokens`` only.
     """
 

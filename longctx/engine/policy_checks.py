@@ -1,27 +1,129 @@
 """Check that a scheduling policy is stall-free, on toy workloads with a virtual clock.
 
 Lesson 02's exercise asks the learner to write ``schedule`` for a token-budget scheduler in
-Sarathi-Serve's stall-free order. These checks run the learner's policy in the real ``Engine`` (with a
-``ToyExecutor`` and a ``VirtualClock``: no model, milliseconds per run) and inspect every decision it
-made. Each rule has a message that says which step broke it and how:
+Sarathi-Serve's stall-free order. The check runs the policy's decisions in the real ``Engine`` (with a
+``ToyExecutor`` and a ``VirtualClock``: no model, milliseconds per run) and inspects every step.
 
-1. the token budget is never exceeded;
+The policy and the check talk in plain data only, so that the check can run in another process than the
+learner's code (the grader's pristine checker):
+
+- ``scheduler_state(running, waiting, block_manager) -> dict``: what the policy sees at one step;
+- ``decide(scheduler, state) -> [[seq_id, num_tokens], ...]``: rebuilds mirror sequences and a block
+  manager from the state, runs ``scheduler.schedule`` on them and returns its ``batch.add`` calls in order
+  (an ``add`` that returned False is listed too: it may have preempted, and replaying it does the same);
+- ``check_stall_free(policy, workload)``: ``policy`` is a ``Scheduler`` (decided here through ``decide``)
+  or any object with ``decide(state) -> list`` (e.g. a proxy to another process). The engine applies
+  each step's decisions through the library's own batch, which validates them.
+
+Rules, each with a message that says which step broke it and how:
+
+1. every decision is legal (a known sequence, ``1 <= num_tokens <= tokens left``, once per step), the
+   token budget is never exceeded and a step is never empty while there is work;
 2. running decodes go first: a step that prefills leaves no running decode out (unless the decodes
-   alone fill the budget);
+   alone fill the budget), and the batch lists decodes, then prefills in progress, then new prompts;
 3. prefills already in progress come before new prompts;
 4. the budget is filled while there is prefill work that could use it;
-5. every request finishes (nobody starves, nothing hangs).
+5. every request finishes (nobody starves, nothing hangs);
+6. the policy is the learner's own: decisions taken inside the library's ``ChunkedPrefillScheduler``
+   (inherited or called) are refused.
 """
 
 from __future__ import annotations
 
 import random
+import sys
 from dataclasses import dataclass
 
+from longctx.engine.batch import ScheduledBatch
 from longctx.engine.clock import VirtualClock
 from longctx.engine.engine import Engine
 from longctx.engine.executor import ToyExecutor
-from longctx.engine.scheduler import ScheduledBatch, Scheduler
+from longctx.engine.scheduler import DEFAULT_MAX_NUM_SEQS, ChunkedPrefillScheduler, Scheduler
+from longctx.engine.sequence import Sequence, SequenceStatus
+from longctx.kv.block_manager import BlockManager
+
+_LIBRARY_POLICY_CODE = {ChunkedPrefillScheduler.schedule.__code__}
+
+
+# ---- plain data in, plain data out --------------------------------------------------------------------
+
+
+def _seq_state(seq: Sequence, block_manager: BlockManager) -> dict:
+    return {
+        "seq_id": int(seq.seq_id),
+        "num_prompt_tokens": int(seq.num_prompt_tokens),
+        "num_output_tokens": int(seq.num_output_tokens),
+        "num_computed_tokens": int(seq.num_computed_tokens),
+        "max_tokens": int(seq.max_tokens),
+        "arrival_s": float(seq.arrival_s),
+        "block_table": [int(b) for b in block_manager.block_table(seq.seq_id)],
+    }
+
+
+def scheduler_state(running: list[Sequence], waiting: list[Sequence], block_manager: BlockManager) -> dict:
+    """What a policy sees at one step, as plain data (ints, floats, lists, dicts)."""
+    return {
+        "num_blocks": block_manager.num_blocks,
+        "block_size": block_manager.block_size,
+        "free_blocks": [int(b) for b in block_manager._free],
+        "running": [_seq_state(s, block_manager) for s in running],
+        "waiting": [_seq_state(s, block_manager) for s in waiting],
+    }
+
+
+def _mirror(d: dict, status: SequenceStatus) -> Sequence:
+    seq = Sequence(d["seq_id"], [0] * d["num_prompt_tokens"], d["max_tokens"], arrival_s=d["arrival_s"])
+    seq.output_token_ids = [0] * d["num_output_tokens"]
+    seq.num_computed_tokens = d["num_computed_tokens"]
+    seq.status = status
+    return seq
+
+
+class _RecordingBatch(ScheduledBatch):
+    """A batch that lists every ``add`` call and refuses calls made inside the library's policy."""
+
+    calls: list
+    allow_library: bool = False
+
+    def add(self, seq, num_tokens):
+        if not self.allow_library:
+            frame = sys._getframe(1)
+            while frame is not None:
+                if frame.f_code in _LIBRARY_POLICY_CODE:
+                    raise AssertionError(
+                        "your schedule hands the decision to the library's ChunkedPrefillScheduler "
+                        "(inherited or called): write the three loops yourself, with batch.add"
+                    )
+                frame = frame.f_back
+        self.calls.append([int(seq.seq_id), num_tokens])
+        return super().add(seq, num_tokens)
+
+
+def decide(scheduler: Scheduler, state: dict, *, allow_library: bool = False) -> list[list[int]]:
+    """Run ``scheduler.schedule`` on mirrors of ``state``; returns its ``batch.add`` calls in order.
+
+    Runs in the learner's kernel; everything in and out is plain data. ``allow_library`` lets the
+    library's own policies be checked (they are refused by default: the exercise is to write one).
+    """
+    bm = BlockManager(state["num_blocks"], state["block_size"])
+    bm._free = list(state["free_blocks"])
+    for d in state["running"]:
+        if d["block_table"]:
+            bm._tables[d["seq_id"]] = list(d["block_table"])
+    running = [_mirror(d, SequenceStatus.RUNNING) for d in state["running"]]
+    waiting = [_mirror(d, SequenceStatus.WAITING) for d in state["waiting"]]
+    batch = _RecordingBatch(
+        bm,
+        list(running),
+        token_budget=getattr(scheduler, "token_budget", None),
+        max_num_seqs=getattr(scheduler, "max_num_seqs", DEFAULT_MAX_NUM_SEQS),
+    )
+    batch.calls, batch.allow_library = [], allow_library
+    scheduler.schedule(running, waiting, batch)
+    return [[int(i), int(n)] for i, n in batch.calls]
+
+
+# ---- running decisions through the real engine ----------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -32,31 +134,43 @@ class Decision:
     decoding: tuple[int, ...]  # running, prompt fully computed: want 1 token
     in_progress: dict[int, int]  # running, prompt partly computed: id -> tokens left
     new: dict[int, int]  # waiting: id -> tokens left
-    chosen: dict[int, int]  # id -> tokens scheduled
+    chosen: dict[int, int]  # id -> tokens scheduled, in batch order
     preempted: int
 
 
-class RecordingScheduler(Scheduler):
-    """Wraps a policy and records each decision; behaves exactly like the wrapped policy."""
+class ReplayScheduler(Scheduler):
+    """Asks ``decider(state)`` for each step's ``add`` calls and applies them through the batch."""
 
-    def __init__(self, inner: Scheduler) -> None:
-        self.inner = inner
-        self.token_budget = getattr(inner, "token_budget", None)
-        self.max_num_seqs = getattr(inner, "max_num_seqs", Scheduler.max_num_seqs)
+    def __init__(self, decider, token_budget: int | None, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS):
+        self.decider, self.token_budget, self.max_num_seqs = decider, token_budget, max_num_seqs
         self.decisions: list[Decision] = []
 
-    def schedule(self, running, waiting, block_manager) -> ScheduledBatch:
-        decoding = tuple(s.seq_id for s in running if s.is_decode)
-        in_progress = {s.seq_id: s.num_uncomputed_tokens for s in running if not s.is_decode}
-        new = {s.seq_id: s.num_uncomputed_tokens for s in waiting}
-        batch = self.inner.schedule(running, waiting, block_manager)
-        if not isinstance(batch, ScheduledBatch):
-            raise AssertionError(f"schedule must return a ScheduledBatch, got {type(batch).__name__}")
-        chosen = {e.seq.seq_id: e.num_tokens for e in batch.entries}
+    def schedule(self, running, waiting, batch):
+        step = len(self.decisions)
+        calls = self.decider(scheduler_state(running, waiting, batch.block_manager))
+        by_id = {s.seq_id: s for s in running + waiting}
+        if not isinstance(calls, (list, tuple)):
+            raise AssertionError(f"step {step}: decisions must be a list of [seq_id, num_tokens], got {calls!r}")
+        for call in calls:
+            if not (isinstance(call, (list, tuple)) and len(call) == 2):
+                raise AssertionError(f"step {step}: each decision must be [seq_id, num_tokens], got {call!r}")
+            seq_id, n = call
+            if isinstance(seq_id, bool) or not isinstance(seq_id, int) or seq_id not in by_id:
+                raise AssertionError(f"step {step}: sequence {seq_id!r} is neither running nor waiting")
+            try:
+                batch.add(by_id[seq_id], n)
+            except ValueError as exc:
+                raise AssertionError(f"step {step}: {exc}") from None
         self.decisions.append(
-            Decision(len(self.decisions), decoding, in_progress, new, chosen, len(batch.preempted))
+            Decision(
+                step,
+                tuple(s.seq_id for s in running if s.is_decode),
+                {s.seq_id: s.num_uncomputed_tokens for s in running if not s.is_decode},
+                {s.seq_id: s.num_uncomputed_tokens for s in waiting},
+                {e.seq.seq_id: e.num_tokens for e in batch.entries},
+                len(batch.preempted),
+            )
         )
-        return batch
 
 
 @dataclass(frozen=True)
@@ -82,70 +196,110 @@ def random_workload(num_requests: int, seed: int) -> list[ToyRequest]:
     ]
 
 
+def _decider(policy, allow_library: bool):
+    if isinstance(policy, Scheduler):
+        return lambda state: decide(policy, state, allow_library=allow_library)
+    if callable(getattr(policy, "decide", None)):
+        return policy.decide
+    raise AssertionError(
+        f"expected a Scheduler subclass instance (or an object with decide(state)), got {type(policy).__name__}"
+    )
+
+
 def run_policy(
-    scheduler: Scheduler,
+    scheduler,
     workload: list[ToyRequest],
     num_blocks: int = 4096,
     block_size: int = 16,
     max_steps: int = 20_000,
-) -> tuple[Engine, RecordingScheduler]:
-    """Run ``workload`` through the real engine with ``scheduler``; returns the engine and the recording."""
-    recorder = RecordingScheduler(scheduler)
-    engine = Engine(
-        ToyExecutor(), recorder, num_blocks=num_blocks, block_size=block_size, clock=VirtualClock()
+    *,
+    allow_library: bool = True,
+    token_budget: int | None = None,
+) -> tuple[Engine, ReplayScheduler]:
+    """Run ``workload`` through the real engine with the policy's decisions; returns the engine and the
+    replaying scheduler (``.decisions``: one ``Decision`` per step)."""
+    budget = token_budget if token_budget is not None else getattr(scheduler, "token_budget", None)
+    replay = ReplayScheduler(
+        _decider(scheduler, allow_library), budget, getattr(scheduler, "max_num_seqs", DEFAULT_MAX_NUM_SEQS)
     )
+    engine = Engine(ToyExecutor(), replay, num_blocks=num_blocks, block_size=block_size, clock=VirtualClock())
     for r in workload:
-        engine.add_request(
-            list(range(1, r.prompt_tokens + 1)), max_tokens=r.max_tokens, arrival_s=r.arrival_s
-        )
+        engine.add_request([1] * r.prompt_tokens, max_tokens=r.max_tokens, arrival_s=r.arrival_s)
     try:
         engine.run_until_done(max_steps=max_steps)
-    except RuntimeError as exc:  # the engine's own contract checks, or no progress
-        message = str(exc).replace(type(recorder).__name__, type(scheduler).__name__)
+    except RuntimeError as exc:  # an empty batch, or no progress
+        message = str(exc).replace(type(replay).__name__, "your policy")
         raise AssertionError(f"the engine stopped your policy: {message}") from None
-    return engine, recorder
+    except ValueError as exc:  # batch.add refused an entry made in this process
+        raise AssertionError(f"step {len(replay.decisions)}: {exc}") from None
+    return engine, replay
+
+
+def _check_step(d: Decision, budget: int, check_fill: bool) -> None:
+    total = sum(d.chosen.values())
+    where = (
+        f"step {d.step} (decoding {len(d.decoding)}, prefills in progress {len(d.in_progress)}, "
+        f"new {len(d.new)}; you scheduled {d.chosen})"
+    )
+    if total > budget:
+        raise AssertionError(f"{where}: {total} tokens exceed token_budget={budget}")
+    if d.preempted:
+        return  # memory pressure: the order rules do not apply to a step that had to preempt
+    prefilled = any(i not in d.decoding for i in d.chosen)
+    decodes_done = sum(1 for i in d.decoding if i in d.chosen)
+    if prefilled and decodes_done < min(len(d.decoding), budget):
+        raise AssertionError(
+            f"{where}: a prefill ran while {len(d.decoding) - decodes_done} running decodes "
+            "were left out. Schedule every running decode first (1 token each)."
+        )
+    kinds = [0 if i in d.decoding else 1 if i in d.in_progress else 2 for i in d.chosen]
+    if kinds != sorted(kinds):
+        raise AssertionError(
+            f"{where}: add entries in Sarathi-Serve's order: running decodes, then prefills in progress, "
+            "then new prompts."
+        )
+    if 2 in kinds:
+        short = [i for i, left in d.in_progress.items() if d.chosen.get(i, 0) < left]
+        if short:
+            raise AssertionError(
+                f"{where}: a new prompt started while prefill(s) {short} already in "
+                "progress did not get all their remaining tokens. Continue them first."
+            )
+    if check_fill and total < budget:
+        unserved_in_progress = any(d.chosen.get(i, 0) < left for i, left in d.in_progress.items())
+        unserved_new = any(d.chosen.get(i, 0) < left for i, left in d.new.items())
+        if unserved_in_progress or unserved_new:
+            raise AssertionError(
+                f"{where}: only {total} of {budget} budget tokens used while prompt "
+                "tokens were waiting. Chunk the prefills to fill the budget."
+            )
 
 
 def check_stall_free(
-    scheduler: Scheduler, workload: list[ToyRequest], *, check_fill: bool = True, **engine_kwargs
+    policy,
+    workload: list[ToyRequest],
+    *,
+    check_fill: bool = True,
+    token_budget: int | None = None,
+    allow_library: bool = False,
+    **engine_kwargs,
 ) -> Engine:
-    """Run ``scheduler`` on ``workload`` and assert the five rules above; returns the engine."""
-    budget = scheduler.token_budget
-    if budget is None:
-        raise AssertionError("a token-budget scheduler must set self.token_budget to a positive integer")
-    engine, recorder = run_policy(scheduler, workload, **engine_kwargs)
-    for d in recorder.decisions:
-        total = sum(d.chosen.values())
-        where = (
-            f"step {d.step} (decoding {len(d.decoding)}, prefills in progress {len(d.in_progress)}, "
-            f"new {len(d.new)}; you scheduled {d.chosen})"
+    """Run ``policy`` on ``workload`` and assert the rules above; returns the engine.
+
+    ``policy``: a ``Scheduler`` instance, or any object with ``decide(state) -> [[seq_id, num_tokens], ...]``
+    (then give ``token_budget`` unless the object has that attribute). ``engine_kwargs``: ``num_blocks``,
+    ``block_size``, ``max_steps`` of the toy engine.
+    """
+    budget = token_budget if token_budget is not None else getattr(policy, "token_budget", None)
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise AssertionError(
+            f"a token-budget scheduler must set self.token_budget to a positive integer, got {budget!r}"
         )
-        if total > budget:
-            raise AssertionError(f"{where}: {total} tokens exceed token_budget={budget}")
-        if d.preempted:
-            continue  # memory pressure: the order rules do not apply to a step that had to preempt
-        prefilled = any(i not in d.decoding for i in d.chosen)
-        decodes_done = sum(1 for i in d.decoding if i in d.chosen)
-        if prefilled and decodes_done < min(len(d.decoding), budget):
-            raise AssertionError(
-                f"{where}: a prefill ran while {len(d.decoding) - decodes_done} running decodes "
-                "were left out. Schedule every running decode first (1 token each)."
-            )
-        if any(i in d.new for i in d.chosen):
-            short = [i for i, left in d.in_progress.items() if d.chosen.get(i, 0) < left]
-            if short:
-                raise AssertionError(
-                    f"{where}: a new prompt started while prefill(s) {short} already in "
-                    "progress did not get all their remaining tokens. Continue them first."
-                )
-        if check_fill and total < budget:
-            unserved_in_progress = any(d.chosen.get(i, 0) < left for i, left in d.in_progress.items())
-            unserved_new = any(d.chosen.get(i, 0) < left for i, left in d.new.items())
-            if unserved_in_progress or unserved_new:
-                raise AssertionError(
-                    f"{where}: only {total} of {budget} budget tokens used while prompt "
-                    "tokens were waiting. Chunk the prefills to fill the budget."
-                )
+    engine, replay = run_policy(
+        policy, workload, allow_library=allow_library, token_budget=budget, **engine_kwargs
+    )
+    for d in replay.decisions:
+        _check_step(d, budget, check_fill)
     unfinished = [s.seq_id for s in engine.sequences if not s.is_finished]
     if unfinished:
         raise AssertionError(f"requests {unfinished} never finished")

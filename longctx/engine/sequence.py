@@ -83,18 +83,16 @@ class Sequence:
         return self.status is SequenceStatus.FINISHED
 
     def token_ids(self, start: int = 0, stop: int | None = None) -> list[int]:
-        """Token ids at positions ``[start, stop)`` of prompt + output."""
-        n_prompt = len(self.prompt_token_ids)
+        """Token ids at positions ``[start, stop)`` of prompt + output (copies only that range)."""
+        prompt, n_prompt = self.prompt_token_ids, len(self.prompt_token_ids)
         stop = self.num_tokens if stop is None else stop
         if stop <= n_prompt:
-            return self.prompt_token_ids[start:stop]
-        return (self.prompt_token_ids + self.output_token_ids)[start:stop]
+            return prompt[start:stop]
+        if start >= n_prompt:  # a decode, or a recompute past the prompt
+            return self.output_token_ids[start - n_prompt : stop - n_prompt]
+        return prompt[start:] + self.output_token_ids[: stop - n_prompt]
 
     # ---- timestamps ----
-    @property
-    def first_token_s(self) -> float | None:
-        return self.token_times_s[0] if self.token_times_s else None
-
     @property
     def ttft_s(self) -> float | None:
         """Time to first token: first output token time minus arrival time."""

@@ -1,8 +1,8 @@
 """The paged KV cache tensors and the per-step attention metadata (torch).
 
 For each layer the pool stores K and V as ``[num_blocks, block_size, num_kv_heads, head_dim]``; viewed flat,
-``[num_slots, num_kv_heads, head_dim]`` with ``slot = block * block_size + offset`` (the block manager's
-slot mapping). New keys/values are *written* at their slots; attention *gathers* a sequence's keys back
+``[num_slots, num_kv_heads, head_dim]`` with ``slot = block * block_size + offset``
+(``longctx.kv.block_manager.slots``, the one slot formula). New keys/values are *written* at their slots; attention *gathers* a sequence's keys back
 through its block table: K/V of a sequence need not be contiguous in memory (PagedAttention).
 """
 
@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
+from longctx.kv.block_manager import slots
 
 
 class PagedKVCache:
@@ -28,6 +30,11 @@ class PagedKVCache:
         return cls(
             config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim, device, dtype
         )
+
+    @classmethod
+    def for_pool(cls, config, block_manager, device="cpu", dtype=torch.float32):
+        """The tensors of the pool ``block_manager`` describes (its ``num_blocks`` x ``block_size``)."""
+        return cls.for_model(config, block_manager.num_blocks, block_manager.block_size, device, dtype)
 
     @property
     def nbytes(self) -> int:
@@ -54,12 +61,12 @@ class DecodeGroup:
 class AttentionMetadata:
     """Where the tokens of one step go and which cached keys each of them sees.
 
-    The step's tokens are concatenated: ``T = sum(num_new)`` rows. Sequence ``i`` owns rows
-    ``[q_starts[i], q_starts[i] + q_lens[i])`` and attends to its ``kv_lens[i]`` keys (cached + new), at the
-    pool slots ``kv_slots[i]``; ``kv_ranges[i]`` is the same as a ``slice`` when its blocks are consecutive
-    (read without a gather). Decodes (one new token) are batched in ``decode_groups`` of similar context
-    length, so that padding stays small; ``decode_rows`` / ``decode_kv_slots`` / ``decode_mask`` describe
-    all decodes as one padded group (the older form, still accepted when ``decode_groups`` is empty).
+    The step's tokens are concatenated: ``T = sum(q_lens)`` rows. Sequence ``i`` owns rows
+    ``[q_starts[i], q_starts[i] + q_lens[i])`` and attends to its ``kv_lens[i]`` keys (cached + new). A
+    prefill chunk reads them at ``kv_index[i]``: a ``slice`` of pool slots when its blocks are consecutive
+    (a view, no copy), else a long tensor of slots (a gather); ``kv_index[i]`` is None for a decode.
+    Decodes (one new token) are batched in ``decode_groups`` of similar context length, so that padding
+    stays small.
     """
 
     slot_mapping: torch.Tensor  # [T] pool slot of each new token
@@ -67,35 +74,25 @@ class AttentionMetadata:
     q_starts: list[int]
     q_lens: list[int]
     kv_lens: list[int]
-    kv_slots: list[torch.Tensor | None]  # [kv_len] per prefill chunk; None for decodes
-    kv_ranges: list[slice | None] = field(default_factory=list)  # per prefill chunk, when consecutive
+    kv_index: list[slice | torch.Tensor | None]
     decode_groups: list[DecodeGroup] = field(default_factory=list)
-    decode_rows: torch.Tensor | None = None
-    decode_kv_slots: torch.Tensor | None = None
-    decode_mask: torch.Tensor | None = None
 
     @property
     def prefill_indices(self) -> list[int]:
-        return [i for i, s in enumerate(self.kv_slots) if s is not None]
-
-    def groups(self) -> list[DecodeGroup]:
-        """The decode groups (built from the older single-group fields if those are what is set)."""
-        if self.decode_groups or self.decode_rows is None:
-            return self.decode_groups
-        return [DecodeGroup(self.decode_rows, self.decode_kv_slots, self.decode_mask)]
+        return [i for i, index in enumerate(self.kv_index) if index is not None]
 
 
 def _slots(table: torch.Tensor, block_size: int, start: int, stop: int) -> torch.Tensor:
     """Pool slots of positions ``[start, stop)`` of a sequence with block table ``table`` (a long tensor)."""
-    pos = torch.arange(start, stop)
-    return table[pos // block_size] * block_size + pos % block_size  # [stop - start]
+    return slots(table, torch.arange(start, stop), block_size)  # [stop - start]
 
 
 def _kv_index(table: list[int], block_size: int, kv_len: int, device):
     """Slots of positions ``[0, kv_len)``: a slice when the blocks are consecutive, else a tensor."""
     used = table[: -(-kv_len // block_size)]
-    if used[-1] - used[0] == len(used) - 1 and used == list(range(used[0], used[-1] + 1)):
-        return slice(used[0] * block_size, used[0] * block_size + kv_len)
+    first = used[0]
+    if used[-1] - first == len(used) - 1 and used == list(range(first, first + len(used))):
+        return slice(first * block_size, first * block_size + kv_len)
     return _slots(torch.as_tensor(used), block_size, 0, kv_len).to(device)
 
 
@@ -120,7 +117,7 @@ def _group_decodes(decodes, block_size, device) -> list[DecodeGroup]:
         padded = torch.zeros(len(g), int(lens.max()), dtype=torch.long)  # [B, L_max], padded with slot 0
         for i, (_, table, n) in enumerate(g):
             padded[i, :n] = _slots(torch.as_tensor(table), block_size, 0, n)
-        mask = torch.arange(padded.shape[1])[None, :] < lens[:, None]  # [B, L_max]
+        mask = torch.arange(padded.shape[1])[None, :] < lens[:, None]  # [B, L_max] True where a key is real
         out.append(DecodeGroup(rows, padded.to(device), mask.to(device)))
     return out
 
@@ -128,43 +125,48 @@ def _group_decodes(decodes, block_size, device) -> list[DecodeGroup]:
 def build_attention_metadata(chunks, block_size: int, device="cpu") -> AttentionMetadata:
     """``chunks``: ``(block_table, num_computed, num_new)`` per sequence of the step, in row order.
 
-    Tensor ops per sequence, no Python loop per token: cheap even for 32K-token decode batches."""
-    slot_parts, pos_parts, q_starts, q_lens, kv_lens, kv_slots, decodes = [], [], [], [], [], [], []
-    kv_ranges = []
+    Integer arithmetic for decodes, tensor ops per prefill chunk and per decode group: no Python loop
+    per token, so it stays cheap for long prompts and large decode batches."""
+    slot_parts, pos_parts, q_starts, q_lens, kv_lens, kv_index, decodes = [], [], [], [], [], [], []
     row = 0
     for table, num_computed, num_new in chunks:
         kv_len = num_computed + num_new
-        slot_parts.append(_slots(torch.as_tensor(table, dtype=torch.long), block_size, num_computed, kv_len))
-        pos_parts.append(torch.arange(num_computed, kv_len))
         q_starts.append(row)
         q_lens.append(num_new)
         kv_lens.append(kv_len)
         if num_new == 1:
-            decodes.append((row, list(table), kv_len))
-            kv_slots.append(None)
-            kv_ranges.append(None)
+            slot_parts.append(slots(table, num_computed, block_size))
+            pos_parts.append(num_computed)
+            decodes.append((row, table, kv_len))
+            kv_index.append(None)
         else:
             t = torch.as_tensor(table, dtype=torch.long)
-            kv_slots.append(_slots(t, block_size, 0, kv_len).to(device))
-            index = _kv_index(list(table), block_size, kv_len, device)
-            kv_ranges.append(index if isinstance(index, slice) else None)
+            slot_parts.append(_slots(t, block_size, num_computed, kv_len))
+            pos_parts.append(torch.arange(num_computed, kv_len))
+            kv_index.append(_kv_index(table, block_size, kv_len, device))
         row += num_new
-    meta = AttentionMetadata(
-        slot_mapping=torch.cat(slot_parts).to(device),
-        positions=torch.cat(pos_parts).to(device),
+    return AttentionMetadata(
+        slot_mapping=_concat(slot_parts).to(device),
+        positions=_concat(pos_parts).to(device),
         q_starts=q_starts,
         q_lens=q_lens,
         kv_lens=kv_lens,
-        kv_slots=kv_slots,
-        kv_ranges=kv_ranges,
+        kv_index=kv_index,
         decode_groups=_group_decodes(decodes, block_size, device),
     )
-    if decodes:  # the older one-group form too (cheap: integers only)
-        lens = torch.tensor([n for _, _, n in decodes])
-        padded = torch.zeros(len(decodes), int(lens.max()), dtype=torch.long)  # [B, L_max]
-        for i, (_, table, n) in enumerate(decodes):
-            padded[i, :n] = _slots(torch.as_tensor(table), block_size, 0, n)
-        meta.decode_rows = torch.tensor([r for r, _, _ in decodes], device=device)
-        meta.decode_kv_slots = padded.to(device)
-        meta.decode_mask = (torch.arange(padded.shape[1])[None, :] < lens[:, None]).to(device)
-    return meta
+
+
+def _concat(parts: list) -> torch.Tensor:
+    """One long tensor from ints and long tensors, in order (runs of ints become one tensor)."""
+    out, ints = [], []
+    for p in parts:
+        if isinstance(p, int):
+            ints.append(p)
+            continue
+        if ints:
+            out.append(torch.tensor(ints))
+            ints = []
+        out.append(p)
+    if ints:
+        out.append(torch.tensor(ints))
+    return out[0] if len(out) == 1 else torch.cat(out)

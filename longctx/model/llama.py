@@ -106,7 +106,7 @@ class Attention(nn.Module):
         out = torch.empty_like(q)  # [T, H, d]
         for i in meta.prefill_indices:
             self._prefill(q, k, v, k_cache, v_cache, meta, i, out)
-        for group in meta.groups():
+        for group in meta.decode_groups:
             self._decodes(q, k_cache, v_cache, group, out)
         return self.o_proj(out.view(T, self.num_heads * self.head_dim))
 
@@ -116,8 +116,7 @@ class Attention(nn.Module):
         if kv_len == n:  # nothing cached yet: use the fresh keys, plain causal attention
             keys, values = k[start : start + n], v[start : start + n]
         else:  # read this sequence's keys back from the pool through its block table
-            rng = meta.kv_ranges[i] if meta.kv_ranges else None
-            index = rng if rng is not None else meta.kv_slots[i]  # a slice (consecutive blocks) or a gather
+            index = meta.kv_index[i]  # a slice (consecutive blocks) or a gather
             keys, values = k_cache[index], v_cache[index]  # [kv_len, H_kv, d]
         keys = keys.transpose(0, 1).unsqueeze(0)  # [1, H_kv, kv_len, d]
         values = values.transpose(0, 1).unsqueeze(0)

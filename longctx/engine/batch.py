@@ -1,0 +1,198 @@
+"""One step's batch, and the one object that reserves KV slots for it.
+
+A policy fills a ``ScheduledBatch`` with ``batch.add(seq, num_tokens) -> bool``. ``add`` does all the
+bookkeeping a step needs, so a policy reads like the paper's pseudo-code:
+
+- it checks the entry (``1 <= num_tokens <= seq.num_uncomputed_tokens``, once per sequence, within the
+  token budget) and raises ``ValueError`` with the reason when the policy asks for something illegal;
+- it reserves the entry's KV slots in the block manager; a waiting sequence is admitted only if the pool
+  could hold its whole prompt (not just this chunk: vLLM's rule, so that an admitted prefill is rarely
+  preempted halfway) and fewer than ``max_num_seqs`` sequences would hold blocks;
+- a running sequence short of blocks takes them from running sequences *newer* than itself that are not
+  in the batch, newest first (preemption by recompute, vLLM's policy); if none is left it is preempted
+  itself. ``add`` returns False when the sequence cannot run this step.
+
+Sequences and queues do not change while the policy runs; ``commit`` then applies the step's decisions
+at once: preempted sequences lose their cache and go to the front of the waiting queue, admitted ones
+move to the running queue. The engine loop is schedule -> commit -> execute -> update.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from longctx.engine.sequence import Sequence, SequenceStatus
+from longctx.kv.block_manager import BlockManager
+
+RUNNING, WAITING = SequenceStatus.RUNNING, SequenceStatus.WAITING
+
+
+class ScheduledChunk(NamedTuple):
+    """One entry of a batch: advance ``seq`` by ``num_tokens`` tokens (1 for a decode, n for a prefill)."""
+
+    seq: Sequence
+    num_tokens: int
+
+    @property
+    def is_decode(self) -> bool:
+        return self.seq.is_decode
+
+    @property
+    def completes_prefill(self) -> bool:
+        """True when this entry reaches the end of its sequence, so the step samples a token for it
+        (read before the step's update)."""
+        return self.num_tokens == self.seq.num_uncomputed_tokens
+
+
+class ScheduledBatch:
+    """What one forward pass runs: ``entries`` (``ScheduledChunk``\\ s) in the order they were added.
+
+    Args:
+        block_manager: the KV pool; ``add`` reserves slots in it.
+        running: the running queue as the policy sees it, oldest first (preemption picks from its end).
+        token_budget: most tokens per step (``add`` refuses more), or None for no limit.
+        max_num_seqs: most sequences holding KV blocks at once, or None for no limit.
+    """
+
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        running: list[Sequence] = (),
+        *,
+        token_budget: int | None = None,
+        max_num_seqs: int | None = None,
+    ) -> None:
+        self.block_manager = block_manager
+        self.running = running
+        self.token_budget = token_budget
+        self.max_num_seqs = max_num_seqs
+        self.entries: list[ScheduledChunk] = []
+        self.preempted: list[Sequence] = []  # lost their KV cache this step, in preemption order
+        self.num_tokens = 0  # tokens this step computes: what a token budget limits
+        self.num_decode_tokens = 0
+        self._ids: set[int] = set()  # seq ids in entries
+        self._preempted_ids: set[int] = set()
+        self._num_holding = len(running)  # sequences holding blocks (running - preempted + admitted)
+        self._victim = len(running)  # preemption scans running from the newest end, once per step
+
+    # ---- what a policy reads ----
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __iter__(self):
+        return iter(self.entries)
+
+    def __contains__(self, seq: object) -> bool:
+        return getattr(seq, "seq_id", None) in self._ids
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return self.num_tokens - self.num_decode_tokens
+
+    @property
+    def budget_left(self) -> int | None:
+        """Tokens still allowed this step (None when there is no token budget)."""
+        return None if self.token_budget is None else self.token_budget - self.num_tokens
+
+    def was_preempted(self, seq: Sequence) -> bool:
+        return seq.seq_id in self._preempted_ids
+
+    # ---- the one way in ----
+    def add(self, seq: Sequence, num_tokens: int) -> bool:
+        """Reserve KV slots for ``num_tokens`` more tokens of ``seq`` and append it to the batch.
+
+        Returns False, adding nothing, when ``seq`` cannot run this step (preempted earlier in this step;
+        waiting while the pool or ``max_num_seqs`` is full; running and short of blocks even after
+        preempting every newer sequence, in which case it is preempted itself).
+        Raises ``ValueError`` for an illegal entry: ``num_tokens`` not in ``[1, seq.num_uncomputed_tokens]``,
+        a sequence already in the batch or finished, or a total over ``token_budget``.
+        """
+        sid = seq.seq_id
+        if sid in self._preempted_ids:
+            return False
+        status = seq.status
+        left = seq.num_uncomputed_tokens
+        if type(num_tokens) is not int:
+            if isinstance(num_tokens, bool) or int(num_tokens) != num_tokens:
+                raise ValueError(f"num_tokens must be an integer, got {num_tokens!r}")
+            num_tokens = int(num_tokens)
+        if not 1 <= num_tokens <= left:
+            raise ValueError(
+                f"sequence {sid} has {left} tokens left to compute: schedule 1 to {left} of them, "
+                f"not {num_tokens}"
+            )
+        if sid in self._ids:
+            raise ValueError(f"sequence {sid} is already in this batch: add each sequence once per step")
+        if status is not RUNNING and status is not WAITING:
+            raise ValueError(f"sequence {sid} is {status.value}: only running or waiting sequences run")
+        if self.token_budget is not None and self.num_tokens + num_tokens > self.token_budget:
+            raise ValueError(
+                f"adding {num_tokens} tokens of sequence {sid} makes {self.num_tokens + num_tokens} tokens, "
+                f"over token_budget={self.token_budget} (budget_left is {self.budget_left})"
+            )
+        bm = self.block_manager
+        total = seq.num_computed_tokens + num_tokens
+        if status is WAITING:
+            if self.max_num_seqs is not None and self._num_holding >= self.max_num_seqs:
+                return False
+            if not bm.can_allocate(sid, seq.num_computed_tokens + left):
+                return False  # admit a prompt only when all of it fits: a half-done prefill rarely restarts
+            self._num_holding += 1
+        else:
+            while not bm.can_allocate(sid, total):
+                victim = self._newest_victim(seq)
+                if victim is None:
+                    self._preempt(seq)
+                    return False
+                self._preempt(victim)
+        bm.allocate(sid, total)
+        self.entries.append(ScheduledChunk(seq, num_tokens))
+        self._ids.add(sid)
+        self.num_tokens += num_tokens
+        if left == 1 and seq.output_token_ids:  # a decode (Sequence.is_decode, inlined: hot in the simulator)
+            self.num_decode_tokens += 1
+        return True
+
+    def _newest_victim(self, seq: Sequence) -> Sequence | None:
+        """The newest running sequence, newer than ``seq``, not in the batch nor preempted (or None)."""
+        while self._victim > 0:
+            cand = self.running[self._victim - 1]
+            if cand is seq:
+                return None  # only newer sequences give way
+            self._victim -= 1
+            if cand.seq_id not in self._ids and cand.seq_id not in self._preempted_ids:
+                return cand
+        return None
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Preemption by recompute: free the blocks of ``seq`` now; ``commit`` resets the sequence."""
+        self.block_manager.free(seq.seq_id)
+        self.preempted.append(seq)
+        self._preempted_ids.add(seq.seq_id)
+        self._num_holding -= 1
+
+    # ---- applying the decisions ----
+    def commit(self, running: list[Sequence], waiting: list[Sequence], now_s: float) -> None:
+        """Apply the step to the engine's queues: preempted sequences restart from token 0 at the front of
+        ``waiting`` (oldest first); admitted ones leave ``waiting`` for the end of ``running``."""
+        if len(self._ids) != len(self.entries):
+            raise ValueError("add entries with batch.add(seq, num_tokens) only (it reserves their KV slots)")
+        if self.preempted:
+            gone = self._preempted_ids
+            running[:] = [s for s in running if s.seq_id not in gone]
+            for s in self.preempted:
+                s.status = WAITING
+                s.num_computed_tokens = 0
+                s.num_preemptions += 1
+            waiting[:0] = sorted(self.preempted, key=lambda s: (s.arrival_s, s.seq_id))
+        for seq, _ in self.entries:
+            if seq.status is WAITING:
+                waiting.remove(seq)
+                running.append(seq)
+                seq.status = RUNNING
+                if seq.first_scheduled_s is None:
+                    seq.first_scheduled_s = now_s
+
+    def __repr__(self) -> str:
+        body = ", ".join(f"{e.seq.seq_id}:{e.num_tokens}" for e in self.entries)
+        return f"ScheduledBatch([{body}], preempted={[s.seq_id for s in self.preempted]})"

@@ -1,0 +1,64 @@
+"""The engine on the real model, in one call: ``build_engine`` and ``generate`` (SmolLM2-135M-Instruct)."""
+
+from __future__ import annotations
+
+from longctx.engine.clock import Clock
+from longctx.engine.engine import Engine
+from longctx.engine.scheduler import ChunkedPrefillScheduler, MonolithicScheduler, Scheduler
+from longctx.engine.torch_executor import TorchExecutor
+from longctx.kv.block_manager import BlockManager, blocks_for_tokens
+
+DEFAULT_NUM_BLOCKS = 256  # 4096 tokens of 16; for SmolLM2 in fp32: 4096 x 46 KB = 189 MB of KV
+
+
+def build_engine(
+    scheduler: Scheduler | None = None,
+    num_blocks: int = DEFAULT_NUM_BLOCKS,
+    block_size: int = 16,
+    device="cpu",
+    dtype=None,
+    clock: Clock | None = None,
+    model=None,
+):
+    """An ``Engine`` running SmolLM2-135M-Instruct on ``device``; returns ``(engine, tokenizer)``.
+
+    The KV pool is ``num_blocks`` blocks of ``block_size`` tokens. The scheduler defaults to
+    ``ChunkedPrefillScheduler(512)``. EOS is ``<|im_end|>``.
+    """
+    from longctx.model.tokenizer import load_tokenizer
+    from longctx.model.weights import load_model
+
+    model = model if model is not None else load_model(device=device, dtype=dtype)
+    tokenizer = load_tokenizer()
+    engine = Engine(
+        TorchExecutor(model, BlockManager(num_blocks, block_size)),
+        scheduler if scheduler is not None else ChunkedPrefillScheduler(512),
+        clock=clock,
+        max_model_len=model.config.max_context,
+        eos_token_id=tokenizer.eos_token_id,
+        vocab_size=model.config.vocab_size,
+    )
+    return engine, tokenizer
+
+
+def generate(
+    model,
+    prompt_token_ids: list[int],
+    max_tokens: int,
+    chunk_size: int | None = None,
+    eos_token_id: int | None = None,
+    block_size: int = 16,
+) -> list[int]:
+    """Greedy completion of one prompt; prefill in chunks of ``chunk_size`` (None: all at once)."""
+    scheduler = MonolithicScheduler() if chunk_size is None else ChunkedPrefillScheduler(chunk_size)
+    num_blocks = max(1, blocks_for_tokens(len(prompt_token_ids) + max(1, max_tokens), block_size))
+    engine = Engine(
+        TorchExecutor(model, BlockManager(num_blocks, block_size)),
+        scheduler,
+        max_model_len=model.config.max_context,
+        eos_token_id=eos_token_id,
+        vocab_size=model.config.vocab_size,
+    )
+    seq = engine.add_request(prompt_token_ids, max_tokens)
+    engine.run_until_done()
+    return seq.output_token_ids
