@@ -80,6 +80,28 @@ def test_openai_client_matches_greedy_generate(server):
     assert "".join(parts) == tok.decode(want)
 
 
+def test_chat_matches_the_generate_command(server):
+    import subprocess
+    import sys
+
+    question = "Name three fruits."
+    cli = subprocess.run(
+        [sys.executable, "-m", "longctx", "generate", "--prompt", question, "--max-tokens", "10"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": 10,
+        "temperature": 0,
+    }
+    got = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=60).json()
+    assert got["choices"][0]["message"]["content"] + "\n" == cli.stdout
+
+
 def test_seeded_sampling_is_reproducible(server):
     body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 12, "temperature": 0.9, "seed": 7}
     a = httpx.post(server.base_url + "/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
