@@ -12,10 +12,10 @@ Nothing is caught: a broken record or a failing live run raises with its reason.
 from __future__ import annotations
 
 from longctx import gpu as _gpu
-from longctx import roofline
 from longctx.flops import chunk_flops, step_cost
 from longctx.gpu.records import check_record, describe, load_record, record_path
 from longctx.model.config import LLAMA3_8B, resized
+from longctx.sim import CostFactors, CostModelExecutor
 from longctx.specs import get_hardware
 
 PREDICTION = "prediction (no GPU record yet)"
@@ -54,24 +54,35 @@ def _axes(ax):
     return ax
 
 
+def _finish(ax, title: str, label: str, **axes_set):
+    ax.set(**axes_set)
+    ax.set_xscale("log", base=2)
+    ax.set_title(f"{title}\n{label}", fontsize=10)
+    ax.legend(fontsize=8)
+    return ax
+
+
 def _rows(rec: dict, section: str) -> list[dict]:
     return [r for r in rec.get(section, []) if r["model"] == "llama-3-8b"]
 
 
+def _roofline_s(gpu: str, sequences) -> float:
+    """A step's roofline time: the cost model with efficiency 1 and no overhead."""
+    return CostModelExecutor(LLAMA3_8B, gpu, CostFactors.ideal()).step_time_s(sequences)
+
+
 def predicted_prefill_curve(gpu="h200", prompt_tokens=8192, chunk_sizes=(128, 256, 512, 1024, 2048, 4096, 8192)):
     """Roofline FLOP/s of prefilling ``prompt_tokens`` at Llama-3-8B shape in chunks: chunk -> FLOP/s."""
-    out = {}
-    for c in chunk_sizes:
-        costs = [step_cost(LLAMA3_8B, [(min(c, prompt_tokens - s), s)]) for s in range(0, prompt_tokens, c)]
-        out[c] = sum(k.flops for k in costs) / sum(roofline.step_time_s(k.flops, k.bytes, gpu) for k in costs)
-    return out
+    pieces = {c: [(min(c, prompt_tokens - s), s) for s in range(0, prompt_tokens, c)] for c in chunk_sizes}
+    return {c: sum(step_cost(LLAMA3_8B, [p]).flops for p in ps) / sum(_roofline_s(gpu, [p]) for p in ps)
+            for c, ps in pieces.items()}
 
 
 def predicted_decode_bandwidth(gpu="h200", batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256), contexts=(1024, 4096, 32768)):
     """Roofline bytes/s of one Llama-3-8B decode step: context -> batch -> bytes / time (what fits)."""
-    costs = {L: {b: step_cost(LLAMA3_8B, [(1, L)] * b) for b in batch_sizes} for L in contexts}
-    return {L: {b: k.bytes / roofline.step_time_s(k.flops, k.bytes, gpu) for b, k in row.items()
-                if k.bytes <= get_hardware(gpu).memory_bytes} for L, row in costs.items()}
+    out = {L: {b: step_cost(LLAMA3_8B, [(1, L)] * b).bytes for b in batch_sizes} for L in contexts}
+    return {L: {b: n / _roofline_s(gpu, [(1, L)] * b) for b, n in row.items() if n <= get_hardware(gpu).memory_bytes}
+            for L, row in out.items()}
 
 
 def show_prefill_chunk_curve(ax=None, gpu: str = "h200", live: bool | None = None, record=None):
@@ -85,11 +96,8 @@ def show_prefill_chunk_curve(ax=None, gpu: str = "h200", live: bool | None = Non
         pred = predicted_prefill_curve(gpu)
         ax.plot(list(pred), [v / 1e12 for v in pred.values()], "o--", label="roofline")
         ax.axhline(get_hardware(gpu).peak_flops_per_s / 1e12, color="grey", ls="--", label="datasheet peak")
-    ax.set(xlabel="chunk size (tokens)", ylabel="achieved TFLOP/s", ylim=(0, None))
-    ax.set_xscale("log", base=2)
-    ax.set_title(f"Llama-3-8B prefill throughput against chunk size\n{label}", fontsize=10)
-    ax.legend(fontsize=8)
-    return ax
+    return _finish(ax, "Llama-3-8B prefill throughput against chunk size", label, xlabel="chunk size (tokens)",
+                   ylabel="achieved TFLOP/s", ylim=(0, None))
 
 
 def show_decode_bandwidth(ax=None, gpu: str = "h200", live: bool | None = None, record=None):
@@ -106,11 +114,8 @@ def show_decode_bandwidth(ax=None, gpu: str = "h200", live: bool | None = None, 
     for L, pts in sorted(curves.items()):
         ax.plot(list(pts), [v / 1e12 for v in pts.values()], "o-" if rec else "o--", label=f"context {L:,}")
     ax.axhline(ceiling / 1e12, color="grey", ls="--", label=ceiling_label)
-    ax.set(xlabel="decode batch size (sequences)", ylabel="achieved TB/s (weights + KV)", ylim=(0, None))
-    ax.set_xscale("log", base=2)
-    ax.set_title(f"Llama-3-8B decode step bandwidth\n{label}", fontsize=10)
-    ax.legend(fontsize=8)
-    return ax
+    return _finish(ax, "Llama-3-8B decode step bandwidth", label, xlabel="decode batch size (sequences)",
+                   ylabel="achieved TB/s (weights + KV)", ylim=(0, None))
 
 
 def show_attention_share(ax=None, gpu: str = "h200", live: bool | None = None, record=None):
@@ -126,8 +131,5 @@ def show_attention_share(ax=None, gpu: str = "h200", live: bool | None = None, r
         flop_share = [chunk_flops(resized(LLAMA3_8B, num_layers=1), T, logit_tokens=0).attention_share for T in xs]
     ax.plot(xs, [100 * f for f in flop_share], "s--", color="grey", label="share of FLOPs (causal)")
     ax.axhline(50, color="tab:red", ls=":", lw=1)
-    ax.set(xlabel="context (tokens, one prefill)", ylabel="attention share (%)", ylim=(0, 100))
-    ax.set_xscale("log", base=2)
-    ax.set_title(f"Attention against the rest of a Llama-3-8B layer\n{label}", fontsize=10)
-    ax.legend(fontsize=8)
-    return ax
+    return _finish(ax, "Attention against the rest of a Llama-3-8B layer", label,
+                   xlabel="context (tokens, one prefill)", ylabel="attention share (%)", ylim=(0, 100))
