@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import warnings
 
 # jsonschema (through nbformat) imports rfc3987_syntax for one format check notebooks never use; that
@@ -202,7 +203,9 @@ def main():
     for line in sys.stdin:
         try:
             task = json.loads(line)
+            cpu0 = time.process_time()
             reply = handle(task, api, config, root)
+            reply["cpu_s"] = round(time.process_time() - cpu0, 3)
         except Exception as exc:  # noqa: BLE001  (reported for this task; the worker keeps going)
             reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[-1500:]}
         proto.write(json.dumps(reply, ensure_ascii=True, default=str) + "\n")

@@ -291,6 +291,7 @@ def run_check(conn, spec):
     verdict["stdout"] = _cap(out.getvalue())
     verdict["calls"] = channel.calls
     verdict["elapsed_s"] = round(time.monotonic() - start, 3)
+    verdict["cpu_s"] = round(time.process_time(), 3)  # this forked child's own CPU
     conn.send(("verdict", verdict))
     conn.close()
 

@@ -120,6 +120,7 @@ def main():
         async with client.async_setup_kernel():
             status["state"] = "running"
             status["kernel_start_s"] = round(time.monotonic() - t_kernel, 3)
+            status["kernel_start_cpu_s"] = process_cpu_s(client)
             for index, cell in enumerate(nb.cells):
                 if cell.cell_type != "code":
                     continue
@@ -131,6 +132,7 @@ def main():
                 client.timeout = int(min(float(job["cell_timeout_s"]), remaining))
                 client.current_index = index
                 t_cell = time.monotonic()
+                cpu_before = process_cpu_s(client) if index in test_cells else 0.0
                 try:
                     if index in test_cells:
                         await grader.check(client, index, deadline)
@@ -147,6 +149,9 @@ def main():
                 finally:
                     key = "tests_s" if index in test_cells else "cells_s"
                     status[key] = round(status[key] + time.monotonic() - t_cell, 3)
+                    if index in test_cells:  # the kernel's CPU spent answering the checker
+                        status["answers_cpu_s"] = round(status.get("answers_cpu_s", 0.0) + process_cpu_s(client)
+                                                        - cpu_before, 3)
                     status["cells_done"] = index + 1
                     nbformat.write(nb, out_path + ".tmp")
                     os.replace(out_path + ".tmp", out_path)
@@ -169,7 +174,21 @@ def main():
     nbformat.write(nb, out_path + ".tmp")
     os.replace(out_path + ".tmp", out_path)
     status["elapsed_s"] = round(time.monotonic() - start, 2)
+    import resource
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    status["executor_cpu_s"] = round(own.ru_utime + own.ru_stime, 3)       # this process, from its start
+    status["kernel_cpu_s"] = round(kids.ru_utime + kids.ru_stime, 3)       # the kernel (start + cells + answers)
     write_json_atomic(status_path, status)
+
+
+def process_cpu_s(client):
+    """CPU seconds the kernel process has used so far (user + system), from /proc."""
+    try:
+        with open(f"/proc/{client.km.provisioner.process.pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 3)
+    except (OSError, AttributeError, ValueError, IndexError):
+        return 0.0
 
 
 def output_size(out):

@@ -296,6 +296,7 @@ class CheckService:
         self.listener.settimeout(0.5)
         self.stop = threading.Event()
         self.check_s = 0.0
+        self.check_cpu_s = 0.0
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -329,6 +330,7 @@ class CheckService:
                     start = time.monotonic()
                     self.job.verdicts[index] = self._check(index, conn, reader)
                     self.check_s += time.monotonic() - start
+                    self.check_cpu_s += float(self.job.verdicts[index].get("cpu_s", 0.0))
                     conn.sendall(b'{"op": "done"}\n')
                 else:
                     return
@@ -482,6 +484,7 @@ def record(job, keeper, no_feedback):
         job.score, job.max_score = float(reply["score"]), float(reply["max_score"])
         job.tests = [(clean(n), float(s), float(m), clean(msg)) for n, s, m, msg in reply["tests"]]
     job.timings["autograde_s"] = time.monotonic() - t0
+    job.timings["autograde_cpu_s"] = float(reply.get("cpu_s", 0.0))
     if not no_feedback and not job.error:
         t0 = time.monotonic()
         fb = keeper.ask({"op": "feedback", "student": job.student, "lesson": job.lesson}, FEEDBACK_TIMEOUT_S)
@@ -490,6 +493,7 @@ def record(job, keeper, no_feedback):
             stale = os.path.join(keeper.root, "autograder", "feedback", job.student, job.lesson)
             shutil.rmtree(stale, ignore_errors=True)
         job.timings["feedback_s"] = time.monotonic() - t0
+        job.timings["feedback_cpu_s"] = float(fb.get("cpu_s", 0.0))
 
 
 def stop_reason(job):
@@ -588,7 +592,7 @@ def main(argv=None):
     lock = threading.Lock()
 
     def execute(job):
-        t0 = time.monotonic()
+        t0, cpu0 = time.monotonic(), time.thread_time()
         try:
             shutil.rmtree(os.path.dirname(job.ctl_dir), ignore_errors=True)
             job.staged_dir, notes = stage(root, work, job.student, job.lesson)
@@ -596,6 +600,7 @@ def main(argv=None):
             with lock:  # nbgrader's preprocessors share the gradebook
                 test_cells = prepare(job, config, root, work, lesson_info[job.lesson])
             job.timings["prepare_s"] = time.monotonic() - t0
+            job.timings["prepare_cpu_s"] = time.thread_time() - cpu0
             uid, service = uids.get(), None
             try:
                 service = CheckService(job, ctx, limits)
@@ -607,6 +612,7 @@ def main(argv=None):
                 if service is not None:
                     service.close()
             job.timings["check_s"] = service.check_s
+            job.timings["check_cpu_s"] = service.check_cpu_s
             with open(os.path.join(job.ctl_dir, "verdicts.json"), "w") as fh:
                 json.dump({str(k): v for k, v in job.verdicts.items()}, fh)
         except Exception as exc:  # noqa: BLE001  (this submission only)
@@ -661,9 +667,9 @@ def write_timings(path, jobs, elapsed, n_jobs):
         status = {}
         if job.ctl_dir and os.path.exists(os.path.join(job.ctl_dir, "status.json")):
             status = sandbox._read_status(os.path.join(job.ctl_dir, "status.json"))
+        keys = ("cells_s", "kernel_start_s", "kernel_start_cpu_s", "executor_cpu_s", "kernel_cpu_s", "answers_cpu_s")
         rows.append({"student": job.student, "lesson": job.lesson, "state": r.state if r else "not run",
-                     "sandbox_s": r.elapsed_s if r else 0.0, "cells_s": status.get("cells_s", 0.0),
-                     "kernel_start_s": status.get("kernel_start_s", 0.0), **job.timings})
+                     "sandbox_s": r.elapsed_s if r else 0.0, **{k: status.get(k, 0.0) for k in keys}, **job.timings})
     with open(path, "w") as fh:
         json.dump({"elapsed_s": elapsed, "jobs": n_jobs, "submissions": rows}, fh, indent=1)
 

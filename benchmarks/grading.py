@@ -13,11 +13,13 @@ Builds a temporary copy of the course with one lesson, submits its solution N ti
     gradebook   nbgrader autograde into the gradebook (bookkeeping worker)
     feedback    nbgrader generate_feedback (sanitized HTML)
     overhead    everything above except `notebook` (the target is <= 3 s per submission)
-and the run's wall time, throughput (submissions per minute), and CPU seconds per submission of the
-whole process tree (grader, sandboxes, kernels, workers). Needs root and bubblewrap (as `make grade`).
+and the run's wall time and throughput (submissions per minute); then the same parts in CPU seconds
+(measured by each process itself: executor, kernel start, checker children plus the kernel's answers,
+staging/prepare thread, bookkeeping worker), which do not depend on how loaded the machine is.
+Needs root and bubblewrap (as `make grade`).
 
-The machine's load average is printed with each run: on a shared machine, wall times are noisy (the CPU
-seconds are not); compare runs made at the same load.
+The machine's load average is printed with each run: on a shared machine, wall times are noisy;
+compare runs made at the same load, or the CPU table.
 
 Recorded (2 cores shared with ~6 other busy sessions, load average 5-9; lesson 00, 8 submissions):
 see the final report of issue 11; rerun on a quiet machine for clean numbers.
@@ -28,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -64,17 +65,14 @@ def run(root: str, jobs: int) -> dict:
     env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
                PYTHONWARNINGS="ignore")
     load = os.getloadavg()[0]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, os.path.join(root, "autograder", "grade.py"), "--jobs", str(jobs),
                            "--timings", timings], cwd=root, env=env, capture_output=True, text=True)
     wall = time.monotonic() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"grade.py failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     data = json.load(open(timings))
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"jobs": jobs, "wall_s": wall, "cpu_s": cpu, "load": load, "rows": data["submissions"]}
+    return {"jobs": jobs, "wall_s": wall, "load": load, "rows": data["submissions"]}
 
 
 def mean(values):
@@ -96,8 +94,19 @@ def summarize(result: dict) -> dict:
     }
     parts["overhead"] = sum(v for k, v in parts.items() if k != "notebook")
     n = len(rows)
-    parts.update(wall_per_sub=result["wall_s"] / n, per_min=60.0 * n / result["wall_s"],
-                 cpu_per_sub=result["cpu_s"] / n)
+    parts.update(wall_per_sub=result["wall_s"] / n, per_min=60.0 * n / result["wall_s"])
+    cpu = {
+        "nb_cpu": mean(r.get("kernel_cpu_s", 0.0) - r.get("kernel_start_cpu_s", 0.0) - r.get("answers_cpu_s", 0.0)
+                       for r in rows),
+        "kernel_cpu": mean(r.get("kernel_start_cpu_s", 0.0) for r in rows),
+        "executor_cpu": mean(r.get("executor_cpu_s", 0.0) for r in rows),
+        "checks_cpu": mean(r.get("check_cpu_s", 0.0) + r.get("answers_cpu_s", 0.0) for r in rows),
+        "prepare_cpu": mean(r.get("prepare_cpu_s", 0.0) for r in rows),
+        "gradebook_cpu": mean(r.get("autograde_cpu_s", 0.0) for r in rows),
+        "feedback_cpu": mean(r.get("feedback_cpu_s", 0.0) for r in rows),
+    }
+    cpu["overhead_cpu"] = sum(v for k, v in cpu.items() if k != "nb_cpu")
+    parts.update(cpu)
     return parts
 
 
@@ -111,15 +120,21 @@ def main(argv=None):
         root = make_course(tmp, args.lesson)
         submit(root, args.lesson, args.submissions)
         results = [run(root, j) for j in args.jobs]
-    cols = ["notebook", "kernel", "sandbox", "checks", "prepare", "gradebook", "feedback", "overhead",
-            "wall_per_sub", "per_min", "cpu_per_sub"]
-    print(f"lesson {args.lesson}, {args.submissions} submissions, {os.cpu_count()} cores; seconds per submission "
-          "(means), per_min = submissions graded per minute")
-    print(f"{'jobs':>4} {'load':>5} " + " ".join(f"{c:>12}" for c in cols) + f" {'run wall s':>11}")
-    for result in results:
-        s = summarize(result)
-        print(f"{result['jobs']:>4} {result['load']:>5.1f} " + " ".join(f"{s[c]:>12.2f}" for c in cols)
+    walls = ["notebook", "kernel", "sandbox", "checks", "prepare", "gradebook", "feedback", "overhead",
+             "wall_per_sub", "per_min"]
+    cpus = ["nb_cpu", "kernel_cpu", "executor_cpu", "checks_cpu", "prepare_cpu", "gradebook_cpu", "feedback_cpu",
+            "overhead_cpu"]
+    print(f"lesson {args.lesson}, {args.submissions} submissions, {os.cpu_count()} cores; means per submission")
+    print("wall seconds (per_min = submissions graded per minute):")
+    print(f"{'jobs':>4} {'load':>5} " + " ".join(f"{c:>12}" for c in walls) + f" {'run wall s':>11}")
+    summaries = [(r, summarize(r)) for r in results]
+    for result, s in summaries:
+        print(f"{result['jobs']:>4} {result['load']:>5.1f} " + " ".join(f"{s[c]:>12.2f}" for c in walls)
               + f" {result['wall_s']:>11.1f}")
+    print("CPU seconds (independent of the machine's load; nb_cpu = the student's cells):")
+    print(f"{'jobs':>4} " + " ".join(f"{c:>13}" for c in cpus))
+    for result, s in summaries:
+        print(f"{result['jobs']:>4} " + " ".join(f"{s[c]:>13.2f}" for c in cpus))
 
 
 if __name__ == "__main__":

@@ -208,6 +208,9 @@ def sched_lesson(root):
         os.path.join(h.REPO, "solutions", "02_chunked_prefill")) else None
     cells = [c for c in src.cells if c.metadata.get("nbgrader", {}).get("grade_id") in
              ("ex21_scheduler", "test_ex21_scheduler")]
+    for cell in cells:  # the exercise written against the library's current Scheduler API
+        if cell.metadata["nbgrader"]["grade_id"] == "ex21_scheduler":
+            cell.source = "### BEGIN SOLUTION\n" + SCHED_HONEST + "### END SOLUTION"
     imports = new_code_cell("from longctx.engine import ScheduledBatch, Scheduler",
                             metadata=h._meta("sched_imports", locked=True))
     nb = nbformat.v4.new_notebook(cells=[imports] + cells)
@@ -217,12 +220,21 @@ def sched_lesson(root):
     h.release(root, "sched")
 
 
+SCHED_HONEST = ("class StallFreeScheduler(Scheduler):\n    def __init__(self, token_budget):\n"
+                "        self.token_budget = token_budget\n\n    def schedule(self, running, waiting, batch):\n"
+                "        for seq in running:\n            if seq.is_decode and batch.budget_left:\n"
+                "                batch.add(seq, 1)\n        for seq in running:\n"
+                "            if not seq.is_decode and batch.budget_left:\n"
+                "                batch.add(seq, min(seq.num_uncomputed_tokens, batch.budget_left))\n"
+                "        for seq in waiting:\n            if not batch.budget_left or not batch.add(\n"
+                "                    seq, min(seq.num_uncomputed_tokens, batch.budget_left)):\n"
+                "                break\n")
 SCHED_ZERO = ("import longctx.engine.policy_checks as pc\nfor name in dir(pc):\n"
               "    if name.startswith('check') or name in ('decide', 'run_policy'):\n"
               "        setattr(pc, name, lambda *a, **k: None)\n"
               "class StallFreeScheduler(Scheduler):\n    def __init__(self, token_budget):\n"
               "        self.token_budget = token_budget\n    def schedule(self, *args, **kwargs):\n"
-              "        return ScheduledBatch()\n")
+              "        return None\n")
 
 
 @pytest.fixture(scope="module")
@@ -366,7 +378,7 @@ def test_feedback_html_runs_no_student_script(graded):
     root = graded[0]
     html = open(os.path.join(root, "autograder", "feedback", "xss", L00, f"{L00}.html"), encoding="utf-8").read()
     for n in range(1, 10):
-        for pattern in (rf"<script[^>]*>[^<]*S{n}", rf"<img[^>]*onerror[^>]*S{n}", rf"href=\"?javascript:[^\"]*S{n}",
+        for pattern in (rf"<script[^>]*>[^<]*S{n}", rf"<img[^>]*onerror[^>]*S{n}", rf"<a\s[^>]*href=\"?javascript:[^\"]*S{n}",
                         rf"<iframe[^>]*S{n}"):
             assert not re.search(pattern, html, re.S), (pattern, n)
     for kind in ("output_javascript", "output_svg", "output_html"):  # such outputs are dropped (text/plain stays)
