@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import gc
+import pathlib
 import platform
 import subprocess
 import time
@@ -155,8 +156,9 @@ class Run:
 
 
 def _run(args: list[str]) -> str | None:
+    """The first line a command prints (run beside this package), or None when it fails."""
     try:
-        out = subprocess.run(args, capture_output=True, text=True, timeout=20)
+        out = subprocess.run(args, capture_output=True, text=True, timeout=20, cwd=pathlib.Path(__file__).parent)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
