@@ -135,17 +135,20 @@ class ScheduledBatch:
         if status is WAITING:
             if self.max_num_seqs is not None and self._num_holding >= self.max_num_seqs:
                 return False
-            if not bm.can_allocate(sid, seq.num_computed_tokens + left):
+            if bm.blocks_needed(sid, seq.num_computed_tokens + left) > bm.num_free_blocks:
                 return False  # admit a prompt only when all of it fits: a half-done prefill rarely restarts
             self._num_holding += 1
+            need = bm.blocks_needed(sid, total)
         else:
-            while not bm.can_allocate(sid, total):
+            need = bm.blocks_needed(sid, total)  # usually 0 for a decode: its last block has room
+            while need > bm.num_free_blocks:
                 victim = self._newest_victim(seq)
                 if victim is None:
                     self._preempt(seq)
                     return False
                 self._preempt(victim)
-        bm.allocate(sid, total)
+        if need:
+            bm.allocate(sid, total)
         self.entries.append(ScheduledChunk(seq, num_tokens))
         self._ids.add(sid)
         self.num_tokens += num_tokens
