@@ -12,6 +12,18 @@
 
 Target: both errors within 15 %. Runs on one thread (set OMP_NUM_THREADS to change); other processes on
 the CPU disturb the measurement: run it alone.
+
+What the fitted ``per_sequence_overhead_s`` is (recorded: 48 ms; 25 ms in a rerun on 2026-12-01 with the
+machine at load ~9): not Python bookkeeping in the engine loop, but work inside the model's forward pass
+that grows with each decoding sequence and that the roofline's ``max(compute, memory)`` cannot express.
+Measured on SmolLM2 fp32, one thread, 10 decodes at 280 cached tokens each, the model alone (no engine):
+forward 469-709 ms against 170-217 ms for its weight matmuls alone; torch's profiler puts 53 % in
+``aten::mm`` (skinny [n, d] GEMMs far below peak) and 34 % in ``aten::index``: the gather that copies
+each sequence's cached K/V out of the paged pool every step (146 ms for 2,800 cached tokens, ~10x the
+copy bandwidth). A forward with n = 1, 4, 10 decodes took 202, 418, 709 ms: ~56 ms per extra sequence on
+that loaded machine. The cost model counts those K/V bytes once at full bandwidth and hides decode FLOPs
+behind the weight reads, so the fit books the gap per sequence. Cheaper decode attention (reading keys in
+place instead of gathering them) would shrink it; the term stays a fitted constant of this CPU engine.
 """
 
 from __future__ import annotations
