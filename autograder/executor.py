@@ -34,6 +34,7 @@ CTL = "/ctl"
 SERVE_SOURCE = "/opt/grader/plaindata.py"
 MIME = "application/x-longctx-reply"
 MAX_LINE_BYTES = 40 * 2**20
+REQUEST_DIR = "/tmp/.longctx-grader"  # root's, readable by the kernel: long requests go through a file
 HOME = "/home/student"
 SUBMISSION = "/submission"
 
@@ -250,9 +251,20 @@ class GraderLink:
             elif not await client.km.is_alive():
                 reply = "!the notebook's kernel is not running any more"
             else:
-                code = f"__import__('sys').modules['_lcg_serve'].serve({request['text']!r})"
-                reply = await self.kernel(client, code)
+                reply = await self.kernel(client, self.request_code(request["text"]))
             await self.send({"text": reply})
+
+    def request_code(self, text):
+        """The kernel's code for one request: the request inline when short, else read from a file."""
+        if len(text) < 2000:
+            return f"__import__('sys').modules['_lcg_serve'].serve({text!r})"
+        os.makedirs(REQUEST_DIR, mode=0o755, exist_ok=True)
+        path = os.path.join(REQUEST_DIR, "request.json")
+        with open(path + ".tmp", "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(path + ".tmp", 0o644)
+        os.replace(path + ".tmp", path)
+        return f"__import__('sys').modules['_lcg_serve'].serve_file({path!r})"
 
     async def kernel(self, client, code, expect_reply=True):
         """Run `code` silently in the kernel; return the last reply it displayed (or "!problem")."""

@@ -349,13 +349,13 @@ class CheckService:
         proc = self.ctx.Process(target=ck.run_check, args=(child, spec), daemon=True)
         proc.start()
         child.close()
-        deadline = time.monotonic() + self.limits.cell_timeout_s
+        deadline = time.monotonic() + self.limits.test_timeout_s
         verdict = None
         try:
             while verdict is None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not parent.poll(remaining):
-                    verdict = _failed("TestTimeout", f"the test took longer than {self.limits.cell_timeout_s:g} s "
+                    verdict = _failed("TestTimeout", f"the test took longer than {self.limits.test_timeout_s:g} s "
                                                      "(the student's functions are slow or never return)")
                     break
                 try:
@@ -518,7 +518,9 @@ def parse_args(argv):
     p.add_argument("--student", action="append", default=[], help="grade only this student (repeatable)")
     p.add_argument("--course-root", default=os.path.dirname(HERE), help=argparse.SUPPRESS)
     p.add_argument("--wall-s", type=float, default=600.0, help="time limit per notebook (s)")
-    p.add_argument("--cell-timeout-s", type=float, default=120.0, help="time limit per cell and per test (s)")
+    p.add_argument("--cell-timeout-s", type=float, default=120.0, help="time limit per cell of the notebook (s)")
+    p.add_argument("--test-timeout-s", type=float, default=300.0,
+                   help="time limit per test cell, all its calls of the student's code included (s)")
     p.add_argument("--call-timeout-s", type=float, default=20.0,
                    help="time limit of one call of the student's code made by a test (s)")
     p.add_argument("--memory-gib", type=float, default=4.0, help="memory limit per notebook (GiB)")
@@ -581,7 +583,7 @@ def main(argv=None):
     limits = sandbox.Limits(wall_s=args.wall_s, cell_timeout_s=args.cell_timeout_s,
                             memory_bytes=int(args.memory_gib * 2**30), max_processes=args.max_processes,
                             threads=max(1, (os.cpu_count() or 1) // max(1, args.jobs)),
-                            call_timeout_s=args.call_timeout_s)
+                            call_timeout_s=args.call_timeout_s, test_timeout_s=args.test_timeout_s)
     jobs = [Job(student, lesson, ctl_dir=os.path.join(work, "jobs", student, lesson, "ctl")) for student, lesson in pairs]
     uids = queue.Queue()
     leases = [sandbox.UidLease() for _ in range(max(1, args.jobs))]

@@ -74,6 +74,25 @@ def _array_like(value):
     return None, None
 
 
+_INT_LIMIT = 2**4096
+
+
+def _flat_scalars(items):
+    """True when every item is an int (not bool) of sane size, a finite float, or a string of sane length."""
+    if not items:
+        return True
+    kinds = set(map(type, items))
+    if not kinds <= {int, float, str}:
+        return False
+    if kinds == {int}:
+        return -_INT_LIMIT < min(items) and max(items) < _INT_LIMIT
+    if kinds == {float}:
+        return all(map(math.isfinite, items))
+    if kinds == {str}:
+        return max(map(len, items)) <= MAX_STR_CHARS
+    return False  # a mix: checked item by item
+
+
 def _encode(value, where, depth, budget):
     if depth > MAX_DEPTH:
         raise NotPlainData(f"{where} is nested more than {MAX_DEPTH} levels deep")
@@ -92,6 +111,8 @@ def _encode(value, where, depth, budget):
         return value.encode("utf-8", "replace").decode("utf-8")
     if t is list or t is tuple:
         budget.take(len(value), where)
+        if _flat_scalars(value):  # fast path: a list of plain numbers or short strings stands for itself
+            return {"$": "l" if t is list else "t", "v": list(value)}
         items = [_encode(v, f"{where}[{i}]", depth + 1, budget) for i, v in enumerate(value)]
         return {"$": "l" if t is list else "t", "v": items}
     if t is dict:
@@ -169,7 +190,10 @@ def _decode(obj, depth, budget):
         return _FLOATS[obj["v"]]
     if tag in ("l", "t") and type(obj.get("v")) is list and len(obj) == 2:
         budget.take(len(obj["v"]), "list")
-        items = [_decode(v, depth + 1, budget) for v in obj["v"]]
+        if _flat_scalars(obj["v"]):
+            items = obj["v"]
+        else:
+            items = [_decode(v, depth + 1, budget) for v in obj["v"]]
         return items if tag == "l" else tuple(items)
     if tag == "d" and type(obj.get("v")) is list and len(obj) == 2:
         budget.take(len(obj["v"]), "dict")
@@ -282,3 +306,9 @@ def serve(request_text):
         text = dumps({"ok": False, "notplain": str(exc)[:2000]})
     from IPython.display import display
     display({MIME: text}, raw=True)
+
+
+def serve_file(path):
+    """`serve` for a request the executor left in a file (long requests: no big literal to parse)."""
+    with open(path, encoding="utf-8") as fh:
+        serve(fh.read(MAX_TEXT_BYTES + 1))

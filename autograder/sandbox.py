@@ -52,6 +52,7 @@ class Limits:
     max_cell_output_chars: int = 200_000   # every kind of output (streams, displays, errors)
     threads: int = 1                 # OMP / MKL / torch threads, and the CPU quota in cores
     call_timeout_s: float = 20.0     # one call of the student's code made by a checker
+    test_timeout_s: float = 300.0    # one test cell's checker, all its calls included
 
 
 @dataclass

@@ -211,6 +211,11 @@ def sched_lesson(root):
     for cell in cells:  # the exercise written against the library's current Scheduler API
         if cell.metadata["nbgrader"]["grade_id"] == "ex21_scheduler":
             cell.source = "### BEGIN SOLUTION\n" + SCHED_HONEST + "### END SOLUTION"
+        else:  # the lesson's visible tests and one hidden workload (all of them take ~3,000 round trips)
+            visible = cell.source.split("### BEGIN HIDDEN TESTS")[0]
+            cell.source = visible + ("### BEGIN HIDDEN TESTS\nfrom longctx.engine.policy_checks import random_workload\n"
+                                     "check_stall_free(StallFreeScheduler(token_budget=32), random_workload(12, 0))\n"
+                                     "### END HIDDEN TESTS")
     imports = new_code_cell("from longctx.engine import ScheduledBatch, Scheduler",
                             metadata=h._meta("sched_imports", locked=True))
     nb = nbformat.v4.new_notebook(cells=[imports] + cells)
