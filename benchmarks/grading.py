@@ -21,8 +21,16 @@ Needs root and bubblewrap (as `make grade`).
 The machine's load average is printed with each run: on a shared machine, wall times are noisy;
 compare runs made at the same load, or the CPU table.
 
-Recorded (2 cores shared with ~6 other busy sessions, load average 5-9; lesson 00, 8 submissions):
-see the final report of issue 11; rerun on a quiet machine for clean numbers.
+Recorded 2026-12-01 (2 cores shared with ~6 other busy sessions, load average ~6; lesson 00, 6 submissions):
+
+    wall s   notebook kernel sandbox checks prepare gradebook feedback overhead  per sub  per min
+    -j 1       1.75    0.84    0.83   0.17    0.13     0.39     0.36     2.72     5.26    11.4
+    -j 2       2.58    1.12    1.06   0.28    0.17     0.44     0.44     3.52     3.42    17.5
+    CPU s    nb_cpu  kernel executor checks prepare gradebook feedback overhead_cpu
+    -j 1       1.09    0.29    0.33   0.10    0.03     0.13     0.17     1.05
+    -j 2       1.13    0.30    0.35   0.11    0.04     0.14     0.16     1.10
+
+(gradebook and feedback run in the bookkeeping worker, pipelined with the next sandboxes.)
 """
 
 from __future__ import annotations
