@@ -96,7 +96,8 @@ class ServerProcess:
     """``python -m longctx serve`` in a child process on 127.0.0.1; use as a context manager.
 
     Keyword arguments become flags (``scheduler="monolithic"`` -> ``--scheduler monolithic``). ``threads``
-    sets the child's torch threads. The child's output goes to ``log_path`` (or is discarded).
+    sets the child's torch threads. The child's output goes to ``log_path`` (default: a temporary file whose
+    tail is quoted if the server fails to start).
     """
 
     def __init__(
@@ -123,17 +124,24 @@ class ServerProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> ServerProcess:
-        out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        if self.log_path is None:
+            import tempfile
+
+            self.log_path = tempfile.NamedTemporaryFile(
+                prefix="longctx-serve-", suffix=".log", delete=False
+            ).name
+        out = open(self.log_path, "wb")  # noqa: SIM115
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
             self.args, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent
         )
+        out.close()  # the child has its own copy
         atexit.register(self.stop)  # a kernel that exits (or crashes in Python) still stops its server
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(
-                    f"the server exited with status {self.proc.returncode} while starting: {self.args}"
+                    f"the server exited with status {self.proc.returncode} while starting: {self.args}\n{self.log_tail()}"
                 )
             try:
                 status, _ = get_json(self.base_url + "/health", timeout_s=2.0)
@@ -144,6 +152,14 @@ class ServerProcess:
             time.sleep(0.2)
         self.stop()
         raise RuntimeError(f"the server did not answer /health within {self.startup_timeout_s} s")
+
+    def log_tail(self, num_chars: int = 2000) -> str:
+        """The end of the child's output (stdout and stderr)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read()[-num_chars:].decode("utf-8", "replace")
+        except OSError:
+            return ""
 
     def health(self) -> dict:
         return get_json(self.base_url + "/health")[1]
