@@ -194,7 +194,9 @@ def run_suite(config: BenchConfig, device=None, log: Callable[[str], None] | Non
               "toy": config.is_toy, "dtype": config.dtype, "device": device_info(device),
               "config": asdict(config),
               "notes": "random-weight models run by longctx.model.llama over the engine's paged KV cache "
-                       "(torch SDPA, not a fused paged-attention kernel): this engine's speed, not vLLM's",
+                       "(torch SDPA, not a fused paged-attention kernel; a chunk after cached tokens attends in "
+                       "query tiles of llama.MAX_SCORES_PER_CALL scores, as the engine does): this engine's "
+                       "speed, not vLLM's",
               "models": {}, "errors": [], "skipped": []}
     run = Run(record, config, device, dtype, log)
     todo = [s for s in SECTION_WEIGHTS if s in config.sections or s == "ceilings"]  # every reader needs these
