@@ -270,3 +270,48 @@ def test_official_openai_client(server, tokenizer):
         client.completions.create(model="nope", prompt="Hi", max_tokens=3)
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model=MODEL, prompt="Hi", max_tokens=3, temperature=9)
+
+
+def test_bench_cli_against_the_server(server, tmp_path, capsys):
+    from longctx.__main__ import main
+
+    out = tmp_path / "bench.json"
+    rc = main(
+        [
+            "bench",
+            "--base-url",
+            server.url,
+            "--model",
+            MODEL,
+            "--num-prompts",
+            "3",
+            "--workload",
+            "needle",
+            "--prompt-tokens",
+            "128",
+            "--max-tokens",
+            "4",
+            "--concurrency",
+            "2",
+            "--slo-ttft-ms",
+            "5000",
+            "--json",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    assert "3 / 0 / 3" in capsys.readouterr().out
+    import json
+
+    doc = json.loads(out.read_text())
+    s = doc["summary"]
+    assert s["completed"] == 3 and s["failed"] == 0 and s["total_output_tokens"] == 12
+    assert s["answers_checked"] == 3 and s["answers_correct"] == 0  # the scripted model never says the code
+    assert all(r["prompt_tokens"] <= 128 for r in doc["requests"])
+    assert (
+        main(["bench", "--base-url", server.url, "--model", "nope", "--num-prompts", "1"]) == 1
+    )  # 404s counted
+    assert (
+        main(["bench", "--base-url", server.url, "--model", MODEL, "--num-prompts", "1", "--workload", "x"])
+        == 2
+    )
