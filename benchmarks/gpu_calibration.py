@@ -20,6 +20,19 @@ from longctx.gpu.calibration import SOURCES, calibrate_from_record
 from longctx.gpu.records import load_record, record_path
 
 
+def report_lines(report) -> list[str]:
+    """The fitted factors, then the error per source (held-out sources are predictions)."""
+    k = report.calibration.factors
+    out = [f"calibrated on {', '.join(report.fit_sources)} ({report.calibration.num_steps} steps) against "
+           f"{report.executor.hardware.name}: compute {k.compute_efficiency:.2f}, attention "
+           f"{k.attention_efficiency:.2f}, memory {k.memory_efficiency:.2f}, step overhead "
+           f"{k.step_overhead_s * 1e3:.3f} ms, per sequence {k.per_sequence_overhead_s * 1e6:.1f} us"]
+    for src, s in report.by_source().items():
+        out.append(f"  {src:<15} {s['steps']:>4} steps  median |error| {s['median_abs_error']:6.1%}  "
+                   f"max {s['max_abs_error']:6.1%}{'' if s['fitted'] else '  (held out)'}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("record", nargs="?", default=str(record_path("h200")), help="a gpu-bench record")
@@ -41,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
                           "factors": k.__dict__, "by_source": report.by_source()}, indent=1))
     else:
         print(f"{record['device']['name']}, {record['date']}{' (toy run)' if record.get('toy') else ''}")
-        print("\n".join(report.lines()))
+        print("\n".join(report_lines(report)))
     return 0
 
 

@@ -64,18 +64,6 @@ class CalibrationReport:
                             "max_abs_error": max(errs), "fitted": src in self.fit_sources}
         return out
 
-    def lines(self) -> list[str]:
-        """A printable summary: the factors and the error per source."""
-        k = self.calibration.factors
-        out = [f"calibrated on {', '.join(self.fit_sources)} ({self.calibration.num_steps} steps) against "
-               f"{self.executor.hardware.name}: compute {k.compute_efficiency:.2f}, attention "
-               f"{k.attention_efficiency:.2f}, memory {k.memory_efficiency:.2f}, step overhead "
-               f"{k.step_overhead_s * 1e3:.3f} ms, per sequence {k.per_sequence_overhead_s * 1e6:.1f} us"]
-        for src, s in self.by_source().items():
-            out.append(f"  {src:<15} {s['steps']:>4} steps  median |error| {s['median_abs_error']:6.1%}  "
-                       f"max {s['max_abs_error']:6.1%}{'' if s['fitted'] else '  (held out)'}")
-        return out
-
 
 def calibrate_from_record(record: dict, model: str = "llama-3-8b", fit_sources=SOURCES,
                           hardware: HardwareSpec | str | None = None) -> CalibrationReport:
