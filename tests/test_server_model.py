@@ -126,7 +126,7 @@ def test_soak_64_concurrent_streaming_clients(server):
     from longctx.bench.workloads import build_workload
     from tests.model_fixtures import our_tokenizer
 
-    requests = build_workload("chat", 256, our_tokenizer(), prompt_tokens=24, max_tokens=3, seed=1)
+    requests = build_workload("chat", 256, our_tokenizer(), prompt_tokens=40, max_tokens=3, seed=1)
     t0 = time.monotonic()
     records, duration_s = run_benchmark(server.base_url, MODEL, requests, concurrency=64, timeout_s=120)
     assert time.monotonic() - t0 < 120

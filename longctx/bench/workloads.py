@@ -67,6 +67,10 @@ def _chat_request(
 ) -> dict:
     """A chat request whose templated prompt has about ``prompt_tokens`` tokens (measured)."""
     overhead = count_chat_tokens(tokenizer, question)
+    if prompt_tokens < overhead:
+        raise ValueError(
+            f"prompt_tokens={prompt_tokens} is less than the chat template and question alone ({overhead} tokens)"
+        )
     text = (
         filler_text(max(0, prompt_tokens - overhead - 1), tokenizer, extra.pop("seed", 0))
         if not body
@@ -84,6 +88,10 @@ def needle_prompt(tokenizer, prompt_tokens: int, code: str, depth: float, seed: 
     question = "What is the secret code? Answer with the number only."
     needle = f"The secret code is {code}."
     budget = prompt_tokens - count_chat_tokens(tokenizer, question) - len(tokenizer.encode(" " + needle)) - 2
+    if budget < 0:
+        raise ValueError(
+            f"prompt_tokens={prompt_tokens} is too short for the chat template, question and needle"
+        )
     hay = filler_text(max(0, budget), tokenizer, seed).split(". ")
     at = round(depth * len(hay))
     hay.insert(at, needle.rstrip("."))
