@@ -14,9 +14,8 @@ from longctx.engine import (
 )
 from longctx.kv.block_manager import BlockManager
 
-pytestmark = pytest.mark.slow
 
-
+@pytest.mark.slow
 def test_chunked_prefill_logits_equal_monolithic_within_1e_3():
     model, tok = our_model(), our_tokenizer()
     short = tok.encode_chat(PROMPTS[1])  # ~60 tokens: chunks of 1 and 7 stay cheap
@@ -27,6 +26,7 @@ def test_chunked_prefill_logits_equal_monolithic_within_1e_3():
     assert all(d <= 1e-3 for d in diffs.values()), diffs
 
 
+@pytest.mark.slow
 def test_chunked_greedy_outputs_are_identical():
     model, tok = our_model(), our_tokenizer()
     ids = tok.encode(" ".join(PROMPTS))  # ~80 tokens
@@ -35,6 +35,7 @@ def test_chunked_greedy_outputs_are_identical():
         assert generate(model, ids, 12, chunk_size=chunk) == reference
 
 
+@pytest.mark.slow
 def test_mixed_batches_give_each_request_its_solo_tokens():
     """Prefill chunks and decodes of several requests share forward passes; no token may change."""
     model, tok = our_model(), our_tokenizer()
@@ -49,3 +50,24 @@ def test_mixed_batches_give_each_request_its_solo_tokens():
         assert bm.num_free_blocks == 40
         mixed = any(r.num_prefill_tokens and r.num_decode_tokens for r in engine.history)
         assert mixed == isinstance(scheduler, ChunkedPrefillScheduler)  # only the stall-free policy mixes
+
+
+@pytest.mark.parametrize("scheduler", [ChunkedPrefillScheduler(5), MonolithicScheduler()])
+def test_batched_decodes_of_different_lengths_match_solo_runs_on_a_tiny_model(scheduler):
+    """Decode groups (several sequences, padded and masked, rows not in order) change no token."""
+    import torch
+
+    from longctx.model.llama import Llama
+    from longctx.specs import ModelSpec
+
+    spec = ModelSpec(name="tiny", num_layers=2, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8,
+                     source="test", intermediate_size=48, vocab_size=50, rope_theta=10000.0, max_context=128)
+    model = Llama(spec).init_random_(seed=3, std=0.3).eval()
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 50, (n,), generator=g).tolist() for n in (3, 17, 6, 40, 9)]
+    solo = [generate(model, p, 12, block_size=4) for p in prompts]
+    engine = Engine(TorchExecutor(model, BlockManager(64, 4)), scheduler, max_model_len=128)
+    seqs = [engine.add_request(p, 12, arrival_s=0.0) for p in prompts]
+    engine.run_until_done()
+    assert [s.output_token_ids for s in seqs] == solo
+    assert max(r.num_decode_tokens for r in engine.history) >= 3  # several decodes shared a step

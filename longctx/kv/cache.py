@@ -48,13 +48,32 @@ class PagedKVCache:
 
 @dataclass
 class DecodeGroup:
-    """Decodes attended together: ``rows`` [B] of the step's tokens, keys at ``kv_slots`` [B, L_max] padded
-    with slot 0 and ``mask`` [B, L_max] True where a key is real. A group of one sequence whose blocks are
-    consecutive in the pool reads its keys as a ``slice`` of slots (no copy) and needs no mask."""
+    """Decodes attended together: ``rows`` of the step's tokens (a tensor [B], or a ``slice`` when they are
+    consecutive), keys read by ``gather``. ``mask`` [B, L_max] is True where a key is real (None when
+    every sequence of the group has ``L_max`` keys).
 
-    rows: torch.Tensor
-    kv_slots: torch.Tensor | slice
+    Keys are read whole blocks at a time (``index_select`` over ``kv_blocks`` [B * blocks], much faster
+    than a gather per slot), then cut to ``L_max``; a group of one sequence whose blocks are consecutive
+    in the pool reads them as a ``slice`` of slots (a view, no copy).
+    """
+
+    rows: torch.Tensor | slice
+    kv_blocks: torch.Tensor | slice
+    block_size: int
+    max_len: int
     mask: torch.Tensor | None
+
+    def gather(self, cache_flat: torch.Tensor) -> torch.Tensor:
+        """Keys (or values) of the group from a layer's flat cache ``[num_slots, H_kv, d]`` -> [B, L_max, H_kv, d]."""
+        if isinstance(self.kv_blocks, slice):
+            return cache_flat[self.kv_blocks].unsqueeze(0)  # [1, L, H_kv, d], a view
+        blocks = cache_flat.view(-1, self.block_size, *cache_flat.shape[1:])  # [num_blocks, bs, H_kv, d]
+        picked = blocks.index_select(0, self.kv_blocks)  # [B * nb, bs, H_kv, d]
+        return picked.view(len(self), -1, *cache_flat.shape[1:])[:, : self.max_len]  # [B, L_max, H_kv, d]
+
+    def __len__(self) -> int:
+        rows = self.rows
+        return rows.stop - rows.start if isinstance(rows, slice) else len(rows)
 
 
 @dataclass
@@ -109,16 +128,25 @@ def _group_decodes(decodes, block_size, device) -> list[DecodeGroup]:
         groups.append(current)
     out = []
     for g in groups:
-        rows = torch.tensor([d[0] for d in g], device=device)
+        row_ids = [d[0] for d in g]
+        if row_ids == list(range(row_ids[0], row_ids[0] + len(g))):
+            rows = slice(row_ids[0], row_ids[0] + len(g))
+        else:
+            rows = torch.tensor(row_ids, device=device)
+        lens = [d[2] for d in g]
+        width = max(lens)
         if len(g) == 1:
-            out.append(DecodeGroup(rows, _kv_index(g[0][1], block_size, g[0][2], device), None))
-            continue
-        lens = torch.tensor([d[2] for d in g])
-        padded = torch.zeros(len(g), int(lens.max()), dtype=torch.long)  # [B, L_max], padded with slot 0
-        for i, (_, table, n) in enumerate(g):
-            padded[i, :n] = _slots(torch.as_tensor(table), block_size, 0, n)
-        mask = torch.arange(padded.shape[1])[None, :] < lens[:, None]  # [B, L_max] True where a key is real
-        out.append(DecodeGroup(rows, padded.to(device), mask.to(device)))
+            index = _kv_index(g[0][1], block_size, width, device)
+            if isinstance(index, slice):
+                out.append(DecodeGroup(rows, index, block_size, width, None))
+                continue
+        nb = -(-width // block_size)
+        tables = [t[:nb] + [0] * (nb - min(nb, len(t))) for _, t, _ in g]  # padded with block 0 (masked)
+        kv_blocks = torch.tensor(tables, dtype=torch.long).flatten().to(device)  # [B * nb]
+        mask = None
+        if min(lens) < width:
+            mask = (torch.arange(width)[None, :] < torch.tensor(lens)[:, None]).to(device)  # [B, L_max]
+        out.append(DecodeGroup(rows, kv_blocks, block_size, width, mask))
     return out
 
 

@@ -139,14 +139,9 @@ class Attention(nn.Module):
     def _decodes(self, q, k_cache, v_cache, group, out):
         """A group of decodes at once: one query each, keys padded to the group's longest context."""
         qd = q[group.rows].unsqueeze(2)  # [B, H, 1, d]
-        if group.mask is None:  # one sequence: its keys as they are, all visible
-            keys = k_cache[group.kv_slots].transpose(0, 1).unsqueeze(0)  # [1, H_kv, L, d]
-            values = v_cache[group.kv_slots].transpose(0, 1).unsqueeze(0)
-            out[group.rows] = _sdpa(qd, keys, values).squeeze(2)  # [1, H, d]
-            return
-        keys = k_cache[group.kv_slots].transpose(1, 2)  # [B, L, H_kv, d] -> [B, H_kv, L, d]
-        values = v_cache[group.kv_slots].transpose(1, 2)
-        mask = group.mask[:, None, None, :]  # [B, 1, 1, L]
+        keys = group.gather(k_cache).transpose(1, 2)  # [B, L, H_kv, d] -> [B, H_kv, L, d]
+        values = group.gather(v_cache).transpose(1, 2)
+        mask = None if group.mask is None else group.mask[:, None, None, :]  # [B, 1, 1, L]
         out[group.rows] = _sdpa(qd, keys, values, mask=mask).squeeze(2)  # [B, H, d]
 
 
