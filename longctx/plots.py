@@ -99,11 +99,13 @@ def plot_token_gaps(token_times_s: Sequence[float], ax=None, label: str | None =
 
 
 def plot_heatmap(values, row_labels: Sequence[str], col_labels: Sequence[str], ax=None, fmt: str = "{:.3g}",
-                 colorbar_label: str = "", title: str | None = None, log: bool = True):
+                 colorbar_label: str = "", title: str | None = None, log: bool = True,
+                 vmin: float | None = None, vmax: float | None = None):
     """A table of numbers as a heatmap with each cell's value written in it (log colour scale by default).
 
     ``values[i][j]`` belongs to ``row_labels[i]`` and ``col_labels[j]``; ``fmt`` formats the cell text and
-    ``colorbar_label`` names the quantity and its unit.
+    ``colorbar_label`` names the quantity and its unit. ``vmin``/``vmax`` clip the linear colour scale (the
+    cell text keeps the true value), e.g. so that one outlier does not wash out the rest.
     """
     import matplotlib.colors as mcolors
     import numpy as np
@@ -112,11 +114,15 @@ def plot_heatmap(values, row_labels: Sequence[str], col_labels: Sequence[str], a
     if data.shape != (len(row_labels), len(col_labels)):
         raise ValueError(f"values has shape {data.shape}, labels say {(len(row_labels), len(col_labels))}")
     ax = _axes(ax)
-    norm = mcolors.LogNorm(vmin=data.min(), vmax=data.max()) if log and data.min() > 0 else None
+    lo, hi = np.nanmin(data), np.nanmax(data)  # NaN cells (not measured) stay blank in the colour map
+    norm = mcolors.LogNorm(vmin=lo, vmax=hi) if log and lo > 0 else None
+    if norm is None and (vmin is not None or vmax is not None):
+        norm = mcolors.Normalize(vmin=lo if vmin is None else vmin, vmax=hi if vmax is None else vmax)
     image = ax.imshow(data, cmap="viridis", norm=norm, aspect="auto")
     ax.set_xticks(range(len(col_labels)), labels=list(col_labels))
     ax.set_yticks(range(len(row_labels)), labels=list(row_labels))
-    mid = np.sqrt(data.min() * data.max()) if norm is not None else (data.min() + data.max()) / 2
+    mid = np.sqrt(lo * hi) if isinstance(norm, mcolors.LogNorm) else (
+        (norm.vmin + norm.vmax) / 2 if norm is not None else (lo + hi) / 2)
     for i in range(data.shape[0]):
         for j in range(data.shape[1]):
             ax.text(j, i, fmt.format(data[i, j]), ha="center", va="center", fontsize=9,

@@ -138,3 +138,25 @@ def test_scores_are_consistent_with_greedy_decoding_and_the_full_logits(tmp_path
         assert math.isfinite(row["answer_logprob"]) and row["answer_logprob"] < 0
     path = table.save(tmp_path / "t.json")
     assert NiahTable.load(path).rows == table.rows
+
+
+def test_heatmap_of_a_partial_grid_clips_its_colours():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from longctx.plots import plot_heatmap
+
+    t = NiahTable([{"length": 512, "depth": 0.0, "answer_logprob": -0.5},
+                   {"length": 512, "depth": 1.0, "answer_logprob": -20.0},
+                   {"length": 1024, "depth": 0.0, "answer_logprob": -2.0}])
+    lengths, depths, grid = t.pivot("answer_logprob")
+    assert math.isnan(grid[1, 1])
+    fig, ax = plt.subplots()
+    out = plot_heatmap(grid, [str(n) for n in lengths], [str(d) for d in depths], ax=ax, log=False, vmin=-5)
+    assert out is ax
+    image = ax.images[0]
+    assert image.norm.vmin == -5 and image.norm.vmax == -0.5
+    assert [tx.get_text() for tx in ax.texts] == ["-0.5", "-20", "-2", "nan"]
+    plt.close(fig)
