@@ -65,7 +65,7 @@ def scheduler_state(running: list[Sequence], waiting: list[Sequence], block_mana
     return {
         "num_blocks": block_manager.num_blocks,
         "block_size": block_manager.block_size,
-        "free_blocks": [int(b) for b in block_manager._free],
+        "num_free_blocks": block_manager.num_free_blocks,
         "running": [_seq_state(s, block_manager) for s in running],
         "waiting": [_seq_state(s, block_manager) for s in waiting],
     }
@@ -106,10 +106,11 @@ def decide(scheduler: Scheduler, state: dict, *, allow_library: bool = False) ->
     library's own policies be checked (they are refused by default: the exercise is to write one).
     """
     bm = BlockManager(state["num_blocks"], state["block_size"])
-    bm._free = list(state["free_blocks"])
-    for d in state["running"]:
+    for d in state["running"]:  # the same tables; which ids are free does not change a decision
         if d["block_table"]:
             bm._tables[d["seq_id"]] = list(d["block_table"])
+    used = {b for t in bm._tables.values() for b in t}
+    bm._free = [b for b in range(bm.num_blocks - 1, -1, -1) if b not in used][: state["num_free_blocks"]]
     running = [_mirror(d, SequenceStatus.RUNNING) for d in state["running"]]
     waiting = [_mirror(d, SequenceStatus.WAITING) for d in state["waiting"]]
     batch = _RecordingBatch(
