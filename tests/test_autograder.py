@@ -100,6 +100,7 @@ def _released_lessons():
 
 @needs_sandbox
 @pytest.mark.skipif(not _released_lessons(), reason="no released lessons yet")
+@pytest.mark.timeout(2400)  # every lesson notebook runs twice (about 10 min on 2 cores for 7 lessons)
 def test_real_lessons_solutions_full_marks_released_zero(tmp_path):
     """Every real lesson: its solution earns every point, its untouched release earns none."""
     lessons = _released_lessons()
@@ -107,7 +108,7 @@ def test_real_lessons_solutions_full_marks_released_zero(tmp_path):
     for lesson in lessons:
         h.submit(root, "solution", lesson, h.solution(root, lesson))
         h.submit(root, "untouched", lesson, h.released(root, lesson))
-    result = h.grade(root, "--jobs", "2", timeout=1500)
+    result = h.grade(root, "--jobs", "2", timeout=2300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     _, rows = h.read_grades(root)
     for row in rows:
