@@ -366,6 +366,12 @@ print(f"load_model_s={time.perf_counter() - start:.2f}")
 '''
 
 
+def _commit() -> str:
+    done = subprocess.run(["git", "log", "-1", "--format=%h %cd", "--date=format:%Y-%m-%d %H:%M"], cwd=ROOT,
+                          capture_output=True, text=True)
+    return done.stdout.strip() or "unknown"
+
+
 def lesson_notebooks(repo: Path, only: list[str]) -> list[Path]:
     found = sorted(p for p in (repo / "solutions").glob("*/*.ipynb")
                    if p.stem == p.parent.name and re.match(r"^\d\d_", p.stem))
@@ -479,7 +485,8 @@ def main(argv: list[str] | None = None) -> int:
           f"(server resident memory {_gib(launch['jupyterlab_rss_bytes'])} GiB, on top of a lesson's kernel); "
           f"the first load_model() (from the image's cache) takes {launch['first_load_model_s']} s", flush=True)
     print(f"\nlessons (solution notebooks, every cell) under {MEMORY_LIMIT_BYTES / 2**30:.0f} GiB, {CPU_LIMIT:g} CPU, "
-          f"no network; {os.cpu_count()} cores on this machine, shared")
+          f"no network; {os.cpu_count()} cores on this machine, shared; load average "
+          f"{os.getloadavg()[0]:.1f} at the start; commit {_commit()}")
     print(f"| {'lesson':<26} | {'first cell':>10} | {'wall (s)':>8} | {'cgroup peak':>11} | {'RSS peak':>9} | verdict |")
     print(f"|{'-' * 28}|{'-' * 12}:|{'-' * 9}:|{'-' * 12}:|{'-' * 10}:|---------|")
     rows = run_lessons(be, args.lessons, args.timeout)
@@ -491,6 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     print("first cell: seconds from the kernel's start until the first code cell has run (the learner's wait); "
           "wall: the whole notebook, kernel start included; peaks in GiB: cgroup = resident memory + page "
           "cache charged to the run (what the limit counts), RSS = resident memory of the process tree")
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
     print("all lessons ran within Binder's limits" if ok else "NOT every lesson ran within Binder's limits")
     return 0 if ok else 1
 
