@@ -117,7 +117,9 @@ def _kv_index(table: list[int], block_size: int, kv_len: int, device):
 
 def _group_decodes(decodes, block_size, device) -> list[DecodeGroup]:
     """``decodes``: (row, block_table, kv_len). Sort by context length; a group grows while its longest
-    context stays within 1.5x + 64 of its shortest, so padding wastes little."""
+    context stays within 1.5x + 64 of its shortest, so padding wastes little. On a CPU, a sequence whose
+    blocks are consecutive gets a group of its own, read in place (a slice: one attention call, no copy;
+    copying its keys costs more than the call there)."""
     groups, current = [], []
     for d in sorted(decodes, key=lambda d: d[2]):
         if current and d[2] > 1.5 * current[0][2] + 64:
@@ -126,6 +128,15 @@ def _group_decodes(decodes, block_size, device) -> list[DecodeGroup]:
         current.append(d)
     if current:
         groups.append(current)
+    if torch.device(device).type == "cpu":  # read consecutive sequences in place, one call each (no copy)
+        split = []
+        for g in groups:
+            alone = [d for d in g if isinstance(_kv_index(d[1], block_size, d[2], "cpu"), slice)]
+            split += [[d] for d in alone]
+            rest = [d for d in g if not any(d is a for a in alone)]
+            if rest:
+                split.append(rest)
+        groups = split
     out = []
     for g in groups:
         row_ids = [d[0] for d in g]
