@@ -53,6 +53,7 @@ MEMORY_LIMIT_BYTES = 2 * 2**30    # Binder: 2 GiB ("2 GB" in its docs; the limit
 CPU_LIMIT = 1.0                   # Binder: 1 CPU guaranteed
 CGROUP_V1 = Path("/sys/fs/cgroup")
 CGROUP_V2 = Path("/sys/fs/cgroup/unified")
+BUILT_FROM = "unknown"  # the commit the repository copy was taken from (set by copy_repository)
 
 
 # -- the environment, as repo2docker builds it ------------------------------------------------------
@@ -95,11 +96,14 @@ def copy_repository(dest: Path, working_tree: bool = False) -> None:
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
+    global BUILT_FROM
     if not working_tree:
-        archive = subprocess.run(["git", "archive", "--format=tar", "HEAD"], cwd=ROOT, capture_output=True,
-                                 check=True).stdout
+        BUILT_FROM = _commit("HEAD")
+        archive = subprocess.run(["git", "archive", "--format=tar", BUILT_FROM.split()[0]], cwd=ROOT,
+                                 capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
         return
+    BUILT_FROM = f"the working tree on {_commit('HEAD')}"
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
                             capture_output=True, check=True).stdout
     for rel in filter(None, listed.decode().split("\0")):
@@ -366,8 +370,8 @@ print(f"load_model_s={time.perf_counter() - start:.2f}")
 '''
 
 
-def _commit() -> str:
-    done = subprocess.run(["git", "log", "-1", "--format=%h %cd", "--date=format:%Y-%m-%d %H:%M"], cwd=ROOT,
+def _commit(ref: str = "HEAD") -> str:
+    done = subprocess.run(["git", "log", "-1", "--format=%h %cd", "--date=format:%Y-%m-%d %H:%M", ref], cwd=ROOT,
                           capture_output=True, text=True)
     return done.stdout.strip() or "unknown"
 
@@ -486,14 +490,15 @@ def main(argv: list[str] | None = None) -> int:
           f"the first load_model() (from the image's cache) takes {launch['first_load_model_s']} s", flush=True)
     print(f"\nlessons (solution notebooks, every cell) under {MEMORY_LIMIT_BYTES / 2**30:.0f} GiB, {CPU_LIMIT:g} CPU, "
           f"no network; {os.cpu_count()} cores on this machine, shared; load average "
-          f"{os.getloadavg()[0]:.1f} at the start; commit {_commit()}")
+          f"{os.getloadavg()[0]:.1f} at the start; built from {BUILT_FROM}")
     print(f"| {'lesson':<26} | {'first cell':>10} | {'wall (s)':>8} | {'cgroup peak':>11} | {'RSS peak':>9} | verdict |")
     print(f"|{'-' * 28}|{'-' * 12}:|{'-' * 9}:|{'-' * 12}:|{'-' * 10}:|---------|")
     rows = run_lessons(be, args.lessons, args.timeout)
     ok = all(r["ok"] for r in rows) and all(c["ok"] for c in shipped.values()) and \
         launch["first_load_model_s"] is not None
     if args.json:
-        args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "python": version, "timings": timings,
+        args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "built_from": BUILT_FROM,
+                                         "python": version, "timings": timings,
                                          "shipped": shipped, "launch": launch, "rows": rows}, indent=1))
     print("first cell: seconds from the kernel's start until the first code cell has run (the learner's wait); "
           "wall: the whole notebook, kernel start included; peaks in GiB: cgroup = resident memory + page "
