@@ -377,7 +377,7 @@ HEAVY_CELL = re.compile(r"\b(import torch|from torch\b|load_model|build_engine|T
                         r"|launch_server|RECOMPUTE\s*=\s*True)")
 
 
-def _defined_and_used(source: str) -> tuple[set, set]:
+def defined_and_used(source: str) -> tuple[set, set]:
     import ast
 
     source = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!")))
@@ -404,7 +404,7 @@ def plan_cells(nb, run_everything: bool | None = None) -> tuple[list[int], dict[
     for index, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
-        defined, used = _defined_and_used(cell.source)
+        defined, used = defined_and_used(cell.source)
         reason = ""
         if not run_everything:
             if HEAVY_CELL.search(cell.source):

@@ -13,7 +13,8 @@ What is covered:
   decoded <img> elements (every image the kernel sent, and at least one for every cell that creates a
   figure); no error and no stderr output outside the exercise cells; every unanswered exercise cell
   raises NotImplementedError (or NameError for a name an earlier exercise defines) and every test cell
-  fails while its exercise is unanswered. Then the lesson's first exercise is answered by typing the
+  fails while its exercise is unanswered. Then the lesson's first exercise (the first whose answer and
+  tests read nothing from a skipped cell) is answered by typing the
   instructor's answer (from solutions/) into its cell through the browser: the exercise cell and its test
   cells then run without error. Screenshots: .ci-output/screenshots/NN-first-plot.png, NN-end.png,
   NN-answered.png (NN-failure.png when a check fails).
@@ -45,6 +46,7 @@ from lab_browser import (
     NotebookPage,
     browser_missing_reason,
     chromium_path,
+    defined_and_used,
     lesson_ids,
     nbgrader_role,
     plan_cells,
@@ -186,8 +188,18 @@ def test_lesson_in_the_browser(lesson, lab, page):
         assert not problems, (f"{lesson} in the browser (skipped cells: {skipped}):\n  " + "\n  ".join(problems))
 
         # The first exercise, answered through the browser, passes its visible tests.
+        # (one whose answer and tests read nothing that only a skipped model cell defines)
+        ran_names = set().union(*(defined_and_used(nb.cells[i].source)[0] for i in to_run))
+        skipped_names = set().union(set(), *(defined_and_used(nb.cells[i].source)[0] for i in skipped)) - ran_names
+
+        def reads_skipped(source: str) -> bool:
+            defined, used = defined_and_used(source)
+            return bool((used - defined) & skipped_names)
+
         exercises = [i for i in to_run if nbgrader_role(nb.cells[i]) == "exercise"
-                     and _tests_of(nb, i) and set(_tests_of(nb, i)) <= set(to_run)]
+                     and _tests_of(nb, i) and set(_tests_of(nb, i)) <= set(to_run)
+                     and not reads_skipped(solution_answer(lesson, nb.cells[i].metadata["nbgrader"]["grade_id"]))
+                     and not any(reads_skipped(nb.cells[t].source) for t in _tests_of(nb, i))]
         if not exercises:  # every exercise's test reads a skipped (model) cell: nothing more to type here
             return
         exercise = exercises[0]
