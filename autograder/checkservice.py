@@ -1,0 +1,144 @@
+"""The grader's side of checking: one listener per sandbox, one pristine checker child per test cell.
+
+The sandbox's executor announces each test cell on ctl_dir/grader.sock; `CheckService` starts a checker
+child (autograder/checker.py, from a fork server preloaded with the instructor's library before any
+submission is read) with the instructor's test source, relays the child's plain-data requests to the
+student's kernel and its answers back, and keeps the verdict. The kernel never sees the test source.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+
+import checker
+
+MAX_LINE_BYTES = 40 * 2**20
+
+
+class CheckService:
+    """Listens on ctl_dir/grader.sock for one sandbox; runs a checker child for each test cell it announces."""
+
+    def __init__(self, job, mp_context, limits):
+        self.job, self.ctx, self.limits = job, mp_context, limits
+        self.path = os.path.join(job.ctl_dir, "grader.sock")
+        if os.path.exists(self.path):
+            os.remove(self.path)
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        dir_fd = os.open(job.ctl_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:  # a Unix socket path must be < 108 bytes: bind through the folder's descriptor instead
+            self.listener.bind(f"/proc/self/fd/{dir_fd}/grader.sock")
+        finally:
+            os.close(dir_fd)
+        os.chmod(self.path, 0o600)
+        self.listener.listen(1)
+        self.listener.settimeout(0.5)
+        self.stop = threading.Event()
+        self.check_s = 0.0
+        self.check_cpu_s = 0.0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(timeout=self.limits.call_timeout_s + 60)
+        self.listener.close()
+
+    def _run(self):
+        conn = None
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.listener.accept()
+                break
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+        if conn is None:
+            return
+        conn.settimeout(None)
+        reader = conn.makefile("rb")
+        try:
+            while True:
+                line = reader.readline(MAX_LINE_BYTES)
+                if not line or not line.endswith(b"\n"):
+                    return
+                msg = json.loads(line)
+                if msg.get("op") == "test" and int(msg.get("cell", -1)) in self.job.test_plans:
+                    index = int(msg["cell"])
+                    start = time.monotonic()
+                    self.job.verdicts[index] = self._check(index, conn, reader)
+                    self.check_s += time.monotonic() - start
+                    self.check_cpu_s += float(self.job.verdicts[index].get("cpu_s", 0.0))
+                    conn.sendall(b'{"op": "done"}\n')
+                else:
+                    return
+        except (OSError, ValueError) as exc:
+            if not self.stop.is_set():
+                self.job.notes.append(f"the link to the sandbox broke ({type(exc).__name__})")
+        finally:
+            reader.close()
+            conn.close()
+
+    def _check(self, index, conn, reader):
+        import checker as ck
+
+        spec = self.job.test_plans[index]
+        parent, child = self.ctx.Pipe()
+        proc = self.ctx.Process(target=ck.run_check, args=(child, spec), daemon=True)
+        proc.start()
+        child.close()
+        deadline = time.monotonic() + self.limits.test_timeout_s
+        verdict = None
+        try:
+            while verdict is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not parent.poll(remaining):
+                    verdict = _failed("TestTimeout", f"the test took longer than {self.limits.test_timeout_s:g} s "
+                                                     "(the student's functions are slow or never return)")
+                    break
+                try:
+                    kind, payload = parent.recv()
+                except (EOFError, OSError):
+                    verdict = _failed("GraderError", "the checker process stopped unexpectedly", infra=True)
+                    break
+                if kind == "verdict":
+                    verdict = payload
+                elif kind == "kernel":
+                    conn.sendall((json.dumps({"op": "kernel", "text": payload}) + "\n").encode())
+                    conn.settimeout(self.limits.call_timeout_s + 30)
+                    line = reader.readline(MAX_LINE_BYTES)
+                    conn.settimeout(None)
+                    if not line.endswith(b"\n"):
+                        raise OSError("no answer from the sandbox")
+                    text = json.loads(line).get("text")
+                    parent.send(text if isinstance(text, str) else "!the sandbox sent no answer")
+        finally:
+            if proc.is_alive():
+                proc.kill()
+            proc.join(5)
+            parent.close()
+        if verdict.get("infra"):
+            self.job.notes.append(f"grading problem in {spec.get('grade_id')}: {verdict.get('evalue', '')[:300]}")
+        return verdict
+
+
+def _failed(ename, evalue, infra=False):
+    return {"passed": False, "ename": ename, "evalue": evalue, "stdout": "", "infra": infra}
+
+
+def start_checker_server(root):
+    """The fork server every checker child comes from; started before any submission is read."""
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(checker.PRELOAD)
+    forkserver.ensure_running()
+    return ctx

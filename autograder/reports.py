@@ -1,0 +1,136 @@
+"""What `make grade` tells people: a plain-text report per student, the summary table, per-phase timings."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import sandbox
+from staging import MAX_NOTEBOOK_BYTES, clean
+
+
+def log(msg):
+    print(clean(msg), flush=True)
+
+
+def stop_reason(job):
+    r = job.result
+    if r is None:
+        return "not run: the notebook was not executed" + (f" ({job.error})" if job.error else "")
+    if r.state == "timeout":
+        return f"not run: {r.detail}"
+    if r.state == "kernel_died":
+        return f"not run: {r.detail} in an earlier cell"
+    if r.state in ("error", "sandbox_failed"):
+        return f"not run: the grader could not execute the notebook ({clean(r.detail)[:300]})"
+    return "this test was not checked (the notebook stopped before it)"
+
+
+
+def write_timings(path, jobs, elapsed, n_jobs):
+    rows = []
+    for job in jobs:
+        r = job.result
+        status = {}
+        if job.ctl_dir and os.path.exists(os.path.join(job.ctl_dir, "status.json")):
+            status = sandbox._read_status(os.path.join(job.ctl_dir, "status.json"))
+        keys = ("cells_s", "kernel_start_s", "kernel_start_cpu_s", "executor_cpu_s", "kernel_cpu_s", "answers_cpu_s")
+        rows.append({"student": job.student, "lesson": job.lesson, "state": r.state if r else "not run",
+                     "sandbox_s": r.elapsed_s if r else 0.0, **{k: status.get(k, 0.0) for k in keys}, **job.timings})
+    with open(path, "w") as fh:
+        json.dump({"elapsed_s": elapsed, "jobs": n_jobs, "submissions": rows}, fh, indent=1)
+
+
+def _status_text(job):
+    r = job.result
+    if job.error:
+        return "grading error"
+    if r is None:
+        return "not run"
+    if r.state == "finished":
+        extra = []
+        if r.timeouts:
+            extra.append(f"{len(r.timeouts)} cell(s) timed out")
+        if r.truncated_cells:
+            extra.append("output truncated")
+        if r.process_limit_cells:
+            extra.append("process limit hit")
+        return "ok" + (f" ({', '.join(extra)})" if extra else "")
+    if r.state == "kernel_died":
+        return "out of memory" if "memory" in r.detail else "kernel died"
+    return r.state.replace("_", " ")
+
+
+def report_lines(job):
+    r = job.result
+    lines = [f"{job.lesson}: {job.score:g} / {job.max_score:g} points - {_status_text(job)}"]
+    if r is not None:
+        lines.append(f"  ran {r.elapsed_s:.1f} s; {r.detail}" if r.detail else f"  ran {r.elapsed_s:.1f} s")
+        if r.timeouts:
+            lines.append(f"  cells stopped by the per-cell time limit: {', '.join(map(str, r.timeouts))}")
+        if r.truncated_cells:
+            lines.append(f"  cells whose output was cut: {', '.join(map(str, r.truncated_cells))}")
+        if r.process_limit_cells:
+            lines.append("  process limit: cells " + ", ".join(map(str, r.process_limit_cells)) +
+                         " left too many processes behind (a fork bomb?); they were stopped")
+    oom = _looks_out_of_memory(job)
+    if oom:
+        lines.append(f"  out of memory: {oom}")
+    for name, score, max_score, message in job.tests:
+        mark = "passed" if score >= max_score else "FAILED"
+        lines.append(f"  [{mark}] {name}: {score:g}/{max_score:g}" + (f" - {message}" if message and
+                                                                     score < max_score else ""))
+    for note in job.notes:
+        lines.append(f"  note: {note}")
+    if job.flags:
+        lines.append("  review: the notebook's own code uses " + ", ".join(job.flags) +
+                     " (the score does not depend on it: tests run outside the notebook's kernel)")
+    if job.error:
+        lines.append(f"  grading error: {job.error[-800:]}")
+    return lines
+
+
+def write_reports(root, jobs, skipped):
+    folder = os.path.join(root, "autograder", "reports")
+    os.makedirs(folder, exist_ok=True)
+    by_student = {}
+    for job in jobs:
+        by_student.setdefault(job.student, []).append(job)
+    for student, js in by_student.items():
+        lines = [f"Grading report for {student}", "=" * (21 + len(student)), ""]
+        for job in js:
+            try:
+                lines += report_lines(job)
+            except Exception as exc:  # noqa: BLE001
+                lines.append(f"{job.lesson}: {job.score:g} points (the report could not be written: {exc!r})")
+            lines.append("")
+        for s, lesson, why in skipped:
+            if s == student:
+                lines.append(f"{lesson}: skipped - {why}")
+        with open(os.path.join(folder, f"{student}.txt"), "w", encoding="utf-8", errors="backslashreplace") as fh:
+            fh.write(clean("\n".join(lines)) + "\n")
+
+
+def _looks_out_of_memory(job):
+    path = os.path.join(job.ctl_dir, "executed.ipynb")
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read(8 * MAX_NOTEBOOK_BYTES)
+    except OSError:
+        return ""
+    for needle in ("MemoryError", "can't allocate memory", "Cannot allocate memory", "std::bad_alloc"):
+        if needle in text:
+            return f"a cell raised {needle} (limit per notebook)"
+    return ""
+
+
+def print_summary(jobs, elapsed):
+    header = f"{'student':<20} {'lesson':<28} {'score':>11}  status"
+    log("")
+    log(header)
+    log("-" * len(header))
+    for job in sorted(jobs, key=lambda j: (j.lesson, j.student)):
+        log(f"{job.student:<20} {job.lesson:<28} {job.score:>5g}/{job.max_score:<5g}  {_status_text(job)}"
+            + (f"  [review: {', '.join(job.flags)}]" if job.flags else ""))
+    log(f"\n{len(jobs)} submission(s) graded in {elapsed:.0f} s. grades.csv, feedback/ and reports/ are in "
+        "autograder/.")
