@@ -1,0 +1,251 @@
+"""KV-cache pruning ("presses", after NVIDIA's kvpress): which prompt tokens each KV head keeps.
+
+A press looks at one layer of one sequence's prompt (``PressInput``: its keys, values and, when the press
+needs them, some queries) and returns an importance per (KV head, token): ``score``, the one method a new
+press writes. The base class does the rest, the same for every press:
+
+    kept = T - floor(compression_ratio * T)          tokens per KV head (at least the protected ones)
+    keep_indices = top-kept of score per head, protected tokens first, then sorted by position
+
+Every KV head keeps the same number of tokens (so a compacted layer is a ``[H_kv, kept, d]`` tensor, and
+the paged pool frees whole blocks), but each head chooses its own tokens. Keys are stored after RoPE, so
+a kept key keeps its original position; later tokens keep theirs too.
+
+Presses (``PRESSES``, by CLI name):
+- ``streaming_llm``: StreamingLLM (Xiao et al. 2023, arXiv 2309.17453): ``n_sink`` first tokens (4, as in
+  the paper) and the most recent ones.
+- ``snapkv``: SnapKV (Li et al. 2024, arXiv 2404.14469): attention of the last ``window_size`` prompt
+  queries (the observation window, always kept), averaged over the window and the query heads of each
+  GQA group, smoothed by 1-D average pooling (``kernel_size``).
+- ``h2o``: H2O (Zhang et al. 2023, arXiv 2306.14048): attention accumulated over every prompt query
+  ("heavy hitters"), plus a recent window of ``recent_fraction`` of the kept budget.
+- ``random`` (seeded) and ``knorm`` (keys with a small L2 norm matter more: Devoto et al. 2024,
+  arXiv 2406.11430): baselines.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class PressInput:
+    """One layer of one sequence's prompt. ``keys``/``values``: ``[H_kv, T, d]`` (keys after RoPE).
+
+    ``queries``: ``[H, n, d]`` after RoPE, the last ``n`` prompt queries (positions ``T - n … T - 1``), or
+    None when the press needs none (``Press.queries_needed``). ``H`` is a multiple of ``H_kv`` (GQA)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    queries: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.keys.dim() != 3 or self.keys.shape != self.values.shape:
+            raise ValueError(f"keys and values must both be [H_kv, T, d]; got {tuple(self.keys.shape)} and "
+                             f"{tuple(self.values.shape)}")
+        if self.queries is not None:
+            q = self.queries
+            if q.dim() != 3 or q.shape[-1] != self.keys.shape[-1] or q.shape[0] % self.keys.shape[0]:
+                raise ValueError(f"queries must be [H, n, d] with H a multiple of H_kv = {self.keys.shape[0]} "
+                                 f"and d = {self.keys.shape[-1]}; got {tuple(q.shape)}")
+            if q.shape[1] > self.keys.shape[1]:
+                raise ValueError(f"{q.shape[1]} queries but only {self.keys.shape[1]} prompt tokens")
+
+    @property
+    def num_tokens(self) -> int:
+        return self.keys.shape[1]
+
+
+def attention_weights(queries: torch.Tensor, keys: torch.Tensor, tile_rows: int = 256) -> torch.Tensor:
+    """Causal softmax weights of the last ``n`` queries over all ``T`` keys: ``[H, n, T]`` (float32).
+
+    queries ``[H, n, d]`` are positions ``T - n … T - 1``; keys ``[H_kv, T, d]``; query head ``h`` reads
+    KV head ``h // (H / H_kv)``."""
+    H, n, d = queries.shape
+    H_kv, T, _ = keys.shape
+    k = keys.float().repeat_interleave(H // H_kv, dim=0)  # [H, T, d]
+    out = torch.empty(H, n, T)
+    for r0 in range(0, n, tile_rows):  # query tiles bound the [H, rows, T] scores on long prompts
+        r1 = min(n, r0 + tile_rows)
+        scores = queries[:, r0:r1].float() @ k.transpose(1, 2) / math.sqrt(d)  # [H, rows, T]
+        q_pos = torch.arange(T - n + r0, T - n + r1)
+        scores.masked_fill_(torch.arange(T)[None, :] > q_pos[:, None], float("-inf"))
+        out[:, r0:r1] = scores.softmax(dim=-1)
+    return out
+
+
+def per_kv_head(scores: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """``[H, T]`` scores of query heads -> ``[H_kv, T]``: the mean over each GQA group."""
+    H, T = scores.shape
+    return scores.view(num_kv_heads, H // num_kv_heads, T).mean(dim=1)
+
+
+class Press:
+    """Keeps the top ``T - floor(compression_ratio * T)`` tokens of ``score`` per KV head.
+
+    Subclasses write ``score(inp) -> [H_kv, T]`` (higher: more important) and, when some tokens must
+    always stay, ``protected(num_tokens, num_kept) -> bool [T]``. ``queries_needed(T)`` says how many of
+    the last prompt queries ``score`` reads (0: none; the engine passes them in ``PressInput.queries``)."""
+
+    name: ClassVar[str] = "none"
+
+    def __init__(self, compression_ratio: float = 0.0) -> None:
+        ratio = float(compression_ratio)
+        if not 0.0 <= ratio < 1.0:
+            raise ValueError(f"compression_ratio must be in [0, 1) (the fraction of prompt tokens evicted), "
+                             f"got {compression_ratio!r}")
+        self.compression_ratio = ratio
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(compression_ratio={self.compression_ratio:g})"
+
+    def queries_needed(self, num_tokens: int) -> int:
+        return 0
+
+    def score(self, inp: PressInput) -> torch.Tensor:
+        raise NotImplementedError
+
+    def protected(self, num_tokens: int, num_kept: int) -> torch.Tensor:
+        return torch.zeros(num_tokens, dtype=torch.bool)
+
+    def num_kept(self, num_tokens: int) -> int:
+        """Tokens each KV head keeps of a ``num_tokens`` prompt: ``T - floor(ratio * T)``, at least the protected."""
+        kept = num_tokens - math.floor(self.compression_ratio * num_tokens)
+        return max(kept, int(self.protected(num_tokens, kept).sum()))
+
+    def keep_indices(self, inp: PressInput) -> torch.Tensor:
+        """``[H_kv, kept]`` positions each KV head keeps, ascending (protected tokens always among them)."""
+        T = inp.num_tokens
+        kept = self.num_kept(T)
+        if kept >= T:
+            return torch.arange(T).expand(inp.keys.shape[0], T).clone()
+        scores = self.score(inp).float()
+        if scores.shape != (inp.keys.shape[0], T):
+            raise ValueError(f"{type(self).__name__}.score returned {tuple(scores.shape)}, expected "
+                             f"[H_kv, T] = {(inp.keys.shape[0], T)}")
+        scores = scores.masked_fill(self.protected(T, kept)[None, :], float("inf"))
+        return scores.topk(kept, dim=-1).indices.sort(dim=-1).values
+
+
+def compact(tensor: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``tensor`` [H_kv, T, d] cut to each head's kept tokens ``keep`` [H_kv, kept] -> [H_kv, kept, d]."""
+    return tensor.gather(1, keep[:, :, None].expand(-1, -1, tensor.shape[-1]))
+
+
+class StreamingLLMPress(Press):
+    """The first ``n_sink`` tokens (attention sinks) and the most recent ones."""
+
+    name = "streaming_llm"
+
+    def __init__(self, compression_ratio: float = 0.0, n_sink: int = 4) -> None:
+        super().__init__(compression_ratio)
+        if isinstance(n_sink, bool) or int(n_sink) != n_sink or n_sink < 0:
+            raise ValueError(f"n_sink must be an integer >= 0, got {n_sink!r}")
+        self.n_sink = int(n_sink)
+
+    def score(self, inp):
+        return torch.arange(inp.num_tokens, dtype=torch.float32).expand(inp.keys.shape[0], -1)  # recency
+
+    def protected(self, num_tokens, num_kept):
+        mask = torch.zeros(num_tokens, dtype=torch.bool)
+        mask[: self.n_sink] = True
+        return mask
+
+
+class SnapKVPress(Press):
+    """Pooled attention of the observation window (the last ``window_size`` prompt queries, kept)."""
+
+    name = "snapkv"
+
+    def __init__(self, compression_ratio: float = 0.0, window_size: int = 32, kernel_size: int = 5) -> None:
+        super().__init__(compression_ratio)
+        if isinstance(window_size, bool) or int(window_size) != window_size or window_size < 1:
+            raise ValueError(f"window_size must be a positive integer, got {window_size!r}")
+        if isinstance(kernel_size, bool) or int(kernel_size) != kernel_size or kernel_size < 1 or kernel_size % 2 == 0:
+            raise ValueError(f"kernel_size must be an odd positive integer, got {kernel_size!r}")
+        self.window_size, self.kernel_size = int(window_size), int(kernel_size)
+
+    def queries_needed(self, num_tokens):
+        if self.window_size > num_tokens:
+            raise ValueError(f"SnapKV's window ({self.window_size} tokens) is larger than the prompt "
+                             f"({num_tokens} tokens); use window_size <= {num_tokens}")
+        return self.window_size
+
+    def score(self, inp):
+        if inp.queries is None or inp.queries.shape[1] != self.queries_needed(inp.num_tokens):
+            raise ValueError(f"SnapKV needs the last {self.window_size} prompt queries in PressInput.queries")
+        weights = attention_weights(inp.queries, inp.keys).mean(dim=1)  # [H, T]
+        pooled = F.avg_pool1d(weights[:, None, :], self.kernel_size, stride=1, padding=self.kernel_size // 2,
+                              count_include_pad=False)[:, 0]  # [H, T]
+        return per_kv_head(pooled, inp.keys.shape[0])
+
+    def protected(self, num_tokens, num_kept):
+        mask = torch.zeros(num_tokens, dtype=torch.bool)
+        mask[num_tokens - min(self.window_size, num_tokens):] = True
+        return mask
+
+
+class H2OPress(Press):
+    """Heavy hitters (attention summed over every prompt query) and a recent window."""
+
+    name = "h2o"
+
+    def __init__(self, compression_ratio: float = 0.0, recent_fraction: float = 0.5) -> None:
+        super().__init__(compression_ratio)
+        if not 0.0 <= float(recent_fraction) <= 1.0:
+            raise ValueError(f"recent_fraction must be in [0, 1], got {recent_fraction!r}")
+        self.recent_fraction = float(recent_fraction)
+
+    def queries_needed(self, num_tokens):
+        return num_tokens
+
+    def score(self, inp):
+        if inp.queries is None or inp.queries.shape[1] != inp.num_tokens:
+            raise ValueError("H2O needs every prompt query in PressInput.queries")
+        return per_kv_head(attention_weights(inp.queries, inp.keys).sum(dim=1), inp.keys.shape[0])
+
+    def protected(self, num_tokens, num_kept):
+        mask = torch.zeros(num_tokens, dtype=torch.bool)
+        recent = round(self.recent_fraction * num_kept)
+        if recent:
+            mask[num_tokens - recent:] = True
+        return mask
+
+
+class RandomPress(Press):
+    """Uniform random scores from a seeded generator (the floor any policy must beat)."""
+
+    name = "random"
+
+    def __init__(self, compression_ratio: float = 0.0, seed: int = 0) -> None:
+        super().__init__(compression_ratio)
+        self.seed = int(seed)
+
+    def score(self, inp):
+        gen = torch.Generator().manual_seed(self.seed)
+        return torch.rand(inp.keys.shape[0], inp.num_tokens, generator=gen)
+
+
+class KnormPress(Press):
+    """Keys with a small L2 norm are kept (score = -||k||)."""
+
+    name = "knorm"
+
+    def score(self, inp):
+        return -inp.keys.float().norm(dim=-1)  # [H_kv, T]
+
+
+PRESSES: dict[str, type[Press]] = {p.name: p for p in (StreamingLLMPress, SnapKVPress, H2OPress, RandomPress,
+                                                         KnormPress)}
+
+
+def make_press(name: str, compression_ratio: float = 0.0, **options) -> Press:
+    """The press called ``name`` (``PRESSES``' keys) at ``compression_ratio``, with its own options."""
+    if name not in PRESSES:
+        raise ValueError(f"unknown press {name!r}; allowed: {', '.join(PRESSES)}")
+    return PRESSES[name](compression_ratio, **options)
