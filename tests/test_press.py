@@ -35,7 +35,7 @@ def _inputs(press, T, num_kv_heads=2, group=3, d=8, seed=0):
     gen = torch.Generator().manual_seed(seed)
     keys = torch.randn(num_kv_heads, T, d, generator=gen)
     values = torch.randn(num_kv_heads, T, d, generator=gen)
-    n = press.queries_needed(T)
+    n = T if press.uses_attention_sum else press.query_window
     queries = torch.randn(num_kv_heads * group, n, d, generator=gen) if n else None
     return PressInput(keys, values, queries)
 
@@ -105,6 +105,16 @@ def test_h2o_keeps_heavy_hitters_and_the_recent_tokens():
     assert 7 in keep and keep[-3:] == [27, 28, 29]
 
 
+def test_h2o_reads_an_accumulated_attention_sum_like_its_queries():
+    gen = torch.Generator().manual_seed(1)
+    keys, queries = torch.randn(2, 20, 8, generator=gen), torch.randn(4, 20, 8, generator=gen)
+    press = H2OPress(0.6)
+    from_queries = press.keep_indices(PressInput(keys, keys.clone(), queries))
+    summed = attention_weights(queries[:, :12], keys[:, :12]).sum(1)  # a first chunk of 12 queries ...
+    summed = torch.nn.functional.pad(summed, (0, 8)) + attention_weights(queries[:, 12:], keys).sum(1)  # + 8
+    assert torch.equal(press.keep_indices(PressInput(keys, keys.clone(), attention_sum=summed)), from_queries)
+
+
 def test_knorm_keeps_the_smallest_keys():
     keys = torch.arange(1.0, 11.0)[None, :, None].expand(1, 10, 4).clone()
     keys[0, 6] = 0.01
@@ -147,7 +157,7 @@ def test_bad_names_and_options_are_refused():
     with pytest.raises(ValueError, match="unknown press 'snap'; allowed: streaming_llm, snapkv"):
         make_press("snap", 0.5)
     with pytest.raises(ValueError, match="window .* larger than the prompt"):
-        SnapKVPress(0.5, window_size=64).queries_needed(40)
+        SnapKVPress(0.5, window_size=64).check_prompt(40)
     with pytest.raises(ValueError, match="kernel_size must be an odd"):
         SnapKVPress(0.5, kernel_size=4)
     with pytest.raises(ValueError, match="n_sink"):

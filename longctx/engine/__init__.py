@@ -14,9 +14,10 @@ API summary::
     seq.token_times_s, seq.ttft_s, seq.itl_s, seq.output_token_ids
     summarize(engine.finished, slo=SLO(ttft_s=1.0))  # -> RunMetrics: ttft/itl/tpot/e2e Distributions
 
-- ``Sequence`` (sequence.py): prompt_token_ids, output_token_ids, num_computed_tokens, status
-  (WAITING / RUNNING / FINISHED), arrival_s, token_times_s; properties num_uncomputed_tokens, is_decode,
-  is_prefill, is_prefill_in_progress, ttft_s, itl_s.
+- ``Sequence`` (sequence.py): prompt_token_ids, output_token_ids, num_computed_tokens (positions),
+  num_evicted_tokens (KV pruning), status (WAITING / RUNNING / FINISHED), arrival_s, token_times_s;
+  properties num_cached_tokens, num_uncomputed_tokens, is_decode, is_prefill, is_prefill_in_progress,
+  ttft_s, itl_s.
 - ``Scheduler`` (scheduler.py): subclass and write ONE method, ``schedule(self, running, waiting, batch)``:
   add entries with ``batch.add(seq, num_tokens) -> bool`` (batch.py: it reserves the KV slots, admits
   waiting sequences within ``max_num_seqs``, preempts newer running sequences by recompute when the pool is
@@ -25,8 +26,10 @@ API summary::
   ``MonolithicScheduler(max_num_batched_tokens=None)``, ``PrefillFirstChunkedScheduler(token_budget=512)``
   (chunks, but a step is prefill or decode) and ``ChunkedPrefillScheduler(token_budget=512)`` (stall-free).
 - Executors (executor.py): ``execute(batch) -> ExecutionResult(duration_s, next_token_ids | None)``.
-  ``ToyExecutor`` (linear cost, dummy tokens), ``TorchExecutor(model, block_manager)`` (the real model; its
-  cache is built from that pool and the engine uses the same pool).
+  ``ToyExecutor`` (linear cost, dummy tokens), ``TorchExecutor(model, block_manager, press=None)`` (the real
+  model; its cache is built from that pool and the engine uses the same pool; a ``longctx.kv.press`` press
+  prunes each prompt's KV cache when its prefill ends and the freed blocks return to the pool:
+  pruning.py).
 - Clocks (clock.py): ``WallClock`` (perf_counter) and ``VirtualClock`` (advanced by each step's duration_s).
 - Metrics (metrics.py): ``RequestMetrics.from_timestamps``, ``request_metrics(seq)``, ``summarize``,
   ``SLO``, ``percentile``: vLLM benchmark_serving's definitions.

@@ -131,7 +131,7 @@ class ScheduledBatch:
                 f"over token_budget={self.token_budget} (budget_left is {self.budget_left})"
             )
         bm = self.block_manager
-        total = seq.num_computed_tokens + num_tokens
+        total = seq.num_computed_tokens - seq.num_evicted_tokens + num_tokens  # KV slots it will hold
         if status is WAITING:
             if self.max_num_seqs is not None and self._num_holding >= self.max_num_seqs:
                 return False
@@ -185,7 +185,7 @@ class ScheduledBatch:
             running[:] = [s for s in running if s.seq_id not in gone]
             for s in self.preempted:
                 s.status = WAITING
-                s.num_computed_tokens = 0
+                s.num_computed_tokens = s.num_evicted_tokens = 0
                 s.num_preemptions += 1
             waiting[:0] = sorted(self.preempted, key=lambda s: (s.arrival_s, s.seq_id))
         for seq, _ in self.entries:

@@ -133,6 +133,9 @@ class Engine:
                 raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
         if isinstance(max_tokens, bool) or int(max_tokens) != max_tokens or max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+        check = getattr(self.executor, "check_prompt", None)
+        if check is not None:
+            check(len(ids))  # e.g. a KV press whose window is longer than the prompt
         bm = self.block_manager
         need = blocks_for_tokens(len(ids) + int(max_tokens), bm.block_size)
         if need > bm.num_blocks:
@@ -168,6 +171,9 @@ class Engine:
                 if seq.seq_id == seq_id:
                     queue.remove(seq)
                     self.block_manager.free(seq_id)
+                    forget = getattr(self.executor, "forget", None)
+                    if forget is not None:
+                        forget(seq_id)
                     seq.status = SequenceStatus.FINISHED
                     seq.finish_reason = "abort"
                     seq.finished_s = self.clock.now()
@@ -224,7 +230,7 @@ class Engine:
         result = self.executor.execute(batch)
         self.clock.advance(result.duration_s)
         end_s = self.clock.now()
-        self._update(batch, result.next_token_ids, end_s)
+        self._update(batch, result.next_token_ids, end_s, getattr(result, "evicted_tokens", None))
         entries = batch.entries
         record = StepRecord(
             start_s=start_s,
@@ -251,13 +257,17 @@ class Engine:
         return self.finished
 
     # ---- internals ----
-    def _update(self, batch: ScheduledBatch, next_token_ids: list[int] | None, now_s: float) -> None:
+    def _update(self, batch: ScheduledBatch, next_token_ids: list[int] | None, now_s: float,
+                evicted: dict[int, int] | None = None) -> None:
         entries = batch.entries
         if next_token_ids is not None and len(next_token_ids) != len(entries):
             raise RuntimeError(f"the executor returned {len(next_token_ids)} tokens for {len(entries)} entries")
         done = []
         for i, (seq, n) in enumerate(entries):
             seq.num_computed_tokens += n
+            if evicted and seq.seq_id in evicted:  # KV pruning: the pool gets the blocks past the kept tokens
+                seq.num_evicted_tokens += evicted[seq.seq_id]
+                self.block_manager.shrink(seq.seq_id, seq.num_cached_tokens)
             outputs = seq.output_token_ids
             if len(seq.prompt_token_ids) + len(outputs) > seq.num_computed_tokens:
                 continue  # a prefill chunk that is not the last: no token yet

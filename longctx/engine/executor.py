@@ -20,10 +20,14 @@ class ExecutionResult:
     ``next_token_ids``: one token id per batch entry, in ``batch.entries`` order; only the entries that
     reach the end of their sequence (all its tokens computed) use theirs. ``None`` when the executor produces no
     real tokens (a cost model): the engine then appends a dummy token and stops by ``max_tokens`` only.
+
+    ``evicted_tokens``: for KV pruning, the entries each sequence's cache lost this step (per KV head,
+    compacted to the front of its slots): the engine shrinks its block table accordingly.
     """
 
     duration_s: float
     next_token_ids: list[int] | None = None
+    evicted_tokens: dict[int, int] | None = None  # seq id -> K/V entries a press evicted this step
 
 
 class Executor(Protocol):

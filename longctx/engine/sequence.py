@@ -10,6 +10,10 @@ token is computed the step samples one new output token. So:
 Preemption by recompute (vLLM's ``RECOMPUTE`` mode) throws the cache away: ``num_computed_tokens`` drops to
 0 and the sequence, prompt and outputs so far, is prefilled again later. Its outputs are kept.
 
+KV pruning (``longctx.kv.press``) evicts cached tokens without forgetting where the sequence is:
+``num_computed_tokens`` still counts positions (a new token's RoPE position), ``num_evicted_tokens`` the
+K/V entries thrown away, and ``num_cached_tokens`` (their difference) the entries each KV head holds.
+
 Times are seconds on the engine's clock.
 """
 
@@ -36,6 +40,7 @@ class Sequence:
     eos_token_id: int | None = None
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0
+    num_evicted_tokens: int = 0  # K/V entries a press evicted (per KV head); 0 without pruning
     output_token_ids: list[int] = field(default_factory=list)
     token_times_s: list[float] = field(default_factory=list)  # clock time each output token appeared
     first_scheduled_s: float | None = None
@@ -56,6 +61,11 @@ class Sequence:
     def num_tokens(self) -> int:
         """Prompt plus output tokens."""
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """K/V entries the sequence holds per layer and KV head: computed tokens minus evicted ones."""
+        return self.num_computed_tokens - self.num_evicted_tokens
 
     @property
     def num_uncomputed_tokens(self) -> int:
@@ -107,5 +117,6 @@ class Sequence:
     def __repr__(self) -> str:
         return (
             f"Sequence(id={self.seq_id}, {self.status.value}, prompt={self.num_prompt_tokens}, "
-            f"out={self.num_output_tokens}/{self.max_tokens}, computed={self.num_computed_tokens})"
+            f"out={self.num_output_tokens}/{self.max_tokens}, computed={self.num_computed_tokens}"
+            + (f", evicted={self.num_evicted_tokens})" if self.num_evicted_tokens else ")")
         )

@@ -16,6 +16,7 @@ from longctx.engine.batch import ScheduledBatch
 from longctx.engine.executor import ExecutionResult
 from longctx.kv.block_manager import BlockManager
 from longctx.kv.cache import PagedKVCache, build_attention_metadata
+from longctx.kv.press import Press
 
 
 class TorchExecutor:
@@ -26,7 +27,7 @@ class TorchExecutor:
     same pool (one description of the pool, no second copy to keep in sync).
     """
 
-    def __init__(self, model, block_manager: BlockManager, device=None, dtype=None):
+    def __init__(self, model, block_manager: BlockManager, device=None, dtype=None, press: Press | None = None):
         if not isinstance(block_manager, BlockManager):
             raise ValueError(
                 f"TorchExecutor(model, block_manager): give a BlockManager (the KV pool), "
@@ -37,6 +38,22 @@ class TorchExecutor:
         self.block_manager = block_manager
         self.device = p.device if device is None else torch.device(device)
         self.cache = PagedKVCache.for_pool(model.config, block_manager, self.device, dtype or p.dtype)
+        self.press = press
+        self._pruning = None
+        if press is not None:
+            from longctx.engine.pruning import PressRecorder
+
+            self._pruning = PressRecorder(press, model)
+
+    def check_prompt(self, num_tokens: int) -> None:
+        """Refuse a prompt the press cannot handle (``Engine.add_request`` asks before admitting it)."""
+        if self.press is not None:
+            self.press.check_prompt(num_tokens)
+
+    def forget(self, seq_id: int) -> None:
+        """Drop what the press collected for ``seq_id`` (the engine aborted it)."""
+        if self._pruning is not None:
+            self._pruning.forget(seq_id)
 
     @property
     def block_size(self) -> int:
@@ -44,28 +61,49 @@ class TorchExecutor:
 
     def _run(self, batch: ScheduledBatch) -> torch.Tensor:
         """Logits ``[len(batch), vocab]`` of the last new token of every entry."""
-        ids, chunks, last_rows, row = [], [], [], 0
+        ids, chunks, last_rows, prefills, row = [], [], [], [], 0
         tables = self.block_manager.block_table
         for seq, n in batch.entries:
-            start = seq.num_computed_tokens
+            start = seq.num_computed_tokens  # the position of the first new token
             if n == 1 and start >= len(seq.prompt_token_ids):  # a decode: its last output token
                 ids.append(seq.output_token_ids[start - len(seq.prompt_token_ids)])
             else:
                 ids += seq.token_ids(start, start + n)
-            chunks.append((tables(seq.seq_id), start, n))
+            evicted = seq.num_evicted_tokens
+            chunks.append((tables(seq.seq_id), start - evicted, n, start) if evicted else (tables(seq.seq_id), start, n))
+            if not seq.is_decode:
+                prefills.append((seq.seq_id, row, start == 0))
             row += n
             last_rows.append(row - 1)
         meta = build_attention_metadata(chunks, self.block_size, self.device)
+        rows = None if row == len(last_rows) else torch.tensor(last_rows, device=self.device)
         with torch.inference_mode():
-            return self.model(
-                torch.tensor(ids, device=self.device),
-                self.cache,
-                meta,
-                logits_rows=None if row == len(last_rows) else torch.tensor(last_rows, device=self.device),
-            )
+            if self._pruning is None:
+                return self.model(torch.tensor(ids, device=self.device), self.cache, meta, logits_rows=rows)
+            with self._pruning.recording(prefills):
+                return self.model(torch.tensor(ids, device=self.device), self.cache, meta, logits_rows=rows)
+
+    def _prune(self, batch: ScheduledBatch) -> dict[int, int]:
+        """Apply the press to the prefills this step completed (and roll a rolling press's window)."""
+        evicted = {}
+        with torch.inference_mode():
+            for seq, n in batch.entries:
+                table = self.block_manager.block_table(seq.seq_id)
+                cached = seq.num_cached_tokens + n  # after this step (the engine updates the sequence later)
+                if n == seq.num_uncomputed_tokens and not seq.is_decode:
+                    gone = self._pruning.compress(self.cache, table, seq.seq_id, cached)
+                elif seq.is_decode:
+                    gone = self._pruning.roll(self.cache, table, seq.seq_id, cached)
+                else:
+                    continue
+                if gone:
+                    evicted[seq.seq_id] = gone
+        return evicted
 
     def execute(self, batch: ScheduledBatch) -> ExecutionResult:
         t0 = time.perf_counter()
         logits = self._run(batch)
         next_ids = logits.argmax(dim=-1).tolist()  # .tolist() waits for the device
-        return ExecutionResult(duration_s=time.perf_counter() - t0, next_token_ids=next_ids)
+        evicted = self._prune(batch) if self._pruning is not None else None
+        return ExecutionResult(duration_s=time.perf_counter() - t0, next_token_ids=next_ids,
+                               evicted_tokens=evicted or None)

@@ -51,7 +51,7 @@ class AttentionProbe:
             raise ValueError(f"query_positions must be non-negative token positions, got {query_positions!r}")
         self.records: dict[int, np.ndarray] = {}
 
-    def __call__(self, q, keys) -> None:
+    def __call__(self, q, keys, row: int = 0) -> None:
         import torch
 
         n, H, d = q.shape  # this prefill chunk's queries [n, H, d]

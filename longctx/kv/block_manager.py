@@ -107,6 +107,20 @@ class BlockManager:
         self._tables.setdefault(seq_id, []).extend(new_blocks)
         return new_blocks
 
+    def shrink(self, seq_id: int, num_tokens: int) -> int:
+        """Keep only the blocks ``seq_id`` needs for its first ``num_tokens`` token slots; return the others
+        to the pool (KV pruning compacts a sequence's kept tokens to the front). Returns how many."""
+        if seq_id not in self._tables:
+            raise ValueError(f"sequence {seq_id} holds no blocks")
+        if num_tokens < 0:
+            raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+        table = self._tables[seq_id]
+        keep = -(-num_tokens // self.block_size)
+        tail = table[keep:]
+        del table[keep:]
+        self._free.extend(reversed(tail))
+        return len(tail)
+
     def free(self, seq_id: int) -> int:
         """Return all blocks of ``seq_id`` to the pool; returns how many. Unknown ids free nothing."""
         table = self._tables.pop(seq_id, [])

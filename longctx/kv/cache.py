@@ -162,26 +162,31 @@ def _group_decodes(decodes, block_size, device) -> list[DecodeGroup]:
 
 
 def build_attention_metadata(chunks, block_size: int, device="cpu") -> AttentionMetadata:
-    """``chunks``: ``(block_table, num_computed, num_new)`` per sequence of the step, in row order.
+    """``chunks``: ``(block_table, num_cached, num_new)`` per sequence of the step, in row order, or
+    ``(block_table, num_cached, num_new, first_position)`` when the sequence's positions run ahead of its
+    cache (KV pruning evicted entries: new tokens go to slots ``num_cached …``, RoPE positions start at
+    ``first_position``; by default ``num_cached``).
 
     Integer arithmetic for decodes, tensor ops per prefill chunk and per decode group: no Python loop
     per token, so it stays cheap for long prompts and large decode batches."""
     slot_parts, pos_parts, q_starts, q_lens, kv_lens, kv_index, decodes = [], [], [], [], [], [], []
     row = 0
-    for table, num_computed, num_new in chunks:
-        kv_len = num_computed + num_new
+    for chunk in chunks:
+        table, num_cached, num_new = chunk[:3]
+        first = chunk[3] if len(chunk) > 3 else num_cached
+        kv_len = num_cached + num_new
         q_starts.append(row)
         q_lens.append(num_new)
         kv_lens.append(kv_len)
         if num_new == 1:
-            slot_parts.append(slots(table, num_computed, block_size))
-            pos_parts.append(num_computed)
+            slot_parts.append(slots(table, num_cached, block_size))
+            pos_parts.append(first)
             decodes.append((row, table, kv_len))
             kv_index.append(None)
         else:
             t = torch.as_tensor(table, dtype=torch.long)
-            slot_parts.append(_slots(t, block_size, num_computed, kv_len))
-            pos_parts.append(torch.arange(num_computed, kv_len))
+            slot_parts.append(_slots(t, block_size, num_cached, kv_len))
+            pos_parts.append(torch.arange(first, first + num_new))
             kv_index.append(_kv_index(table, block_size, kv_len, device))
         row += num_new
     return AttentionMetadata(

@@ -37,24 +37,34 @@ import torch.nn.functional as F
 class PressInput:
     """One layer of one sequence's prompt. ``keys``/``values``: ``[H_kv, T, d]`` (keys after RoPE).
 
-    ``queries``: ``[H, n, d]`` after RoPE, the last ``n`` prompt queries (positions ``T - n … T - 1``), or
-    None when the press needs none (``Press.queries_needed``). ``H`` is a multiple of ``H_kv`` (GQA)."""
+    ``queries``: ``[H, n, d]`` after RoPE, the last ``n`` prompt queries (positions ``T - n … T - 1``), for a
+    press with a ``query_window``. ``attention_sum``: ``[H, T]``, the causal attention weights of every
+    prompt query summed per key, for a press that ``uses_attention_sum`` (the engine accumulates it chunk
+    by chunk; without it the press computes it from ``queries``, which must then be all ``T``).
+    ``H`` is a multiple of ``H_kv`` (GQA)."""
 
     keys: torch.Tensor
     values: torch.Tensor
     queries: torch.Tensor | None = None
+    attention_sum: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.keys.dim() != 3 or self.keys.shape != self.values.shape:
             raise ValueError(f"keys and values must both be [H_kv, T, d]; got {tuple(self.keys.shape)} and "
                              f"{tuple(self.values.shape)}")
+        H_kv, T, d = self.keys.shape
         if self.queries is not None:
             q = self.queries
-            if q.dim() != 3 or q.shape[-1] != self.keys.shape[-1] or q.shape[0] % self.keys.shape[0]:
-                raise ValueError(f"queries must be [H, n, d] with H a multiple of H_kv = {self.keys.shape[0]} "
-                                 f"and d = {self.keys.shape[-1]}; got {tuple(q.shape)}")
-            if q.shape[1] > self.keys.shape[1]:
-                raise ValueError(f"{q.shape[1]} queries but only {self.keys.shape[1]} prompt tokens")
+            if q.dim() != 3 or q.shape[-1] != d or q.shape[0] % H_kv:
+                raise ValueError(f"queries must be [H, n, d] with H a multiple of H_kv = {H_kv} "
+                                 f"and d = {d}; got {tuple(q.shape)}")
+            if q.shape[1] > T:
+                raise ValueError(f"{q.shape[1]} queries but only {T} prompt tokens")
+        if self.attention_sum is not None:
+            a = self.attention_sum
+            if a.dim() != 2 or a.shape[1] != T or a.shape[0] % H_kv:
+                raise ValueError(f"attention_sum must be [H, T = {T}] with H a multiple of {H_kv}; "
+                                 f"got {tuple(a.shape)}")
 
     @property
     def num_tokens(self) -> int:
@@ -69,12 +79,13 @@ def attention_weights(queries: torch.Tensor, keys: torch.Tensor, tile_rows: int 
     H, n, d = queries.shape
     H_kv, T, _ = keys.shape
     k = keys.float().repeat_interleave(H // H_kv, dim=0)  # [H, T, d]
-    out = torch.empty(H, n, T)
+    dev = keys.device
+    out = torch.empty(H, n, T, device=dev)
     for r0 in range(0, n, tile_rows):  # query tiles bound the [H, rows, T] scores on long prompts
         r1 = min(n, r0 + tile_rows)
         scores = queries[:, r0:r1].float() @ k.transpose(1, 2) / math.sqrt(d)  # [H, rows, T]
-        q_pos = torch.arange(T - n + r0, T - n + r1)
-        scores.masked_fill_(torch.arange(T)[None, :] > q_pos[:, None], float("-inf"))
+        q_pos = torch.arange(T - n + r0, T - n + r1, device=dev)
+        scores.masked_fill_(torch.arange(T, device=dev)[None, :] > q_pos[:, None], float("-inf"))
         out[:, r0:r1] = scores.softmax(dim=-1)
     return out
 
@@ -89,10 +100,15 @@ class Press:
     """Keeps the top ``T - floor(compression_ratio * T)`` tokens of ``score`` per KV head.
 
     Subclasses write ``score(inp) -> [H_kv, T]`` (higher: more important) and, when some tokens must
-    always stay, ``protected(num_tokens, num_kept) -> bool [T]``. ``queries_needed(T)`` says how many of
-    the last prompt queries ``score`` reads (0: none; the engine passes them in ``PressInput.queries``)."""
+    always stay, ``protected(num_tokens, num_kept) -> bool [T]``. What ``score`` reads besides keys and
+    values is declared, so the engine collects only that during the prefill: ``query_window`` (the last
+    prompt queries, ``PressInput.queries``) and ``uses_attention_sum`` (``PressInput.attention_sum``).
+    ``check_prompt(T)`` refuses a prompt the press cannot handle (the engine calls it on admission)."""
 
     name: ClassVar[str] = "none"
+    query_window: int = 0
+    uses_attention_sum: bool = False
+    rolling: bool = False  # also keeps its budget during decode (the engine evicts a block at a time)
 
     def __init__(self, compression_ratio: float = 0.0) -> None:
         ratio = float(compression_ratio)
@@ -104,8 +120,9 @@ class Press:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(compression_ratio={self.compression_ratio:g})"
 
-    def queries_needed(self, num_tokens: int) -> int:
-        return 0
+    def check_prompt(self, num_tokens: int) -> None:
+        if num_tokens < 1:
+            raise ValueError("a press needs a prompt of at least one token")
 
     def score(self, inp: PressInput) -> torch.Tensor:
         raise NotImplementedError
@@ -121,14 +138,15 @@ class Press:
     def keep_indices(self, inp: PressInput) -> torch.Tensor:
         """``[H_kv, kept]`` positions each KV head keeps, ascending (protected tokens always among them)."""
         T = inp.num_tokens
+        self.check_prompt(T)
         kept = self.num_kept(T)
         if kept >= T:
-            return torch.arange(T).expand(inp.keys.shape[0], T).clone()
-        scores = self.score(inp).float()
+            return torch.arange(T, device=inp.keys.device).expand(inp.keys.shape[0], T).clone()
+        scores = self.score(inp).float().to(inp.keys.device)
         if scores.shape != (inp.keys.shape[0], T):
             raise ValueError(f"{type(self).__name__}.score returned {tuple(scores.shape)}, expected "
                              f"[H_kv, T] = {(inp.keys.shape[0], T)}")
-        scores = scores.masked_fill(self.protected(T, kept)[None, :], float("inf"))
+        scores = scores.masked_fill(self.protected(T, kept).to(scores.device)[None, :], float("inf"))
         return scores.topk(kept, dim=-1).indices.sort(dim=-1).values
 
 
@@ -141,6 +159,7 @@ class StreamingLLMPress(Press):
     """The first ``n_sink`` tokens (attention sinks) and the most recent ones."""
 
     name = "streaming_llm"
+    rolling = True
 
     def __init__(self, compression_ratio: float = 0.0, n_sink: int = 4) -> None:
         super().__init__(compression_ratio)
@@ -149,7 +168,7 @@ class StreamingLLMPress(Press):
         self.n_sink = int(n_sink)
 
     def score(self, inp):
-        return torch.arange(inp.num_tokens, dtype=torch.float32).expand(inp.keys.shape[0], -1)  # recency
+        return torch.arange(inp.num_tokens, dtype=torch.float32, device=inp.keys.device).expand(inp.keys.shape[0], -1)
 
     def protected(self, num_tokens, num_kept):
         mask = torch.zeros(num_tokens, dtype=torch.bool)
@@ -170,14 +189,18 @@ class SnapKVPress(Press):
             raise ValueError(f"kernel_size must be an odd positive integer, got {kernel_size!r}")
         self.window_size, self.kernel_size = int(window_size), int(kernel_size)
 
-    def queries_needed(self, num_tokens):
+    @property
+    def query_window(self) -> int:
+        return self.window_size
+
+    def check_prompt(self, num_tokens):
+        super().check_prompt(num_tokens)
         if self.window_size > num_tokens:
             raise ValueError(f"SnapKV's window ({self.window_size} tokens) is larger than the prompt "
                              f"({num_tokens} tokens); use window_size <= {num_tokens}")
-        return self.window_size
 
     def score(self, inp):
-        if inp.queries is None or inp.queries.shape[1] != self.queries_needed(inp.num_tokens):
+        if inp.queries is None or inp.queries.shape[1] != self.window_size:
             raise ValueError(f"SnapKV needs the last {self.window_size} prompt queries in PressInput.queries")
         weights = attention_weights(inp.queries, inp.keys).mean(dim=1)  # [H, T]
         pooled = F.avg_pool1d(weights[:, None, :], self.kernel_size, stride=1, padding=self.kernel_size // 2,
@@ -201,13 +224,15 @@ class H2OPress(Press):
             raise ValueError(f"recent_fraction must be in [0, 1], got {recent_fraction!r}")
         self.recent_fraction = float(recent_fraction)
 
-    def queries_needed(self, num_tokens):
-        return num_tokens
+    uses_attention_sum = True
 
     def score(self, inp):
-        if inp.queries is None or inp.queries.shape[1] != inp.num_tokens:
-            raise ValueError("H2O needs every prompt query in PressInput.queries")
-        return per_kv_head(attention_weights(inp.queries, inp.keys).sum(dim=1), inp.keys.shape[0])
+        total = inp.attention_sum
+        if total is None:
+            if inp.queries is None or inp.queries.shape[1] != inp.num_tokens:
+                raise ValueError("H2O needs PressInput.attention_sum, or every prompt query in PressInput.queries")
+            total = attention_weights(inp.queries, inp.keys).sum(dim=1)  # [H, T]
+        return per_kv_head(total.float(), inp.keys.shape[0])
 
     def protected(self, num_tokens, num_kept):
         mask = torch.zeros(num_tokens, dtype=torch.bool)

@@ -79,9 +79,10 @@ def _sdpa(q, k, v, mask=None, is_causal=False):
 
 
 class Attention(nn.Module):
-    # Off by default. A callable ``probe(q, keys)`` set on one layer's Attention is called in every prefill
-    # chunk with that chunk's queries ``q`` [n, H, d] and all its sequence's keys [1, H_kv, kv_len, d]
-    # (both after RoPE), e.g. to read attention weights (longctx.evals.attention). None costs one test.
+    # Off by default. A callable ``probe(q, keys, row)`` set on one layer's Attention is called for every
+    # sequence of a step with its new queries ``q`` [n, H, d] (rows ``row … row + n - 1`` of the step) and
+    # all its keys [1, H_kv, kv_len, d] (both after RoPE): to read attention weights (longctx.evals.attention)
+    # or collect what a KV press needs (longctx.engine.pruning). None costs one test per step.
     probe = None
 
     def __init__(self, config: ModelSpec, device=None, dtype=None):
@@ -121,7 +122,7 @@ class Attention(nn.Module):
         keys = keys.transpose(0, 1).unsqueeze(0)  # [1, H_kv, kv_len, d]
         values = values.transpose(0, 1).unsqueeze(0)
         if self.probe is not None:
-            self.probe(q[start : start + n], keys)
+            self.probe(q[start : start + n], keys, start)
         if kv_len == n:  # one causal call: fused kernels skip the masked half and never store the scores
             qi = q[start : start + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, d]
             out[start : start + n] = _sdpa(qi, keys, values, is_causal=True).squeeze(0).transpose(0, 1)
@@ -143,6 +144,11 @@ class Attention(nn.Module):
         values = group.gather(v_cache).transpose(1, 2)
         mask = None if group.mask is None else group.mask[:, None, None, :]  # [B, 1, 1, L]
         out[group.rows] = _sdpa(qd, keys, values, mask=mask).squeeze(2)  # [B, H, d]
+        if self.probe is not None:  # one call per sequence, its own keys only
+            rows = range(len(q))[group.rows] if isinstance(group.rows, slice) else group.rows.tolist()
+            lens = [group.max_len] * len(rows) if group.mask is None else group.mask.sum(-1).tolist()
+            for b, (r, L) in enumerate(zip(rows, lens, strict=True)):
+                self.probe(q[r : r + 1], keys[b : b + 1, :, :L], r)
 
 
 class MLP(nn.Module):
