@@ -20,6 +20,14 @@ def run_cli(*args, timeout=300):
         (["generate", "--prompt", "hi", "--max-tokens", "3", "--chunk-size", "0"], "--chunk-size"),
         (["generate", "--prompt-file", "/nonexistent/p.txt", "--max-tokens", "3"], "cannot read"),
         (["generate", "--max-tokens", "3"], "one of the arguments --prompt --prompt-file is required"),
+        (["generate", "--prompt", "hi", "--max-tokens", "3", "--press", "snap", "--compression-ratio", "0.5"],
+         "unknown press 'snap'; allowed: streaming_llm, snapkv, h2o, random, knorm"),
+        (["generate", "--prompt", "hi", "--max-tokens", "3", "--compression-ratio", "0.5"],
+         "--compression-ratio needs --press NAME"),
+        (["generate", "--prompt", "hi", "--max-tokens", "3", "--press", "knorm"], "--press needs --compression-ratio"),
+        (["generate", "--prompt", "hi", "--max-tokens", "3", "--press", "knorm", "--compression-ratio", "1"],
+         "compression_ratio must be in [0, 1)"),
+        (["niah", "--lengths", "512", "--question-agnostic"], "--question-agnostic needs --press"),
     ],
 )
 def test_generate_rejects_bad_input_with_one_line(args, message):
@@ -42,3 +50,20 @@ def test_fetch_model_is_idempotent_and_generate_prints_a_completion(tmp_path):
     assert "Paris" in res.stdout
     raw = run_cli("generate", "--prompt", "The capital of France is", "--max-tokens", "3", "--raw")
     assert raw.returncode == 0 and raw.stdout.strip()
+
+
+@pytest.mark.slow
+def test_generate_json_reports_the_blocks_a_press_frees():
+    import json
+
+    prompt = "Summarise: " + "The grass is green. The sky is blue. " * 30
+    plain = run_cli("generate", "--prompt", prompt, "--max-tokens", "4", "--json")
+    pressed = run_cli("generate", "--prompt", prompt, "--max-tokens", "4", "--json", "--press", "snapkv",
+                      "--compression-ratio", "0.75", "--chunk-size", "64")
+    assert plain.returncode == 0 and pressed.returncode == 0, plain.stderr + pressed.stderr
+    a, b = json.loads(plain.stdout), json.loads(pressed.stdout)
+    assert a["prompt_tokens"] == b["prompt_tokens"] > 300
+    assert a["kv_blocks_after_prefill"] == a["kv_blocks_without_press"] == b["kv_blocks_without_press"]
+    assert b["kv_tokens_after_prefill"] == b["prompt_tokens"] - int(0.75 * b["prompt_tokens"])
+    assert b["kv_blocks_after_prefill"] == -(-b["kv_tokens_after_prefill"] // 16) < a["kv_blocks_after_prefill"]
+    assert b["output_tokens"] >= 1 and pressed.stderr == ""

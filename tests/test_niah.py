@@ -160,3 +160,39 @@ def test_heatmap_of_a_partial_grid_clips_its_colours():
     assert image.norm.vmin == -5 and image.norm.vmax == -0.5
     assert [tx.get_text() for tx in ax.texts] == ["-0.5", "-20", "-2", "nan"]
     plt.close(fig)
+
+
+def test_question_start_is_where_the_question_begins(builder):
+    p = builder.build(300, 0.5, 0, "passkey")
+    assert 0 < p.question_start < p.length
+    assert "pass key" in builder.tok.decode(p.token_ids[p.question_start:]).lower()
+    assert p.question_start > p.needle_start + p.needle_len
+
+
+@pytest.mark.slow
+def test_pressed_trials_agree_with_the_engine_and_ratio_zero_changes_nothing():
+    from model_fixtures import our_model
+
+    from longctx.engine import Engine, MonolithicScheduler
+    from longctx.engine.torch_executor import TorchExecutor
+    from longctx.kv.block_manager import BlockManager
+    from longctx.kv.press import make_press
+
+    model, tok = our_model(), our_tokenizer()
+    plain = NiahRunner(model, tok, max_tokens=512).trial(400, 0.5, 0, "passkey")
+    zero = NiahRunner(model, tok, max_tokens=512, press=make_press("snapkv", 0.0)).trial(400, 0.5, 0, "passkey")
+    assert zero.correct == plain.correct and zero.answer_logprob == pytest.approx(plain.answer_logprob, abs=2e-3)
+    assert zero.press == "snapkv 0" and plain.press == "none"
+    for aware in (True, False):
+        press = make_press("snapkv", 0.5)
+        runner = NiahRunner(model, tok, max_tokens=512, press=press, question_aware=aware)
+        trial = runner.trial(400, 0.5, 0, "passkey")
+        assert trial.press == "snapkv 0.5" + ("" if aware else " agnostic")
+        if not aware:
+            continue
+        p = runner.builder.build(400, 0.5, 0, "passkey")
+        engine = Engine(TorchExecutor(model, BlockManager(40, 16), press=press), MonolithicScheduler())
+        seq = engine.add_request(p.token_ids, len(p.answer_ids))
+        engine.run_until_done()
+        assert seq.num_evicted_tokens == 200
+        assert trial.correct == (seq.output_token_ids == p.answer_ids)

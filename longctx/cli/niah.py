@@ -1,7 +1,8 @@
 """``python -m longctx niah``: needle in a haystack on SmolLM2 in our engine, lengths x depths x seeds.
 
     python -m longctx niah --lengths 512,1024 --depths 0,0.5,1 [--seeds N] [--haystack passkey|multikey]
-                           [--rope-scaling JSON] [--json]
+                           [--rope-scaling JSON] [--press NAME --compression-ratio R [--question-agnostic]]
+                           [--json]
 
 Prints a table (accuracy and mean answer log-probability per length and depth) or, with ``--json``, one JSON
 object per trial: ``length`` (real prompt tokens), ``depth``, ``seed``, ``correct``, ``answer_logprob``
@@ -28,6 +29,10 @@ def register(subparsers) -> None:
     p.add_argument("--seeds", type=int, default=1, help="trials per cell (seeds 0..N-1)")
     p.add_argument("--haystack", choices=["passkey", "multikey"], default="passkey")
     p.add_argument("--rope-scaling", default=None, help="a rope_scaling dict as JSON (default: plain RoPE)")
+    p.add_argument("--press", default=None, help="prune the KV cache: streaming_llm, snapkv, h2o, random, knorm")
+    p.add_argument("--compression-ratio", type=float, default=None, help="fraction evicted, in [0, 1)")
+    p.add_argument("--question-agnostic", action="store_true",
+                   help="prune the context before the question is prefilled (default: with the question)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--json", action="store_true", help="print one JSON object per trial")
     p.set_defaults(func=run)
@@ -51,6 +56,11 @@ def run(args) -> int:
         from longctx.model.rope import validate_scaling
 
         validate_scaling(scaling)
+    from longctx.cli.model import make_cli_press
+
+    press = make_cli_press(args.press, args.compression_ratio)
+    if args.question_agnostic and press is None:
+        raise ValueError("--question-agnostic needs --press NAME --compression-ratio R")
     import torch
 
     if args.threads:
@@ -61,7 +71,8 @@ def run(args) -> int:
 
     model, tok = load_model(), load_tokenizer()
     model.rope_scaling = scaling
-    runner = NiahRunner(model, tok, max_tokens=max(lengths) + 64)
+    runner = NiahRunner(model, tok, max_tokens=max(lengths) + 64, press=press,
+                        question_aware=not args.question_agnostic)
     table = run_grid(runner, lengths, depths, seeds, args.haystack, progress=not args.json)
     if args.json:
         for row in table.rows:
@@ -69,7 +80,7 @@ def run(args) -> int:
         return 0
     lengths_, depths_, acc = table.pivot("correct")
     _, _, lp = table.pivot("answer_logprob")
-    print(f"{args.haystack} haystack, rope={table.rows[0]['rope']}, {len(seeds)} seed(s): "
+    print(f"{args.haystack} haystack, rope={table.rows[0]['rope']}, press={runner.press_label}, {len(seeds)} seed(s): "
           "accuracy / mean answer log-prob (nats)")
     print("length " + "".join(f"{f'depth {d:g}':>16}" for d in depths_))
     for i, n in enumerate(lengths_):

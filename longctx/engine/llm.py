@@ -48,12 +48,14 @@ def generate(
     chunk_size: int | None = None,
     eos_token_id: int | None = None,
     block_size: int = 16,
+    press=None,
 ) -> list[int]:
-    """Greedy completion of one prompt; prefill in chunks of ``chunk_size`` (None: all at once)."""
+    """Greedy completion of one prompt; prefill in chunks of ``chunk_size`` (None: all at once); ``press``
+    (a ``longctx.kv.press.Press``) prunes the prompt's KV cache when its prefill ends."""
     scheduler = MonolithicScheduler() if chunk_size is None else ChunkedPrefillScheduler(chunk_size)
     num_blocks = max(1, blocks_for_tokens(len(prompt_token_ids) + max(1, max_tokens), block_size))
     engine = Engine(
-        TorchExecutor(model, BlockManager(num_blocks, block_size)),
+        TorchExecutor(model, BlockManager(num_blocks, block_size), press=press),
         scheduler,
         max_model_len=model.config.max_context,
         eos_token_id=eos_token_id,

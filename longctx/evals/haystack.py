@@ -55,6 +55,7 @@ class NeedlePrompt:
     haystack_start: int  # first filler token (depth 0 puts the needle here)
     haystack_len: int  # filler tokens F (needle excluded)
     distractor_starts: list[int] = field(default_factory=list)
+    question_start: int = -1  # first token of the question (and the chat template's end); -1: unknown
 
     @property
     def length(self) -> int:
@@ -182,4 +183,5 @@ class HaystackBuilder:
             haystack_start=len(head),
             haystack_len=Fh,
             distractor_starts=sorted(len(head) + s + (len(needle) if s >= k else 0) for s, _ in spans),
+            question_start=length - len(tail),
         )

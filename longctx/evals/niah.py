@@ -9,6 +9,11 @@ KV cache and reads the logits of the ``m`` rows that predict the answer tokens (
   token. When it is not, decoding continues greedily from the first wrong token (a few decode steps on the
   same cache) so that ``output`` shows what the model did say.
 
+With a KV press (``NiahRunner(..., press=...)``, ``longctx.kv.press``) a trial is three passes instead: the
+prompt is prefilled and pruned (question-aware: the question is inside the prompt, so SnapKV's window sees
+it), or the context alone is prefilled and pruned before the question is (question-agnostic: what a cache
+shared by many questions must do); then the answer is teacher-forced over the pruned cache.
+
 ``run_grid`` runs lengths x depths x seeds with a tqdm bar and returns a ``NiahTable`` (tidy rows that save
 to / load from JSON). Prompts come from ``longctx.evals.haystack``.
 """
@@ -40,6 +45,7 @@ class NiahTrial:
     answer: str
     output: str
     prefill_s: float
+    press: str = "none"  # e.g. "snapkv 0.5" (question-aware) or "snapkv 0.5 agnostic"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -59,7 +65,7 @@ class NiahRunner:
     """
 
     def __init__(self, model, tokenizer, max_tokens: int = TRAINED_CONTEXT + 64, block_size: int = 16,
-                 builder: HaystackBuilder | None = None) -> None:
+                 builder: HaystackBuilder | None = None, press=None, question_aware: bool = True) -> None:
         if int(max_tokens) != max_tokens or max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
         self.model, self.tok = model, tokenizer
@@ -67,6 +73,18 @@ class NiahRunner:
         self.num_blocks = -(-int(max_tokens) // self.block_size)
         self.builder = builder or HaystackBuilder(tokenizer)
         self._cache = None
+        self.press, self.question_aware = press, bool(question_aware)
+        self._recorder = None
+        if press is not None:
+            from longctx.engine.pruning import PressRecorder
+
+            self._recorder = PressRecorder(press, model)
+
+    @property
+    def press_label(self) -> str:
+        if self.press is None:
+            return "none"
+        return f"{self.press.name} {self.press.compression_ratio:g}" + ("" if self.question_aware else " agnostic")
 
     @property
     def max_tokens(self) -> int:
@@ -86,17 +104,36 @@ class NiahRunner:
             self._torch = torch
         return self._cache
 
-    def _forward(self, ids: list[int], start: int, rows: list[int]):
-        """Run ``ids`` at positions ``start..`` (cache holds ``0..start-1``); logits of ``rows`` (float32)."""
+    def _forward(self, ids: list[int], start: int, rows: list[int], position: int | None = None):
+        """Run ``ids`` at cache slots ``start..`` (the cache holds ``0..start-1``) and RoPE positions
+        ``position..`` (default ``start``; later when a press evicted tokens); logits of ``rows`` (float32)."""
         from longctx.kv.cache import build_attention_metadata
 
         torch, cache = self._torch, self._cache
         dev = next(self.model.parameters()).device
-        meta = build_attention_metadata([(self._table, start, len(ids))], self.block_size, dev)
+        chunk = (self._table, start, len(ids)) if position is None else (self._table, start, len(ids), position)
+        meta = build_attention_metadata([chunk], self.block_size, dev)
         with torch.inference_mode():
             out = self.model(torch.tensor(ids, device=dev), cache, meta,
                              logits_rows=torch.tensor(rows, device=dev))
         return out.float()
+
+    def _pruned_prefill(self, prompt: NeedlePrompt, ans: list[int]):
+        """Prefill, prune (before or after the question), teacher-force the answer: ``(logits [m, vocab],
+        cache length after the prompt)``."""
+        ids, P = prompt.token_ids, len(prompt.token_ids)
+        split = P if self.question_aware or prompt.question_start < 1 else prompt.question_start
+        self.press.check_prompt(split)
+        with self._recorder.recording([(0, 0, True)]):
+            first = self._forward(ids[:split], 0, [split - 1])
+        cached = split - self._recorder.compress(self._cache, self._table, 0, split)
+        if split < P:  # the question, on top of the pruned context
+            first = self._forward(ids[split:], cached, [P - split - 1], position=split)
+            cached += P - split
+        if len(ans) == 1:
+            return first, cached
+        rest = self._forward(ans[:-1], cached, list(range(len(ans) - 1)), position=P)
+        return self._torch.cat([first, rest]), cached
 
     def score(self, prompt: NeedlePrompt, extra_tokens: int = 4) -> tuple[bool, float, list[int], float]:
         """``(correct, answer_logprob, output_ids, prefill_s)`` for one prompt (see the module docstring)."""
@@ -111,7 +148,10 @@ class NiahRunner:
             )
         self._kv()
         t0 = time.perf_counter()
-        logits = self._forward(prompt.token_ids + ans[:-1], 0, list(range(P - 1, P + m - 1)))  # [m, vocab]
+        if self.press is None:  # one prefill of prompt + answer[:-1]; the answer's rows
+            logits, cached = self._forward(prompt.token_ids + ans[:-1], 0, list(range(P - 1, P + m - 1))), P
+        else:
+            logits, cached = self._pruned_prefill(prompt, ans)  # [m, vocab]
         prefill_s = time.perf_counter() - t0
         logp = self._torch.log_softmax(logits, dim=-1)
         answer_logprob = float(sum(logp[i, t] for i, t in enumerate(ans)))
@@ -120,12 +160,12 @@ class NiahRunner:
         if j == m:
             return True, answer_logprob, ans, prefill_s
         output = ans[:j] + [greedy[j]]  # the first wrong token, then greedy decoding from there
-        pos = P + j
+        slot, pos = cached + j, P + j  # cache slot and position differ once a press evicted tokens
         for _ in range(m - j - 1 + extra_tokens):
             if output[-1] == self.tok.eos_token_id:
                 break
-            output.append(int(self._forward([output[-1]], pos, [0]).argmax(-1)))
-            pos += 1
+            output.append(int(self._forward([output[-1]], slot, [0], position=pos).argmax(-1)))
+            slot, pos = slot + 1, pos + 1
         return False, answer_logprob, output, prefill_s
 
     def trial(self, length: int, depth: float, seed: int = 0, haystack: str = "passkey") -> NiahTrial:
@@ -133,7 +173,8 @@ class NiahRunner:
         correct, lp, out_ids, prefill_s = self.score(prompt)
         text = self.tok.decode(out_ids).strip()
         return NiahTrial(haystack, rope_label(self.model.rope_scaling), prompt.length, float(depth),
-                         int(seed), prompt.needle_start, bool(correct), lp, prompt.answer, text, prefill_s)
+                         int(seed), prompt.needle_start, bool(correct), lp, prompt.answer, text, prefill_s,
+                         self.press_label)
 
 
 def check_grid(lengths, depths, seeds) -> tuple[list[int], list[float], list[int]]:
