@@ -153,3 +153,16 @@ def test_bad_press_input_gets_a_clear_error(model):
         engine.add_request(_prompt(10), 5)
     with pytest.raises(ValueError, match="press must be a longctx.kv.press.Press"):
         TorchExecutor(model, BlockManager(8, BS), press="snapkv")
+
+
+def test_continuation_nll_without_press_matches_token_nll_and_pruning_changes_it(model):
+    from longctx.evals.forcing import continuation_nll
+    from longctx.evals.perplexity import token_nll
+
+    ids = _prompt(90, 4)
+    full = token_nll(model, ids, chunk_size=32)
+    assert continuation_nll(model, ids[:60], ids[60:]) == pytest.approx(sum(full[59:]) / 30, abs=1e-5)
+    assert continuation_nll(model, ids[:60], ids[60:], make_press("knorm", 0.0)) == pytest.approx(
+        sum(full[59:]) / 30, abs=1e-5)
+    assert continuation_nll(model, ids[:60], ids[60:], make_press("knorm", 0.9)) != pytest.approx(
+        sum(full[59:]) / 30, abs=1e-3)

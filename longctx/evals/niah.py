@@ -1,7 +1,8 @@
 """Needle in a haystack on our own model: one trial = one prefill, scored two ways; a grid of trials.
 
 A trial feeds ``prompt + answer[:-1]`` (``P + m - 1`` tokens) through the model in ONE prefill over a paged
-KV cache and reads the logits of the ``m`` rows that predict the answer tokens (teacher forcing):
+KV cache and reads the logits of the ``m`` rows that predict the answer tokens (teacher forcing,
+``longctx.evals.forcing``):
 
 - ``answer_logprob`` = sum over the answer's tokens of log p(token | everything before it), in nats: a
   continuous score, informative even when the greedy answer is wrong;
@@ -24,6 +25,7 @@ import math
 import time
 from dataclasses import asdict, dataclass
 
+from longctx.evals.forcing import forced_logits
 from longctx.evals.haystack import HaystackBuilder, NeedlePrompt
 from longctx.evals.table import NiahTable
 
@@ -104,36 +106,10 @@ class NiahRunner:
             self._torch = torch
         return self._cache
 
-    def _forward(self, ids: list[int], start: int, rows: list[int], position: int | None = None):
-        """Run ``ids`` at cache slots ``start..`` (the cache holds ``0..start-1``) and RoPE positions
-        ``position..`` (default ``start``; later when a press evicted tokens); logits of ``rows`` (float32)."""
-        from longctx.kv.cache import build_attention_metadata
+    def _forward(self, ids: list[int], slot: int, rows: list[int], position: int | None = None):
+        from longctx.evals.forcing import forward_at
 
-        torch, cache = self._torch, self._cache
-        dev = next(self.model.parameters()).device
-        chunk = (self._table, start, len(ids)) if position is None else (self._table, start, len(ids), position)
-        meta = build_attention_metadata([chunk], self.block_size, dev)
-        with torch.inference_mode():
-            out = self.model(torch.tensor(ids, device=dev), cache, meta,
-                             logits_rows=torch.tensor(rows, device=dev))
-        return out.float()
-
-    def _pruned_prefill(self, prompt: NeedlePrompt, ans: list[int]):
-        """Prefill, prune (before or after the question), teacher-force the answer: ``(logits [m, vocab],
-        cache length after the prompt)``."""
-        ids, P = prompt.token_ids, len(prompt.token_ids)
-        split = P if self.question_aware or prompt.question_start < 1 else prompt.question_start
-        self.press.check_prompt(split)
-        with self._recorder.recording([(0, 0, True)]):
-            first = self._forward(ids[:split], 0, [split - 1])
-        cached = split - self._recorder.compress(self._cache, self._table, 0, split)
-        if split < P:  # the question, on top of the pruned context
-            first = self._forward(ids[split:], cached, [P - split - 1], position=split)
-            cached += P - split
-        if len(ans) == 1:
-            return first, cached
-        rest = self._forward(ans[:-1], cached, list(range(len(ans) - 1)), position=P)
-        return self._torch.cat([first, rest]), cached
+        return forward_at(self.model, self._cache, self._table, ids, slot, rows, position, self.block_size)
 
     def score(self, prompt: NeedlePrompt, extra_tokens: int = 4) -> tuple[bool, float, list[int], float]:
         """``(correct, answer_logprob, output_ids, prefill_s)`` for one prompt (see the module docstring)."""
@@ -148,10 +124,9 @@ class NiahRunner:
             )
         self._kv()
         t0 = time.perf_counter()
-        if self.press is None:  # one prefill of prompt + answer[:-1]; the answer's rows
-            logits, cached = self._forward(prompt.token_ids + ans[:-1], 0, list(range(P - 1, P + m - 1))), P
-        else:
-            logits, cached = self._pruned_prefill(prompt, ans)  # [m, vocab]
+        split = None if self.question_aware or prompt.question_start < 1 else prompt.question_start
+        logits, cached = forced_logits(self.model, self._cache, self._table, prompt.token_ids, ans, self.press,
+                                       split, self.block_size, self._recorder)  # [m, vocab]
         prefill_s = time.perf_counter() - t0
         logp = self._torch.log_softmax(logits, dim=-1)
         answer_logprob = float(sum(logp[i, t] for i, t in enumerate(ans)))
