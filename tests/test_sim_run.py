@@ -86,3 +86,22 @@ def test_recorded_capacity_and_live_curve():
         load_recorded("sim_nothing.json")
     curve = p99_itl_curve(rates_qps=(2.0,), num_requests=20)
     assert list(curve) == ["monolithic", "chunked-512"] and curve["monolithic"][0].rate_qps == 2.0
+
+
+def test_modelled_kv_pruning_frees_blocks_and_fits_more_sequences():
+    """A pool that holds ~4 requests at once holds ~twice as many when half of each prompt is evicted."""
+    from longctx.engine import ChunkedPrefillScheduler
+    from longctx.sim import simulate
+    from longctx.sim.workload import Request
+
+    work = [Request(arrival_s=0.0, prompt_tokens=4096, output_tokens=64) for _ in range(16)]
+    runs = {r: simulate(work, ChunkedPrefillScheduler(2048), "llama-3-8b", "h100", num_blocks=4 * 260,
+                        kv_compression_ratio=r) for r in (0.0, 0.5)}
+    busiest = {r: max(len(set(s.seq_ids)) for s in res.steps) for r, res in runs.items()}
+    assert busiest[0.5] > 1.5 * busiest[0.0]
+    assert runs[0.5].metrics.duration_s < runs[0.0].metrics.duration_s
+    assert runs[0.5].config["kv_compression_ratio"] == 0.5
+    import pytest
+
+    with pytest.raises(ValueError, match=r"kv_compression_ratio must be in \[0, 1\)"):
+        simulate(work, ChunkedPrefillScheduler(2048), kv_compression_ratio=1.0)

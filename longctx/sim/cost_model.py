@@ -105,6 +105,9 @@ class CostModelExecutor:
         weight_dtype, kv_dtype: storage dtypes of the weights and the KV cache (bytes moved).
         attention: ``"causal"`` (FlashAttention convention) or ``"full"``.
         params: the linear-FLOP convention of ``longctx.flops`` (``"matmul"``, the course's, or ``"all"``).
+        kv_compression_ratio: KV pruning modelled as a press would do it in the engine: when a prefill
+            ends, ``floor(ratio * T)`` of its ``T`` cached tokens are evicted (their blocks freed, later
+            steps read fewer KV bytes). The press's own scoring time is not charged. 0: no pruning.
     """
 
     def __init__(
@@ -116,7 +119,11 @@ class CostModelExecutor:
         kv_dtype: str = "bf16",
         attention: str = "causal",
         params: str = "matmul",
+        kv_compression_ratio: float = 0.0,
     ) -> None:
+        if not 0.0 <= float(kv_compression_ratio) < 1.0:
+            raise ValueError(f"kv_compression_ratio must be in [0, 1), got {kv_compression_ratio!r}")
+        self.kv_compression_ratio = float(kv_compression_ratio)
         if attention not in flops.ATTENTION_KINDS:
             raise ValueError(f"attention must be one of {', '.join(flops.ATTENTION_KINDS)}; got {attention!r}")
         self.model = m = get_model(model)
@@ -164,12 +171,18 @@ class CostModelExecutor:
     # ---- the Executor protocol ----
     def execute(self, batch) -> ExecutionResult:
         """The modelled time of a ``ScheduledBatch`` (read before the engine updates its sequences)."""
-        seqs = [(e.num_tokens, e.seq.num_computed_tokens) for e in batch.entries]
-        return ExecutionResult(duration_s=self.step_time_s(seqs), next_token_ids=None)
+        seqs = [(e.num_tokens, e.seq.num_computed_tokens - e.seq.num_evicted_tokens) for e in batch.entries]
+        evicted = None
+        if self.kv_compression_ratio:
+            evicted = {}
+            for (n, cached), e in zip(seqs, batch.entries, strict=True):
+                if n == e.seq.num_uncomputed_tokens and not e.seq.is_decode:  # this step ends its prefill
+                    evicted[e.seq.seq_id] = int(self.kv_compression_ratio * (cached + n))
+        return ExecutionResult(duration_s=self.step_time_s(seqs), next_token_ids=None, evicted_tokens=evicted or None)
 
     def with_factors(self, factors: CostFactors) -> CostModelExecutor:
         return CostModelExecutor(self.model, self.hardware, factors, self.weight_dtype, self.kv_dtype,
-                                 self.attention, self.params)
+                                 self.attention, self.params, self.kv_compression_ratio)
 
     def __repr__(self) -> str:
         return f"CostModelExecutor({self.model.name}, {self.hardware.name}, {self.factors})"

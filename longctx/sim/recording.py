@@ -27,7 +27,7 @@ class RecordingExecutor:
     steps: list[MeasuredStep] = field(default_factory=list)
 
     def execute(self, batch) -> ExecutionResult:
-        seqs = tuple((e.num_tokens, e.seq.num_computed_tokens) for e in batch.entries)
+        seqs = tuple((e.num_tokens, e.seq.num_cached_tokens) for e in batch.entries)  # (new, cached KV)
         result = self.inner.execute(batch)
         self.steps.append(MeasuredStep(seqs, float(result.duration_s)))
         return result

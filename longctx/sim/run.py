@@ -103,10 +103,12 @@ def build_sim_engine(
     max_model_len: int | None = None,
     weight_dtype: str = "bf16",
     kv_dtype: str = "bf16",
+    kv_compression_ratio: float = 0.0,
 ) -> Engine:
-    """An ``Engine`` with a ``CostModelExecutor`` and a ``VirtualClock``; KV pool sized from the GPU."""
+    """An ``Engine`` with a ``CostModelExecutor`` and a ``VirtualClock``; KV pool sized from the GPU.
+    ``kv_compression_ratio``: KV pruning at the end of each prefill (``CostModelExecutor``)."""
     m, hw = get_model(model), get_hardware(hardware)
-    executor = CostModelExecutor(m, hw, factors, weight_dtype, kv_dtype)
+    executor = CostModelExecutor(m, hw, factors, weight_dtype, kv_dtype, kv_compression_ratio=kv_compression_ratio)
     if num_blocks is None:
         num_blocks = kv_pool_blocks(m, hw, block_size, gpu_memory_utilization, weight_dtype, kv_dtype)
     if max_model_len is None:
@@ -127,6 +129,7 @@ def simulate(
     gpu_memory_utilization: float = 0.9,
     max_model_len: int | None = None,
     progress: bool = False,
+    kv_compression_ratio: float = 0.0,
 ) -> SimResult:
     """Run ``workload`` through the engine with modelled step times; returns a ``SimResult``.
 
@@ -137,7 +140,7 @@ def simulate(
         raise ValueError("the workload is empty")
     t0 = time.perf_counter()
     engine = build_sim_engine(scheduler, model, hardware, factors, block_size, num_blocks,
-                              gpu_memory_utilization, max_model_len)
+                              gpu_memory_utilization, max_model_len, kv_compression_ratio=kv_compression_ratio)
     for r in workload:
         engine.add_request([0] * r.prompt_tokens, r.output_tokens, arrival_s=r.arrival_s)
     bar = None
@@ -165,6 +168,7 @@ def simulate(
         "num_requests": len(workload),
         "num_blocks": engine.block_manager.num_blocks,
         "block_size": block_size,
+        "kv_compression_ratio": kv_compression_ratio,
         "factors": vars(engine.executor.factors),
     }
     return SimResult(
