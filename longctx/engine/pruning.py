@@ -100,13 +100,24 @@ class PressRecorder:
         where = slots(torch.as_tensor(table), torch.arange(num_tokens), cache.block_size)  # [T]
         where = where.to(cache.data.device)
         for layer in range(len(self.model.layers)):
+            inp = self._input(cache, where, state, layer)
+            keep = self.press.keep_indices(inp).to(inp.keys.device)  # [H_kv, kept]
             k_flat, v_flat = cache.flat(layer)  # [num_slots, H_kv, d]
-            keys, values = k_flat[where].transpose(0, 1), v_flat[where].transpose(0, 1)  # [H_kv, T, d] copies
-            inp = PressInput(keys, values, state["queries"].get(layer), state["attention"].get(layer))
-            keep = self.press.keep_indices(inp).to(keys.device)  # [H_kv, kept]
-            k_flat[where[:kept]] = compact(keys, keep).transpose(0, 1)  # [kept, H_kv, d]
-            v_flat[where[:kept]] = compact(values, keep).transpose(0, 1)
+            k_flat[where[:kept]] = compact(inp.keys, keep).transpose(0, 1)  # [kept, H_kv, d]
+            v_flat[where[:kept]] = compact(inp.values, keep).transpose(0, 1)
         return num_tokens - kept
+
+    def layer_input(self, cache, table: list[int], seq_id: int, num_tokens: int, layer: int) -> PressInput:
+        """What the press would see for ``layer`` of sequence ``seq_id`` now (its first ``num_tokens``
+        cached tokens and what was collected so far): to look at a press's choice without pruning."""
+        where = slots(torch.as_tensor(table), torch.arange(num_tokens), cache.block_size).to(cache.data.device)
+        return self._input(cache, where, self._state.get(seq_id, {"queries": {}, "attention": {}}), layer)
+
+    @staticmethod
+    def _input(cache, where, state, layer) -> PressInput:
+        k_flat, v_flat = cache.flat(layer)  # [num_slots, H_kv, d]
+        keys, values = k_flat[where].transpose(0, 1), v_flat[where].transpose(0, 1)  # [H_kv, T, d] copies
+        return PressInput(keys, values, state["queries"].get(layer), state["attention"].get(layer))
 
     def roll(self, cache, table: list[int], seq_id: int, num_cached: int) -> int:
         """For a rolling press: evict the oldest block of non-sink tokens once ``num_cached`` exceeds the
