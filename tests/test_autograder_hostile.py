@@ -244,6 +244,10 @@ SCHED_ZERO = ("import longctx.engine.policy_checks as pc\nfor name in dir(pc):\n
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
+    # An interrupted earlier run may have left its 1,100-level folder behind, which pytest's own clean-up of
+    # old temporary folders cannot remove (it recurses once per level): remove those first.
+    for leftover in tmp_path_factory.getbasetemp().parent.glob("*/hostile*/course/autograder/submitted/deep"):
+        _remove_deep(str(leftover))
     root = h.make_course(tmp_path_factory.mktemp("hostile"), lessons=[L00], use_real_lessons=True)
     ag = os.path.join(root, "autograder")
     targets = [os.path.join(ag, "gradebook.db"), os.path.join(ag, "grades.csv"),

@@ -166,3 +166,42 @@ def test_continuation_nll_without_press_matches_token_nll_and_pruning_changes_it
         sum(full[59:]) / 30, abs=1e-5)
     assert continuation_nll(model, ids[:60], ids[60:], make_press("knorm", 0.9)) != pytest.approx(
         sum(full[59:]) / 30, abs=1e-3)
+
+
+@pytest.mark.slow
+def test_snapkv_scores_of_the_real_model_match_transformers_attention_weights():
+    """The window queries the probe collects give the same SnapKV scores as transformers' own (eager)
+    attention weights of SmolLM2: an independent check of the press's inputs on the real model."""
+    import os
+    import warnings
+
+    import torch.nn.functional as F
+    from model_fixtures import our_model, our_tokenizer
+    from transformers import LlamaForCausalLM
+
+    from longctx.engine.pruning import PressRecorder
+    from longctx.evals.forcing import forward_at
+    from longctx.evals.haystack import HaystackBuilder
+    from longctx.kv.cache import PagedKVCache
+    from longctx.kv.press import per_kv_head
+    from longctx.model.weights import find_gguf
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    path = find_gguf()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hf = LlamaForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
+                                              attn_implementation="eager").eval()
+    model, tok = our_model(), our_tokenizer()
+    prompt = HaystackBuilder(tok).build(256, 0.5, 0, "passkey").token_ids
+    with torch.no_grad():
+        attentions = hf(torch.tensor([prompt]), output_attentions=True).attentions  # per layer [1, H, T, T]
+    press = make_press("snapkv", 0.5)
+    recorder, cache = PressRecorder(press, model), PagedKVCache.for_model(model.config, 16, 16)
+    with recorder.recording([(0, 0, True)]):
+        forward_at(model, cache, list(range(16)), prompt, 0, [255])
+    for layer in (0, 7, 29):
+        window = attentions[layer][0, :, -32:, :].mean(1)  # [H, T]
+        pooled = F.avg_pool1d(window[:, None, :], 5, stride=1, padding=2, count_include_pad=False)[:, 0]
+        ours = press.score(recorder.layer_input(cache, list(range(16)), 0, 256, layer))
+        torch.testing.assert_close(ours, per_kv_head(pooled, 3), atol=1e-6, rtol=1e-4)
