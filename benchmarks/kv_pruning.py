@@ -132,12 +132,12 @@ def run_memory(out, model, tok, meta, ratios, length, decode_steps=24):
         pool = BlockManager(blocks_for_tokens(length + decode_steps + 1, 16), 16)
         engine = Engine(TorchExecutor(model, pool, press=press), MonolithicScheduler(), max_model_len=c.max_context)
         seq = engine.add_request(ids, decode_steps + 1)
-        engine.step()
-        held = len(pool.block_table(seq.seq_id))
+        engine.step()  # the prefill, then the press
+        held, kv_tokens = len(pool.block_table(seq.seq_id)), seq.num_cached_tokens
         steps = []
         while engine.has_unfinished():
             steps.append(engine.step().duration_s)
-        rows.append({"ratio": ratio, "kv_tokens": seq.num_cached_tokens,
+        rows.append({"ratio": ratio, "kv_tokens": kv_tokens,
                      "blocks_held": held, "blocks_unpruned": blocks_for_tokens(length, 16),
                      "kv_bytes_held": held * 16 * bytes_per_token, "decode_step_s": statistics.median(steps),
                      "threads": torch.get_num_threads()})
