@@ -122,10 +122,11 @@ def run_memory(out, model, tok, meta, ratios, length, decode_steps=24):
     from longctx.evals.haystack import natural_text
     from longctx.kv.block_manager import BlockManager, blocks_for_tokens
     from longctx.kv.press import make_press
+    from longctx.memory import kv_bytes_per_token
 
     ids = tok.encode(natural_text())[:length]
     c = model.config
-    bytes_per_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * next(model.parameters()).element_size()
+    bytes_per_token = kv_bytes_per_token(c, "fp32")  # the engine's cache is in the model's dtype, fp32
     rows = []
     for ratio in [0.0, *ratios]:
         press = make_press("knorm", ratio)

@@ -230,7 +230,7 @@ class Engine:
         result = self.executor.execute(batch)
         self.clock.advance(result.duration_s)
         end_s = self.clock.now()
-        self._update(batch, result.next_token_ids, end_s, getattr(result, "evicted_tokens", None))
+        self._update(batch, result.next_token_ids, end_s, result.evicted_tokens)
         entries = batch.entries
         record = StepRecord(
             start_s=start_s,

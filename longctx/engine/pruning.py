@@ -97,8 +97,7 @@ class PressRecorder:
             return 0  # nothing to evict (ratio 0, or a short prompt): the cache stays exact, also later
         if self.press.rolling:
             self._budget[seq_id] = kept
-        where = slots(torch.as_tensor(table), torch.arange(num_tokens), cache.block_size)  # [T]
-        where = where.to(cache.data.device)
+        where = _slots_of(cache, table, num_tokens)
         for layer in range(len(self.model.layers)):
             inp = self._input(cache, where, state, layer)
             keep = self.press.keep_indices(inp).to(inp.keys.device)  # [H_kv, kept]
@@ -110,8 +109,7 @@ class PressRecorder:
     def layer_input(self, cache, table: list[int], seq_id: int, num_tokens: int, layer: int) -> PressInput:
         """What the press would see for ``layer`` of sequence ``seq_id`` now (its first ``num_tokens``
         cached tokens and what was collected so far): to look at a press's choice without pruning."""
-        where = slots(torch.as_tensor(table), torch.arange(num_tokens), cache.block_size).to(cache.data.device)
-        return self._input(cache, where, self._state.get(seq_id, {"queries": {}, "attention": {}}), layer)
+        return self._input(cache, _slots_of(cache, table, num_tokens), self._state.get(seq_id, {"queries": {}, "attention": {}}), layer)
 
     @staticmethod
     def _input(cache, where, state, layer) -> PressInput:
@@ -126,9 +124,14 @@ class PressRecorder:
         if budget is None or num_cached < budget + bs:
             return 0
         sink = getattr(self.press, "n_sink", 0)
-        where = slots(torch.as_tensor(table), torch.arange(num_cached), bs).to(cache.data.device)
+        where = _slots_of(cache, table, num_cached)
         src, dst = where[sink + bs :], where[sink : num_cached - bs]
         for layer in range(len(self.model.layers)):
             for flat in cache.flat(layer):
                 flat[dst] = flat[src].clone()  # shift the window down by one block: the oldest block goes
         return bs
+
+
+def _slots_of(cache, table: list[int], num_tokens: int) -> torch.Tensor:
+    """Pool slots ``[T]`` of a sequence's first ``num_tokens`` cached tokens (on the cache's device)."""
+    return slots(torch.as_tensor(table), torch.arange(num_tokens), cache.block_size).to(cache.data.device)

@@ -8,6 +8,7 @@ and report the wall time the step took.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -69,33 +70,31 @@ class TorchExecutor:
                 ids.append(seq.output_token_ids[start - len(seq.prompt_token_ids)])
             else:
                 ids += seq.token_ids(start, start + n)
-            evicted = seq.num_evicted_tokens
-            chunks.append((tables(seq.seq_id), start - evicted, n, start) if evicted else (tables(seq.seq_id), start, n))
+            chunks.append((tables(seq.seq_id), start - seq.num_evicted_tokens, n, start))  # slots, then positions
             if not seq.is_decode:
                 prefills.append((seq.seq_id, row, start == 0))
             row += n
             last_rows.append(row - 1)
         meta = build_attention_metadata(chunks, self.block_size, self.device)
         rows = None if row == len(last_rows) else torch.tensor(last_rows, device=self.device)
-        with torch.inference_mode():
-            if self._pruning is None:
-                return self.model(torch.tensor(ids, device=self.device), self.cache, meta, logits_rows=rows)
-            with self._pruning.recording(prefills):
-                return self.model(torch.tensor(ids, device=self.device), self.cache, meta, logits_rows=rows)
+        recording = contextlib.nullcontext() if self._pruning is None else self._pruning.recording(prefills)
+        with torch.inference_mode(), recording:
+            return self.model(torch.tensor(ids, device=self.device), self.cache, meta, logits_rows=rows)
 
     def _prune(self, batch: ScheduledBatch) -> dict[int, int]:
         """Apply the press to the prefills this step completed (and roll a rolling press's window)."""
         evicted = {}
         with torch.inference_mode():
-            for seq, n in batch.entries:
-                table = self.block_manager.block_table(seq.seq_id)
-                cached = seq.num_cached_tokens + n  # after this step (the engine updates the sequence later)
-                if n == seq.num_uncomputed_tokens and not seq.is_decode:
-                    gone = self._pruning.compress(self.cache, table, seq.seq_id, cached)
-                elif seq.is_decode:
-                    gone = self._pruning.roll(self.cache, table, seq.seq_id, cached)
+            for entry in batch.entries:
+                seq = entry.seq
+                if entry.is_decode:
+                    act = self._pruning.roll
+                elif entry.completes_prefill:
+                    act = self._pruning.compress
                 else:
-                    continue
+                    continue  # a prefill chunk that is not the last
+                cached = seq.num_cached_tokens + entry.num_tokens  # after this step (the engine updates it later)
+                gone = act(self.cache, self.block_manager.block_table(seq.seq_id), seq.seq_id, cached)
                 if gone:
                     evicted[seq.seq_id] = gone
         return evicted

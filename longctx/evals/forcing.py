@@ -27,12 +27,12 @@ def forward_at(model, cache, table, ids, slot: int, rows, position: int | None =
 
 
 def forced_logits(model, cache, table, prompt_ids, target_ids, press=None, split: int | None = None,
-                  block_size: int = 16, recorder=None):
+                  block_size: int = 16):
     """``(logits [len(target), vocab], slots the prompt holds)``: row ``i`` predicts ``target_ids[i]``.
 
     ``press`` prunes ``prompt_ids[:split]`` (default: the whole prompt) once it is prefilled, then the
     rest of the prompt and the target run on the pruned cache (question-agnostic pruning when ``split``
-    is where the question starts). ``recorder``: a ``longctx.engine.pruning.PressRecorder`` to reuse."""
+    is where the question starts)."""
     import torch
 
     P, m = len(prompt_ids), len(target_ids)
@@ -48,7 +48,7 @@ def forced_logits(model, cache, table, prompt_ids, target_ids, press=None, split
     if not 1 <= split <= P:
         raise ValueError(f"split must be in [1, {P}], got {split}")
     press.check_prompt(split)
-    recorder = recorder if recorder is not None else PressRecorder(press, model)
+    recorder = PressRecorder(press, model)
     with recorder.recording([(0, 0, True)]):
         first = forward_at(model, cache, table, prompt_ids[:split], 0, [split - 1], block_size=block_size)
     cached = split - recorder.compress(cache, table, 0, split)

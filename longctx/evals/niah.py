@@ -76,11 +76,6 @@ class NiahRunner:
         self.builder = builder or HaystackBuilder(tokenizer)
         self._cache = None
         self.press, self.question_aware = press, bool(question_aware)
-        self._recorder = None
-        if press is not None:
-            from longctx.engine.pruning import PressRecorder
-
-            self._recorder = PressRecorder(press, model)
 
     @property
     def press_label(self) -> str:
@@ -126,7 +121,7 @@ class NiahRunner:
         t0 = time.perf_counter()
         split = None if self.question_aware or prompt.question_start < 1 else prompt.question_start
         logits, cached = forced_logits(self.model, self._cache, self._table, prompt.token_ids, ans, self.press,
-                                       split, self.block_size, self._recorder)  # [m, vocab]
+                                       split, self.block_size)  # [m, vocab]
         prefill_s = time.perf_counter() - t0
         logp = self._torch.log_softmax(logits, dim=-1)
         answer_logprob = float(sum(logp[i, t] for i, t in enumerate(ans)))

@@ -15,7 +15,8 @@ def token_nll(model, token_ids: list[int], chunk_size: int = 1024, block_size: i
     """``nll[i] = -log p(token_ids[i+1] | token_ids[:i+1])`` in nats, ``len(token_ids) - 1`` values."""
     import torch
 
-    from longctx.kv.cache import PagedKVCache, build_attention_metadata
+    from longctx.evals.forcing import forward_at
+    from longctx.kv.cache import PagedKVCache
 
     n = len(token_ids)
     if n < 2:
@@ -28,14 +29,12 @@ def token_nll(model, token_ids: list[int], chunk_size: int = 1024, block_size: i
     table = list(range(num_blocks))
     targets = torch.tensor(token_ids[1:] + [0], device=p.device)
     nll: list[float] = []
-    with torch.inference_mode():
-        for start in range(0, n, chunk_size):
-            stop = min(n, start + chunk_size)
-            meta = build_attention_metadata([(table, start, stop - start)], block_size, p.device)
-            logits = model(torch.tensor(token_ids[start:stop], device=p.device), cache, meta).float()
-            lp = torch.log_softmax(logits, dim=-1)  # [chunk, vocab]
-            picked = -lp.gather(1, targets[start:stop, None])[:, 0]
-            nll += picked.tolist()
+    for start in range(0, n, chunk_size):
+        stop = min(n, start + chunk_size)
+        logits = forward_at(model, cache, table, token_ids[start:stop], start, list(range(stop - start)),
+                            block_size=block_size)
+        lp = torch.log_softmax(logits, dim=-1)  # [chunk, vocab]
+        nll += (-lp.gather(1, targets[start:stop, None])[:, 0]).tolist()
     return nll[: n - 1]
 
 

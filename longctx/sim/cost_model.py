@@ -171,12 +171,13 @@ class CostModelExecutor:
     # ---- the Executor protocol ----
     def execute(self, batch) -> ExecutionResult:
         """The modelled time of a ``ScheduledBatch`` (read before the engine updates its sequences)."""
+        # (new tokens, cached KV tokens): Sequence.num_cached_tokens, inlined (hot in the simulator)
         seqs = [(e.num_tokens, e.seq.num_computed_tokens - e.seq.num_evicted_tokens) for e in batch.entries]
         evicted = None
         if self.kv_compression_ratio:
             evicted = {}
             for (n, cached), e in zip(seqs, batch.entries, strict=True):
-                if n == e.seq.num_uncomputed_tokens and not e.seq.is_decode:  # this step ends its prefill
+                if e.completes_prefill and not e.is_decode:  # this step ends its prefill
                     evicted[e.seq.seq_id] = int(self.kv_compression_ratio * (cached + n))
         return ExecutionResult(duration_s=self.step_time_s(seqs), next_token_ids=None, evicted_tokens=evicted or None)
 
