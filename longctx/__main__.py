@@ -15,6 +15,7 @@ import sys
 COMMAND_MODULES = (
     "longctx.cli.doctor",
     "longctx.cli.calc",
+    "longctx.cli.plan",
     "longctx.cli.model",
     "longctx.cli.simulate",
     "longctx.cli.niah",

@@ -8,6 +8,9 @@ bookkeeping a step needs, so a policy reads like the paper's pseudo-code:
 - it reserves the entry's KV slots in the block manager; a waiting sequence is admitted only if the pool
   could hold its whole prompt (not just this chunk: vLLM's rule, so that an admitted prefill is rarely
   preempted halfway) and fewer than ``max_num_seqs`` sequences would hold blocks;
+- with prefix caching, a waiting sequence whose first full blocks are cached takes them and counts their
+  tokens as computed at once: ``add(seq, n)`` then computes ``min(n, tokens left after the hit)`` tokens,
+  starting after the hit (the policy's budget is not charged for the hit);
 - a running sequence short of blocks takes them from running sequences *newer* than itself that are not
   in the batch, newest first (preemption by recompute, vLLM's policy); if none is left it is preempted
   itself. ``add`` returns False when the sequence cannot run this step.
@@ -135,9 +138,18 @@ class ScheduledBatch:
         if status is WAITING:
             if self.max_num_seqs is not None and self._num_holding >= self.max_num_seqs:
                 return False
-            if bm.blocks_needed(sid, seq.num_computed_tokens + left) > bm.num_free_blocks:
+            hit = None
+            if bm.enable_prefix_caching and seq.num_computed_tokens == 0:
+                hit = bm.cached_prefix(seq.token_ids())
+            if not bm.can_admit(sid, seq.num_computed_tokens + left, hit):
                 return False  # admit a prompt only when all of it fits: a half-done prefill rarely restarts
             self._num_holding += 1
+            if hit is not None:  # a prefix-cache hit: those tokens count as computed, no prefill for them
+                bm.take_prefix(sid, hit)
+                seq.num_computed_tokens = seq.num_prefix_cached_tokens = hit.num_tokens
+                left -= hit.num_tokens
+                num_tokens = min(num_tokens, left)
+                total = hit.num_tokens + num_tokens
             need = bm.blocks_needed(sid, total)
         else:
             need = bm.blocks_needed(sid, total)  # usually 0 for a decode: its last block has room

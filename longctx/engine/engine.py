@@ -263,11 +263,15 @@ class Engine:
         if next_token_ids is not None and len(next_token_ids) != len(entries):
             raise RuntimeError(f"the executor returned {len(next_token_ids)} tokens for {len(entries)} entries")
         done = []
+        bm = self.block_manager
+        caching = bm.enable_prefix_caching
         for i, (seq, n) in enumerate(entries):
             seq.num_computed_tokens += n
+            if caching:  # blocks this step filled become shareable
+                bm.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
             if evicted and seq.seq_id in evicted:  # KV pruning: the pool gets the blocks past the kept tokens
                 seq.num_evicted_tokens += evicted[seq.seq_id]
-                self.block_manager.shrink(seq.seq_id, seq.num_cached_tokens)
+                bm.shrink(seq.seq_id, seq.num_cached_tokens)
             outputs = seq.output_token_ids
             if len(seq.prompt_token_ids) + len(outputs) > seq.num_computed_tokens:
                 continue  # a prefill chunk that is not the last: no token yet
@@ -280,7 +284,7 @@ class Engine:
                 done.append((seq, "stop"))
         if done:
             for seq, reason in done:
-                self.block_manager.free(seq.seq_id)
+                bm.free(seq.seq_id)
                 seq.status = SequenceStatus.FINISHED
                 seq.finish_reason = reason
                 seq.finished_s = now_s

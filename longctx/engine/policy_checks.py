@@ -105,12 +105,9 @@ def decide(scheduler: Scheduler, state: dict, *, allow_library: bool = False) ->
     Runs in the learner's kernel; everything in and out is plain data. ``allow_library`` lets the
     library's own policies be checked (they are refused by default: the exercise is to write one).
     """
-    bm = BlockManager(state["num_blocks"], state["block_size"])
-    for d in state["running"]:  # the same tables; which ids are free does not change a decision
-        if d["block_table"]:
-            bm._tables[d["seq_id"]] = list(d["block_table"])
-    used = {b for t in bm._tables.values() for b in t}
-    bm._free = [b for b in range(bm.num_blocks - 1, -1, -1) if b not in used][: state["num_free_blocks"]]
+    # the same tables and number of free blocks; which ids are free does not change a decision
+    tables = {d["seq_id"]: d["block_table"] for d in state["running"]}
+    bm = BlockManager.with_tables(state["num_blocks"], state["block_size"], tables, state["num_free_blocks"])
     running = [_mirror(d, SequenceStatus.RUNNING) for d in state["running"]]
     waiting = [_mirror(d, SequenceStatus.WAITING) for d in state["waiting"]]
     batch = _RecordingBatch(

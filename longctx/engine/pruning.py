@@ -134,4 +134,4 @@ class PressRecorder:
 
 def _slots_of(cache, table: list[int], num_tokens: int) -> torch.Tensor:
     """Pool slots ``[T]`` of a sequence's first ``num_tokens`` cached tokens (on the cache's device)."""
-    return slots(torch.as_tensor(table), torch.arange(num_tokens), cache.block_size).to(cache.data.device)
+    return slots(torch.as_tensor(table), torch.arange(num_tokens), cache.block_size).to(cache.device)

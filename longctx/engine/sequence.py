@@ -41,6 +41,7 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0
     num_evicted_tokens: int = 0  # K/V entries a press evicted (per KV head); 0 without pruning
+    num_prefix_cached_tokens: int = 0  # prompt tokens its last admission found in the prefix cache
     output_token_ids: list[int] = field(default_factory=list)
     token_times_s: list[float] = field(default_factory=list)  # clock time each output token appeared
     first_scheduled_s: float | None = None

@@ -25,10 +25,13 @@ class TorchExecutor:
 
     The cache tensors are built from ``block_manager`` (its ``num_blocks`` x ``block_size`` slots), and the
     executor keeps it as ``self.block_manager``: give the executor to ``Engine`` and the engine uses that
-    same pool (one description of the pool, no second copy to keep in sync).
+    same pool (one description of the pool, no second copy to keep in sync). ``kv_dtype`` is how the
+    pool stores K and V (``longctx.kv.quant``; default: the model's dtype); ``press`` prunes each prompt's
+    cache when its prefill ends (``longctx.kv.press``).
     """
 
-    def __init__(self, model, block_manager: BlockManager, device=None, dtype=None, press: Press | None = None):
+    def __init__(self, model, block_manager: BlockManager, device=None, dtype=None, press: Press | None = None,
+                 kv_dtype: str | None = None):
         if not isinstance(block_manager, BlockManager):
             raise ValueError(
                 f"TorchExecutor(model, block_manager): give a BlockManager (the KV pool), "
@@ -38,7 +41,12 @@ class TorchExecutor:
         self.model = model
         self.block_manager = block_manager
         self.device = p.device if device is None else torch.device(device)
-        self.cache = PagedKVCache.for_pool(model.config, block_manager, self.device, dtype or p.dtype)
+        if press is not None and block_manager.enable_prefix_caching:
+            raise ValueError(
+                "KV pruning compacts each sequence's kept keys inside its own blocks, so its blocks cannot be "
+                "shared: use a press or prefix caching (BlockManager(enable_prefix_caching=True)), not both"
+            )
+        self.cache = PagedKVCache.for_pool(model.config, block_manager, self.device, dtype or p.dtype, kv_dtype)
         self.press = press
         self._pruning = None
         if press is not None:

@@ -11,8 +11,12 @@ from __future__ import annotations
 import math
 
 
-def token_nll(model, token_ids: list[int], chunk_size: int = 1024, block_size: int = 16) -> list[float]:
-    """``nll[i] = -log p(token_ids[i+1] | token_ids[:i+1])`` in nats, ``len(token_ids) - 1`` values."""
+def token_nll(model, token_ids: list[int], chunk_size: int = 1024, block_size: int = 16,
+              kv_dtype: str | None = None) -> list[float]:
+    """``nll[i] = -log p(token_ids[i+1] | token_ids[:i+1])`` in nats, ``len(token_ids) - 1`` values.
+
+    ``kv_dtype`` stores the cache in another format (``longctx.kv.quant``): each chunk after the first reads
+    the earlier chunks' keys back quantized, as a serving engine's chunked prefill does."""
     import torch
 
     from longctx.evals.forcing import forward_at
@@ -25,7 +29,7 @@ def token_nll(model, token_ids: list[int], chunk_size: int = 1024, block_size: i
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
     p = next(model.parameters())
     num_blocks = -(-n // block_size)
-    cache = PagedKVCache.for_model(model.config, num_blocks, block_size, p.device, p.dtype)
+    cache = PagedKVCache.for_model(model.config, num_blocks, block_size, p.device, p.dtype, kv_dtype)
     table = list(range(num_blocks))
     targets = torch.tensor(token_ids[1:] + [0], device=p.device)
     nll: list[float] = []

@@ -1,0 +1,183 @@
+"""KV-pool planner: do ``users`` requests of ``context`` tokens fit a paged KV pool, block for block?
+
+The arithmetic is the engine's paged block manager's (``longctx.kv.block_manager``), not the textbook's:
+
+1. ``bytes_per_token = quant.pool_bytes_per_token(model, kv_dtype)``: what the pool really holds per
+   token, quantization scales included; ``block_bytes = block_size * bytes_per_token``.
+2. The pool is whole blocks: ``pool_blocks = floor(pool_bytes / block_bytes)``.
+3. Prefix caching shares only *full* blocks: ``shared_blocks = shared_prefix // block_size`` are stored
+   once; every user stores its tail, the partial prefix block included:
+   ``per_user_blocks = ceil((context - shared_blocks * block_size) / block_size)``.
+   ``context`` is every KV token a user holds (prompt + output), so ``shared_prefix < context``.
+4. ``blocks = shared_blocks + users * per_user_blocks``; ``fits = blocks <= pool_blocks``;
+   ``max_users = floor((pool_blocks - shared_blocks) / per_user_blocks)`` (0 if the prefix alone overflows).
+
+Capstone (Llama-3-8B, fp8 KV, 64 users x 8,192 tokens, 2,048-token shared prefix, 48 GiB pool, 16-token blocks):
+
+- bytes/token = 2 x 32 layers x 8 KV heads x (128 codes + 2 scale bytes) = 66,560 B (65 KiB: 1,024 B of
+  scales on top of the textbook 65,536); block = 16 x 66,560 = 1,064,960 B.
+- pool = floor(48 x 2**30 / 1,064,960) = 48,395 blocks.
+- shared = 2,048 / 16 = 128 blocks; per user = (8,192 - 2,048) / 16 = 384 blocks.
+- blocks = 128 + 64 x 384 = 24,704 = 26,308,771,840 B = 24.502 GiB: fits, with 23.497 GiB of headroom.
+- max users = floor((48,395 - 128) / 384) = 125.
+- textbook number (no blocks, no scales, whole prefix shared once): 24.125 GiB
+  (``memory.kv_pool_bytes(..., block_size=None)``), the source's "~24.1 GiB".
+
+Pure Python (no torch). Units: bytes (ints); ``memory.GiB = 2**30``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import asdict, dataclass
+
+from longctx import memory
+from longctx.kv import quant
+from longctx.specs import ModelSpec, get_model
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A KV-pool plan: the inputs, then the block arithmetic (see the module docstring).
+
+    ``headroom_bytes = pool_blocks * block_bytes - bytes`` is negative when the plan does not fit (it is
+    then the shortfall). ``naive_bytes`` is the textbook number for comparison: element bytes only, no
+    block rounding, the whole prefix stored once. ``scale_bytes_per_token`` is the part of
+    ``bytes_per_token`` that is quantization scales.
+    """
+
+    model: str
+    kv_dtype: str
+    users: int
+    context: int
+    shared_prefix: int
+    block_size: int
+    pool_bytes: int
+    bytes_per_token: int
+    scale_bytes_per_token: int
+    block_bytes: int
+    pool_blocks: int
+    shared_blocks: int
+    per_user_blocks: int
+    blocks: int
+    bytes: int
+    fits: bool
+    headroom_bytes: int
+    max_users: int
+    naive_bytes: int
+
+    @property
+    def gib(self) -> float:
+        return self.bytes / memory.GiB
+
+    @property
+    def pool_gib(self) -> float:
+        return self.pool_bytes / memory.GiB
+
+    def to_dict(self) -> dict:
+        """The fields plus ``gib``, ``pool_gib``, ``headroom_gib`` and ``naive_gib`` (JSON-safe)."""
+        d = asdict(self)
+        d.update(gib=self.gib, pool_gib=self.pool_gib, headroom_gib=self.headroom_bytes / memory.GiB,
+                 naive_gib=self.naive_bytes / memory.GiB)
+        return d
+
+    def rows(self) -> list[tuple[str, str]]:
+        """(label, value) rows of the human-readable table."""
+        scales = (f"incl. {self.scale_bytes_per_token:,} B of scales" if self.scale_bytes_per_token
+                  else "no scales")
+        prefix = (f"{self.shared_prefix:,} tokens -> {self.shared_blocks:,} full blocks stored once"
+                  if self.shared_prefix else "none")
+        headroom = "headroom" if self.headroom_bytes >= 0 else "shortfall"
+        return [
+            ("model / KV dtype", f"{self.model} / {self.kv_dtype}"),
+            ("users x context", f"{self.users:,} x {self.context:,} tokens"),
+            ("shared prefix", prefix),
+            ("KV per token", f"{self.bytes_per_token:,} B ({scales})"),
+            ("block", f"{self.block_size} tokens = {self.block_bytes:,} B"),
+            ("blocks per user", f"{self.per_user_blocks:,}"),
+            ("blocks needed / pool", f"{self.blocks:,} / {self.pool_blocks:,}"),
+            ("KV needed / pool", f"{self.gib:,.3f} GiB / {self.pool_gib:,.3f} GiB"),
+            ("fits", "yes" if self.fits else "NO"),
+            (headroom, f"{abs(self.headroom_bytes) / memory.GiB:,.3f} GiB ({abs(self.headroom_bytes):,} B)"),
+            ("max users", f"{self.max_users:,}"),
+            ("textbook (no blocks/scales)", f"{self.naive_bytes / memory.GiB:,.3f} GiB"),
+        ]
+
+    def __str__(self) -> str:
+        rows = self.rows()
+        width = max(len(label) for label, _ in rows)
+        return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+
+
+def _pool_size(pool_gib: float | None, pool_bytes: float | None) -> int:
+    if (pool_gib is None) == (pool_bytes is None):
+        raise ValueError("give exactly one of pool_gib or pool_bytes (the KV pool's size)")
+    name, value = ("pool_gib", pool_gib) if pool_gib is not None else ("pool_bytes", pool_bytes)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return math.floor(value * memory.GiB) if name == "pool_gib" else math.floor(value)
+
+
+def plan(
+    model: ModelSpec | str,
+    kv_dtype: str,
+    users: int,
+    context: int,
+    shared_prefix: int = 0,
+    block_size: int = 16,
+    pool_gib: float | None = None,
+    pool_bytes: float | None = None,
+) -> Plan:
+    """Plan a paged KV pool for ``users`` requests of ``context`` KV tokens each (prompt + output), the
+    first ``shared_prefix`` of them common to all, in blocks of ``block_size`` tokens, in a pool of
+    ``pool_gib`` GiB or ``pool_bytes`` bytes (exactly one). Raises ``ValueError`` on bad input."""
+    m = get_model(model)
+    fmt = quant.get_format(kv_dtype)
+    if isinstance(users, bool) or not hasattr(users, "__index__") or int(users) < 1:
+        raise ValueError(f"users must be an integer >= 1, got {users!r}")
+    users = int(users)
+    context = memory.check_token_count("context", context, allow_zero=False)
+    shared_prefix = memory.check_token_count("shared_prefix", shared_prefix)
+    if shared_prefix >= context:
+        raise ValueError(
+            f"shared_prefix ({shared_prefix}) must be < context ({context}): the prefix is part of each "
+            "user's context, which also holds its own output"
+        )
+    block_size = memory.check_token_count("block_size", block_size, allow_zero=False)
+    pool = _pool_size(pool_gib, pool_bytes)
+
+    bpt = quant.pool_bytes_per_token(m, fmt.name)  # raises if the format's groups do not divide head_dim
+    block_bytes = block_size * bpt
+    pool_blocks = pool // block_bytes
+    if pool_blocks < 1:
+        raise ValueError(
+            f"the pool holds no block of {block_size} tokens: pool_bytes={pool:,} < one block = "
+            f"{block_size} x {bpt:,} B = {block_bytes:,} B; give a larger pool or a smaller block_size"
+        )
+    shared_blocks = shared_prefix // block_size
+    per_user_blocks = memory.blocks_needed(context - shared_blocks * block_size, block_size)  # >= 1
+    blocks = shared_blocks + users * per_user_blocks
+    total = blocks * block_bytes
+    max_users = max(0, (pool_blocks - shared_blocks) // per_user_blocks)
+    return Plan(
+        model=m.name,
+        kv_dtype=fmt.name,
+        users=users,
+        context=context,
+        shared_prefix=shared_prefix,
+        block_size=block_size,
+        pool_bytes=pool,
+        bytes_per_token=bpt,
+        scale_bytes_per_token=bpt - memory.kv_bytes_per_token(m, fmt.name),
+        block_bytes=block_bytes,
+        pool_blocks=pool_blocks,
+        shared_blocks=shared_blocks,
+        per_user_blocks=per_user_blocks,
+        blocks=blocks,
+        bytes=total,
+        fits=blocks <= pool_blocks,
+        headroom_bytes=pool_blocks * block_bytes - total,
+        max_users=max_users,
+        naive_bytes=memory.kv_pool_bytes(m, users, context, fmt.name, shared_prefix, block_size=None),
+    )
