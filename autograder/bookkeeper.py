@@ -3,7 +3,7 @@
     python autograder/bookkeeper.py COURSE_ROOT WORK_DIR      (started by autograder/grade.py)
 
 Reads one JSON task per line on stdin and answers one JSON line on stdout:
-    {"op": "autograde", "student", "lesson", "ctl_dir", "stop_reason"} -> score, tests, messages, notes
+    {"op": "autograde", "student", "lesson", "ctl_dir", "stop_reason"} -> score, tests, pending, notes
     {"op": "feedback", "student", "lesson"}                              -> ok / error
     {"op": "export", "dest"}                                             -> grades.csv written
     {"op": "add_student", "student"}                                     -> the student is in the gradebook
@@ -132,9 +132,11 @@ class ReplayVerdicts(NbGraderPreprocessor):
 
 
 def collect(config, student, lesson, autograded_dir):
+    """Scores from the gradebook. A written answer (or task) with neither an automatic nor a manual score
+    is pending: its score is None and it is listed in "pending" as (name, max points)."""
     from nbgrader.api import Gradebook, MissingEntry
 
-    out = {"score": 0.0, "max_score": 0.0, "tests": []}
+    out = {"score": 0.0, "max_score": 0.0, "tests": [], "pending": [], "hand_graded": []}
     with Gradebook(config.CourseDirectory.db_url) as gb:
         try:
             nb = gb.find_submission_notebook(lesson, lesson, student)
@@ -143,7 +145,14 @@ def collect(config, student, lesson, autograded_dir):
             return out
         out["score"] = float(nb.score or 0.0)
         out["max_score"] = float(nb.max_score or 0.0)
-        tests = [(g.name, float(g.score or 0.0), float(g.max_score or 0.0)) for g in nb.grades]
+        tests = []
+        for g in nb.grades:
+            pending = g.auto_score is None and g.manual_score is None
+            tests.append((g.name, None if pending else float(g.score or 0.0), float(g.max_score or 0.0)))
+            if pending:
+                out["pending"].append((g.name, float(g.max_score or 0.0)))
+            elif g.manual_score is not None:
+                out["hand_graded"].append(g.name)
     messages = {}
     try:
         graded = nbformat.read(os.path.join(autograded_dir, f"{lesson}.ipynb"), as_version=4)
@@ -151,8 +160,17 @@ def collect(config, student, lesson, autograded_dir):
             for o in cell.get("outputs", []):
                 if o.get("output_type") == "error":
                     messages[grade_id(cell)] = f"{o.get('ename')}: {o.get('evalue')}"[:600]
+            if utils.is_grade(cell) and (utils.is_solution(cell) or utils.is_task(cell)):
+                messages.setdefault(grade_id(cell), "written answer")
     except Exception:  # noqa: BLE001
         pass
+    for name, score, _ in tests:
+        if score is None:
+            messages[name] = "awaiting manual grading"
+        elif name in out["hand_graded"]:
+            messages[name] = "graded by hand"
+        elif messages.get(name) == "written answer" and score == 0:
+            messages[name] = "no answer (the cell is as released)"  # nbgrader scores an untouched answer 0
     out["tests"] = [(n, s, m, messages.get(n, "")) for n, s, m in sorted(tests)]
     return out
 

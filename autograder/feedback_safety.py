@@ -14,7 +14,13 @@ links, SVG with scripts, or `Javascript()` outputs into the browser of whoever o
 - ANSI escape codes are removed from long texts, and every text is capped, so rendering takes linear time;
 - cell and notebook metadata are reduced to what nbgrader's feedback needs; grade ids are made safe.
 
-The lesson's own Markdown (exactly the instructor's text) is kept as is.
+The lesson's own Markdown (exactly the instructor's text) is kept as is. A written answer that awaits
+manual grading (`PendingGrades` marks it) says so above the student's text, since nbgrader's feedback
+template would show its score as 0.
+
+`SafeFormgrader` does the same for the formgrader's view of a submission (it renders the autograded
+notebook with nbconvert's HTMLExporter, student Markdown and outputs as HTML, in the instructor's
+browser); autograder/formgrader/nbgrader_config.py registers it.
 """
 
 import json
@@ -22,6 +28,7 @@ import os
 import re
 
 from nbconvert.preprocessors import Preprocessor
+from nbgrader.preprocessors import GetGrades
 from traitlets import Bool
 
 SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
@@ -29,6 +36,7 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]|[\x00-\x08\x0b\x0c\x0e-\
 BASE64 = re.compile(r"^[A-Za-z0-9+/=\s]*$")
 MAX_TEXT_CHARS = 50_000
 MAX_IMAGE_CHARS = 4_000_000
+PENDING_NOTE = "**Not graded yet:** this answer awaits manual grading; the score shown here is not final."
 
 
 def clean_text(text, limit=MAX_TEXT_CHARS):
@@ -107,7 +115,7 @@ class SafeFeedback(Preprocessor):
             root = self.config.CourseDirectory.root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         except AttributeError:
             root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        lesson = str(resources.get("nbgrader", {}).get("assignment", ""))
+        lesson = str(resources.get("nbgrader", {}).get("assignment") or resources.get("assignment_id") or "")
         trusted = lesson_markdown(str(root), lesson) if re.fullmatch(r"[A-Za-z0-9_.-]+", lesson) else set()
 
         keep_meta = {k: nb.metadata[k] for k in ("kernelspec", "language_info") if k in nb.metadata}
@@ -120,14 +128,41 @@ class SafeFeedback(Preprocessor):
                     nbg["grade_id"] = SAFE_ID.sub("_", str(nbg["grade_id"]))[:100]
             cell.metadata = from_dict({"nbgrader": nbg} if nbg else {})
             cell.pop("attachments", None)
+            pending = nbg.get("pending") is True
             if cell.cell_type == "markdown":
                 if cell.source not in trusted:
                     cell.source = _fence(clean_text(cell.source))
+                if pending:
+                    cell.source = PENDING_NOTE + "\n\n" + cell.source
             elif cell.cell_type == "code":
                 cell.source = clean_text(cell.source)
                 outputs = [_safe_output(o) for o in cell.get("outputs", [])]
+                if pending:
+                    outputs.append({"output_type": "stream", "name": "stdout", "text": PENDING_NOTE + "\n"})
                 cell.outputs = [from_dict(o) for o in outputs if o is not None]
             else:  # raw cells are rendered verbatim by some templates
                 cell.cell_type = "markdown"
                 cell.source = _fence(clean_text(cell.source))
         return nb, resources
+
+
+class PendingGrades(GetGrades):
+    """nbgrader's GetGrades, and `pending: True` in the metadata of a cell that has no score yet (neither
+    automatic nor manual: a written answer awaiting manual grading)."""
+
+    def _get_score(self, cell, resources):
+        super()._get_score(cell, resources)
+        grade = self.gradebook.find_grade(cell.metadata["nbgrader"]["grade_id"], self.notebook_id,
+                                          self.assignment_id, self.student_id)
+        cell.metadata.nbgrader["pending"] = grade.auto_score is None and grade.manual_score is None
+
+
+class SafeFormgrader(SafeFeedback):
+    """SafeFeedback for the formgrader's view of a submission. It is registered as an HTMLExporter
+    preprocessor, so it also runs in nbgrader's own converters: there (their resources have "nbgrader")
+    it does nothing, since generate_feedback runs SafeFeedback itself after GetGrades."""
+
+    def preprocess(self, nb, resources):
+        if "nbgrader" in resources:
+            return nb, resources
+        return super().preprocess(nb, resources)

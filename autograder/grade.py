@@ -19,7 +19,9 @@ in, and are never sent to, a process that ran student code. Steps:
    with the verdicts as the test cells' outputs, then `generate_feedback`, each with a time limit)
    records it; finally grades.csv (`nbgrader export`'s columns), a report per student under
    autograder/reports/, and a summary table. Every per-submission step is contained: a submission that
-   breaks one is graded 0 with the reason, and the others are graded as usual.
+   breaks one is graded 0 with the reason, and the others are graded as usual. Written answers (nbgrader's
+   manually graded cells) stay pending until graded in the formgrader (autograder/formgrade.sh): reports
+   and summary say so, and the next run shows the final total.
 """
 
 from __future__ import annotations
@@ -67,7 +69,9 @@ class Job:
     result: sandbox.RunResult | None = None
     score: float = 0.0
     max_score: float = 0.0
-    tests: list = field(default_factory=list)          # (name, score, max, message)
+    tests: list = field(default_factory=list)          # (name, score, max, message); score None: pending
+    pending: list = field(default_factory=list)        # (name, max): written answers awaiting manual grading
+    hand_graded: list = field(default_factory=list)    # names with a manual score
     error: str = ""
     timings: dict = field(default_factory=dict)
 
@@ -85,7 +89,10 @@ def record(job, keeper, no_feedback):
         keeper.ask({"op": "add_student", "student": job.student}, 60)
     else:
         job.score, job.max_score = float(reply["score"]), float(reply["max_score"])
-        job.tests = [(clean(n), float(s), float(m), clean(msg)) for n, s, m, msg in reply["tests"]]
+        job.tests = [(clean(n), None if s is None else float(s), float(m), clean(msg))
+                     for n, s, m, msg in reply["tests"]]
+        job.pending = [(clean(n), float(m)) for n, m in reply.get("pending", [])]
+        job.hand_graded = [clean(n) for n in reply.get("hand_graded", [])]
     job.timings["autograde_s"] = time.monotonic() - t0
     job.timings["autograde_cpu_s"] = float(reply.get("cpu_s", 0.0))
     if not no_feedback and not job.error:

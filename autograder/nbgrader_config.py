@@ -16,10 +16,10 @@ import os
 import sys
 
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
-from nbgrader.preprocessors import ClearHiddenTests, GetGrades
+from nbgrader.preprocessors import ClearHiddenTests
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from feedback_safety import SafeFeedback  # noqa: E402
+from feedback_safety import PendingGrades, SafeFeedback  # noqa: E402
 
 c = get_config()  # noqa: F821  (provided by traitlets when it loads this file)
 
@@ -47,4 +47,5 @@ c.LimitOutput.max_traceback = 100
 
 # Feedback shows each failed test's message, never the hidden tests' source, and nothing a browser
 # would run (student HTML, SVG, JavaScript and Markdown are shown as text: autograder/feedback_safety.py).
-c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, SafeFeedback, CSSHTMLHeaderPreprocessor]
+# PendingGrades is nbgrader's GetGrades that also marks written answers still awaiting manual grading.
+c.GenerateFeedback.preprocessors = [PendingGrades, ClearHiddenTests, SafeFeedback, CSSHTMLHeaderPreprocessor]

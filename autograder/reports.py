@@ -61,9 +61,18 @@ def _status_text(job):
     return r.state.replace("_", " ")
 
 
+def _score_text(job):
+    """The total, or while written answers await manual grading, what is graded so far and what is pending."""
+    pending = sum(m for _, m in job.pending)
+    if not job.pending:
+        return f"{job.score:g} / {job.max_score:g} points"
+    graded = "graded" if job.hand_graded else "autograded"
+    return f"{job.score:g} / {job.max_score - pending:g} {graded}, {pending:g} points pending manual grading"
+
+
 def report_lines(job):
     r = job.result
-    lines = [f"{job.lesson}: {job.score:g} / {job.max_score:g} points - {_status_text(job)}"]
+    lines = [f"{job.lesson}: {_score_text(job)} - {_status_text(job)}"]
     if r is not None:
         lines.append(f"  ran {r.elapsed_s:.1f} s; {r.detail}" if r.detail else f"  ran {r.elapsed_s:.1f} s")
         if r.timeouts:
@@ -77,9 +86,13 @@ def report_lines(job):
     if oom:
         lines.append(f"  out of memory: {oom}")
     for name, score, max_score, message in job.tests:
-        mark = "passed" if score >= max_score else "FAILED"
+        if score is None:
+            lines.append(f"  [PENDING] {name}: ?/{max_score:g} - written answer awaiting manual grading "
+                         "(autograder/README.md: Manually graded answers)")
+            continue
+        mark = "graded" if name in job.hand_graded else "passed" if score >= max_score else "FAILED"
         lines.append(f"  [{mark}] {name}: {score:g}/{max_score:g}" + (f" - {message}" if message and
-                                                                     score < max_score else ""))
+                                                                     (score < max_score or mark == "graded") else ""))
     for note in job.notes:
         lines.append(f"  note: {note}")
     if job.flags:
@@ -130,7 +143,17 @@ def print_summary(jobs, elapsed):
     log(header)
     log("-" * len(header))
     for job in sorted(jobs, key=lambda j: (j.lesson, j.student)):
-        log(f"{job.student:<20} {job.lesson:<28} {job.score:>5g}/{job.max_score:<5g}  {_status_text(job)}"
+        pending = sum(m for _, m in job.pending)
+        graded_max = job.max_score - pending
+        log(f"{job.student:<20} {job.lesson:<28} {job.score:>5g}/{graded_max:<5g}  {_status_text(job)}"
+            + (f"  [+{pending:g} points pending manual grading: {', '.join(n for n, _ in job.pending)}]"
+               if job.pending else "")
             + (f"  [review: {', '.join(job.flags)}]" if job.flags else ""))
     log(f"\n{len(jobs)} submission(s) graded in {elapsed:.0f} s. grades.csv, feedback/ and reports/ are in "
         "autograder/.")
+    waiting = [job for job in jobs if job.pending]
+    if waiting:
+        answers = sum(len(job.pending) for job in waiting)
+        log(f"{answers} written answer(s) in {len(waiting)} submission(s) await manual grading; until then "
+            "grades.csv counts them as 0. Grade them in the formgrader, then run `make grade` again "
+            "(autograder/README.md: Manually graded answers).")
