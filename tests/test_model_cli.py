@@ -25,6 +25,9 @@ def run_cli(*args, timeout=300):
         (["generate", "--prompt", "hi", "--max-tokens", "3", "--compression-ratio", "0.5"],
          "--compression-ratio needs --press NAME"),
         (["generate", "--prompt", "hi", "--max-tokens", "3", "--press", "knorm"], "--press needs --compression-ratio"),
+        (["generate", "--prompt", "hi", "--max-tokens", "3", "--kv-dtype", "fp4"], "unknown kv_dtype 'fp4'; allowed"),
+        (["generate", "--prompt", "hi", "--max-tokens", "3", "--prefix-caching", "--press", "knorm",
+          "--compression-ratio", "0.5"], "do not combine"),
         (["generate", "--prompt", "hi", "--max-tokens", "3", "--press", "knorm", "--compression-ratio", "1"],
          "compression_ratio must be in [0, 1)"),
         (["niah", "--lengths", "512", "--question-agnostic"], "--question-agnostic needs --press"),
@@ -67,3 +70,23 @@ def test_generate_json_reports_the_blocks_a_press_frees():
     assert b["kv_tokens_after_prefill"] == b["prompt_tokens"] - int(0.75 * b["prompt_tokens"])
     assert b["kv_blocks_after_prefill"] == -(-b["kv_tokens_after_prefill"] // 16) < a["kv_blocks_after_prefill"]
     assert b["output_tokens"] >= 1 and pressed.stderr == ""
+
+
+@pytest.mark.slow
+def test_generate_shares_a_system_prompt_and_stores_the_pool_in_fp8():
+    import json
+
+    system = "You are a careful assistant. " + "Answer briefly and cite the rules. " * 20
+    args = ["generate", "--raw", "--max-tokens", "4", "--json", "--chunk-size", "64", "--kv-dtype", "fp8",
+            "--prompt", system + "Question one?", "--prompt", system + "Question two?"]
+    cold = run_cli(*args)
+    warm = run_cli(*args, "--prefix-caching")
+    assert cold.returncode == 0 and warm.returncode == 0, cold.stderr + warm.stderr
+    a = [json.loads(line) for line in cold.stdout.splitlines()]
+    b = [json.loads(line) for line in warm.stdout.splitlines()]
+    assert len(a) == len(b) == 2 and warm.stderr == ""
+    assert [r["prefix_cached_tokens"] for r in a] == [0, 0]
+    assert b[0]["prefix_cached_tokens"] == 0 and b[1]["prefix_cached_tokens"] >= 128
+    assert b[1]["prefix_cached_tokens"] % 16 == 0 and b[1]["prefix_cached_tokens"] < b[1]["prompt_tokens"]
+    assert b[0]["kv_dtype"] == "fp8" and b[0]["kv_pool_bytes_per_token"] == 2 * 30 * 3 * (64 + 2)
+    assert all(r["output_tokens"] == 4 for r in a + b)

