@@ -43,6 +43,11 @@ def test_table_output_and_plot(tmp_path):
     ["--scheduler", "chunked", "--rate", "fast"],
     ["--scheduler", "chunked", "--model", "gpt-5"],
     ["--scheduler", "chunked", "--prompt-tokens", "100K"],     # over the model's 8K context
+    ["--scheduler", "chunked", "--kv-dtype", "fp9"],
+    ["--scheduler", "chunked", "--pool-gib", "0"],
+    ["--scheduler", "chunked", "--pool-gib", "lots"],
+    ["--scheduler", "chunked", "--shared-prefix", "2K"],       # longer than the 1K prompts
+    ["--scheduler", "chunked", "--shared-prefix", "-1"],
 ])
 def test_bad_arguments_exit_2_with_one_line(args):
     full = list(BASE)
@@ -56,3 +61,22 @@ def test_bad_arguments_exit_2_with_one_line(args):
     assert "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert r.stdout == ""
+
+
+def test_kv_dtype_pool_gib_and_prefix_caching_options():
+    base = [*BASE, "--scheduler", "chunked", "--rate", "inf", "--pool-gib", "48", "--shared-prefix", "512",
+            "--json"]
+    plain = _cli(*base, "--kv-dtype", "FP8")
+    cached = _cli(*base, "--kv-dtype", "fp8", "--prefix-caching")
+    assert plain.returncode == 0 and cached.returncode == 0, plain.stderr + cached.stderr
+    p, c = json.loads(plain.stdout), json.loads(cached.stdout)
+    from longctx.plan import plan
+
+    assert p["config"]["num_blocks"] == plan("llama-3-8b", "fp8", 40, 1040, pool_gib=48).pool_blocks == 48_395
+    assert p["config"]["kv_dtype"] == "fp8" and p["config"]["pool_bytes_per_token"] == 66_560
+    assert not p["config"]["prefix_caching"] and c["config"]["prefix_caching"]
+    assert c["config"]["shared_prefix_tokens"] == 512
+    assert p["prefix_hit_tokens"] == 0 and c["prefix_hit_tokens"] == 39 * 512
+    assert c["prefill_tokens"] == p["prefill_tokens"] - 39 * 512
+    table = _cli(*base[:-1], "--prefix-caching")
+    assert table.returncode == 0 and "19,968 hit tokens" in table.stdout, table.stdout + table.stderr

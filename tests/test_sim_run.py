@@ -105,3 +105,120 @@ def test_modelled_kv_pruning_frees_blocks_and_fits_more_sequences():
 
     with pytest.raises(ValueError, match=r"kv_compression_ratio must be in \[0, 1\)"):
         simulate(work, ChunkedPrefillScheduler(2048), kv_compression_ratio=1.0)
+
+
+# ---- KV formats, pool_gib, prefix caching ----
+
+def _users(n, prompt=1008, output=16):
+    from longctx.sim.workload import Request
+
+    return [Request(arrival_s=0.0, prompt_tokens=prompt, output_tokens=output) for _ in range(n)]
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8", "int4", "bf16"])
+def test_pool_gib_blocks_equal_the_planner(kv_dtype):
+    from longctx.kv.quant import pool_bytes_per_token
+    from longctx.plan import plan
+    from longctx.sim.run import build_sim_engine, pool_gib_blocks
+
+    want = plan("llama-3-8b", kv_dtype, 64, 8192, 2048, pool_gib=48).pool_blocks
+    assert pool_gib_blocks("llama-3-8b", 48, 16, kv_dtype) == want
+    r = simulate(_users(2), ChunkedPrefillScheduler(512), "llama-3-8b", "h100", pool_gib=48, kv_dtype=kv_dtype)
+    assert r.config["num_blocks"] == want and r.config["kv_dtype"] == kv_dtype
+    assert r.config["pool_bytes_per_token"] == pool_bytes_per_token("llama-3-8b", kv_dtype)
+    eng = build_sim_engine(ChunkedPrefillScheduler(512), "llama-3-8b", "h100", pool_gib=48, kv_dtype=kv_dtype)
+    assert eng.block_manager.num_blocks == want
+    if kv_dtype == "fp8":
+        assert want == 48_395  # longctx.plan's capstone
+    with pytest.raises(ValueError, match="not both"):
+        simulate(_users(2), ChunkedPrefillScheduler(512), num_blocks=100, pool_gib=48)
+    with pytest.raises(ValueError, match="pool_gib must be"):
+        simulate(_users(2), ChunkedPrefillScheduler(512), pool_gib=-1)
+
+
+def test_kv_pool_counts_quantization_scales():
+    from longctx.kv.quant import pool_bytes_per_token
+    from longctx.memory import kv_bytes_per_token
+
+    bf16, fp8 = (kv_pool_blocks("llama-3-8b", "h100", kv_dtype=d) for d in ("bf16", "fp8"))
+    free = 0.9 * 80e9 - 2 * 8_030_261_248
+    assert fp8 == int(free // (16 * pool_bytes_per_token("llama-3-8b", "fp8")))  # 66,560 B, not 65,536
+    assert fp8 < int(free // (16 * kv_bytes_per_token("llama-3-8b", "fp8")))
+    assert 1.9 * bf16 < fp8 < 2 * bf16
+    # the same 48 GiB holds ~2x the fp8 blocks, and the cost model moves the pool's bytes
+    a, b = (simulate(_users(2), ChunkedPrefillScheduler(512), pool_gib=48, kv_dtype=d) for d in ("bf16", "fp8"))
+    assert 1.9 * a.config["num_blocks"] < b.config["num_blocks"] < 2 * a.config["num_blocks"]
+    from longctx.sim.cost_model import CostModelExecutor
+
+    for d in ("bf16", "fp16", "fp32", "fp8", "int8", "int4"):
+        assert CostModelExecutor("llama-3-8b", "h100", kv_dtype=d).kv_bytes_per_token == pool_bytes_per_token(
+            "llama-3-8b", d)
+    assert pool_bytes_per_token("llama-3-8b", "bf16") == kv_bytes_per_token("llama-3-8b", "bf16")
+
+
+def test_kv_dtype_reaches_the_cost_model():
+    """simulate passes kv_dtype on: fp8 KV reads half the bytes, so long-context decodes are faster."""
+    work = _users(16, prompt=4000, output=64)
+    a, b = (simulate(work, ChunkedPrefillScheduler(512), num_blocks=8000, kv_dtype=d) for d in ("bf16", "fp8"))
+    assert b.metrics.tpot.median < a.metrics.tpot.median
+
+
+def test_prefix_caching_skips_the_shared_prefix():
+    work = _users(8, prompt=4000, output=16)
+    kw = dict(model="llama-3-8b", hardware="h100", num_blocks=4000)
+    plain = simulate(work, ChunkedPrefillScheduler(512), shared_prefix_tokens=2048, **kw)
+    cached = simulate(work, ChunkedPrefillScheduler(512), prefix_caching=True, shared_prefix_tokens=2048, **kw)
+    assert plain.num_preemptions == cached.num_preemptions == 0
+    assert plain.prefix_hit_tokens == 0 and plain.prefill_tokens == 8 * 4000
+    assert cached.config["prefix_caching"] and cached.config["shared_prefix_tokens"] == 2048
+    assert cached.prefix_hit_tokens == 7 * 2048  # the first request computes the prefix, the others hit it
+    assert cached.prefill_tokens == plain.prefill_tokens - cached.prefix_hit_tokens
+    d = cached.to_dict()
+    assert d["prefix_hit_tokens"] == 7 * 2048 and d["prefill_tokens"] == cached.prefill_tokens
+    assert d["num_evictions"] == 0 and 0 < d["peak_used_blocks"] <= 4000
+    assert cached.peak_used_blocks < plain.peak_used_blocks  # the prefix's blocks are shared
+    assert cached.metrics.ttft.median < plain.metrics.ttft.median
+
+
+def test_prefix_hits_per_sequence_and_partial_prefix_block():
+    from longctx.sim.run import build_sim_engine, sim_prompt_ids
+
+    eng = build_sim_engine(ChunkedPrefillScheduler(512), "llama-3-8b", "h100", num_blocks=3000,
+                           prefix_caching=True)
+    assert eng.block_manager.enable_prefix_caching
+    seqs = [eng.add_request(sim_prompt_ids(i, 3000, 2050), 8) for i in range(4)]
+    eng.run_until_done()
+    # only full blocks are shared: 2,050 shared tokens -> 128 blocks = 2,048 tokens
+    assert [s.num_prefix_cached_tokens for s in seqs] == [0, 2048, 2048, 2048]
+    eng.block_manager.check_invariants()
+    assert sim_prompt_ids(2, 5, 3) == [1, 2, 3, -3, -3]
+    with pytest.raises(ValueError, match="longer than request 0's prompt"):
+        simulate(_users(2, prompt=100), ChunkedPrefillScheduler(512), shared_prefix_tokens=101)
+    with pytest.raises(ValueError, match="shared_prefix_tokens must be"):
+        simulate(_users(2), ChunkedPrefillScheduler(512), shared_prefix_tokens=-1)
+
+
+def test_no_shared_prefix_no_hits_even_with_prefix_caching():
+    r = simulate(_users(6), ChunkedPrefillScheduler(512), num_blocks=2000, prefix_caching=True)
+    assert r.prefix_hit_tokens == 0 and r.prefill_tokens == 6 * 1008
+
+
+def test_prefix_caching_refuses_kv_compression():
+    with pytest.raises(ValueError, match="prefix_caching cannot be combined with kv_compression_ratio"):
+        simulate(_users(2), ChunkedPrefillScheduler(512), prefix_caching=True, kv_compression_ratio=0.5)
+
+
+def test_prefix_caching_evicts_under_pressure_and_finishes():
+    work = _users(24, prompt=2000, output=64)
+    r = simulate(work, ChunkedPrefillScheduler(1024), num_blocks=700, prefix_caching=True,
+                 shared_prefix_tokens=1024)
+    assert r.metrics.completed == 24 and r.num_evictions > 0 and r.prefix_hit_tokens > 0
+
+
+def test_capstone_scale_runs_in_seconds():
+    """64 users x 8K tokens, fp8, 2K shared prefix, 48 GiB: hashing per block keeps it fast."""
+    work = _users(64, prompt=7936, output=256)
+    r = simulate(work, ChunkedPrefillScheduler(512), "llama-3-8b", "h100", pool_gib=48, kv_dtype="fp8",
+                 prefix_caching=True, shared_prefix_tokens=2048)
+    assert r.metrics.completed == 64 and r.prefix_hit_tokens == 63 * 2048
+    assert r.wall_s < 15

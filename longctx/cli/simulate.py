@@ -3,6 +3,14 @@
     python -m longctx simulate --model llama-3-8b --gpu h100 --scheduler chunked --token-budget 512 \\
         --num-requests 1000 --rate 8 --prompt-tokens 2048 --output-tokens 256 --seed 0 --json
 
+KV pool: ``--kv-dtype`` (bf16 default; fp8, int8, int4 count their scales: ``longctx.kv.quant``), sized
+from the GPU or ``--pool-gib`` GiB (``longctx plan``'s pool). ``--prefix-caching`` shares cached full
+blocks; ``--shared-prefix TOKENS`` starts every prompt with the same tokens, e.g.
+
+    python -m longctx simulate --model llama-3-8b --gpu h100 --scheduler chunked --num-requests 64 \
+        --rate inf --prompt-tokens 7936 --output-tokens 256 --kv-dtype fp8 --pool-gib 48 \
+        --prefix-caching --shared-prefix 2K
+
 Prints TTFT, TPOT, ITL and E2E percentiles (seconds) and throughput. ``--json`` prints one object with
 keys ``ttft_s``, ``tpot_s``, ``itl_s``, ``e2e_s`` (each ``p50``/``p90``/``p95``/``p99``/``mean``) and
 ``throughput_tok_s`` (output tokens per second). Same seed, same output. No torch.
@@ -15,6 +23,7 @@ import json
 import sys
 
 from longctx.cli.calc import token_count
+from longctx.kv.quant import FORMATS
 
 SCHEDULERS = ("monolithic", "chunked")
 
@@ -34,6 +43,12 @@ def run_simulate(args: argparse.Namespace) -> int:
         _positive(flag.replace("_", "-"), getattr(args, flag))
     if args.token_budget is not None:
         _positive("token-budget", args.token_budget)
+    if args.shared_prefix < 0:
+        raise ValueError(f"--shared-prefix must be >= 0 tokens, got {args.shared_prefix}")
+    if args.shared_prefix > args.prompt_tokens:
+        raise ValueError(f"--shared-prefix ({args.shared_prefix}) must be <= --prompt-tokens ({args.prompt_tokens})")
+    if args.pool_gib is not None and not 0 < args.pool_gib < float("inf"):
+        raise ValueError(f"--pool-gib must be a finite number of GiB > 0, got {args.pool_gib}")
     if not args.rate > 0:
         raise ValueError(f"--rate must be > 0 requests per second (inf: all at once), got {args.rate}")
     if args.scheduler == "chunked":
@@ -43,7 +58,9 @@ def run_simulate(args: argparse.Namespace) -> int:
     workload = make_workload(args.num_requests, args.rate, args.prompt_tokens, args.output_tokens,
                              seed=args.seed, arrival=args.arrival, burstiness=args.burstiness)
     progress = not args.no_progress and args.num_requests >= 1000 and sys.stderr.isatty()
-    result = simulate(workload, scheduler, model, gpu, progress=progress)
+    result = simulate(workload, scheduler, model, gpu, progress=progress, kv_dtype=args.kv_dtype,
+                      pool_gib=args.pool_gib, prefix_caching=args.prefix_caching,
+                      shared_prefix_tokens=args.shared_prefix)
     out = result.to_dict()
     out["config"].update(rate_qps=args.rate, prompt_tokens=args.prompt_tokens,
                          output_tokens=args.output_tokens, seed=args.seed, arrival=args.arrival)
@@ -61,6 +78,12 @@ def run_simulate(args: argparse.Namespace) -> int:
         print(f"{key[:-2].upper():<10}{cells}")
     print(f"throughput {out['throughput_tok_s']:,.0f} output tok/s, {out['request_throughput_req_s']:.2f} req/s, "
           f"{out['num_preemptions']} preemptions, {out['num_steps']:,} steps")
+    c = out["config"]
+    line = (f"KV pool  {c['num_blocks']:,} blocks of {c['block_size']} tokens, {c['kv_dtype']} "
+            f"({c['pool_bytes_per_token']:,} B/token), peak {out['peak_used_blocks']:,} used")
+    if c["prefix_caching"]:
+        line += f"; prefix cache {out['prefix_hit_tokens']:,} hit tokens, {out['num_evictions']:,} evictions"
+    print(line)
     return 0
 
 
@@ -105,6 +128,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--output-tokens", type=token_count, required=True, help="output length")
     p.add_argument("--arrival", choices=("poisson", "gamma"), default="poisson", help="arrival process")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape (1 = Poisson)")
+    p.add_argument("--kv-dtype", type=str.lower, choices=list(FORMATS), default="bf16", metavar="DTYPE",
+                   help=f"KV storage format: {', '.join(FORMATS)} (default bf16)")
+    p.add_argument("--pool-gib", type=float, default=None,
+                   help="KV pool of this many GiB (default: GPU memory left after the weights)")
+    p.add_argument("--prefix-caching", action="store_true", help="share cached full KV blocks between requests")
+    p.add_argument("--shared-prefix", type=token_count, default=0, metavar="TOKENS",
+                   help="tokens every prompt starts with (2K ok; default 0)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="FILE", default=None, help="save a step timeline and ITL CDF (png/pdf)")

@@ -27,17 +27,28 @@ def forward_at(model, cache, table, ids, slot: int, rows, position: int | None =
 
 
 def forced_logits(model, cache, table, prompt_ids, target_ids, press=None, split: int | None = None,
-                  block_size: int = 16):
+                  block_size: int = 16, chunk_size: int | None = None):
     """``(logits [len(target), vocab], slots the prompt holds)``: row ``i`` predicts ``target_ids[i]``.
 
     ``press`` prunes ``prompt_ids[:split]`` (default: the whole prompt) once it is prefilled, then the
     rest of the prompt and the target run on the pruned cache (question-agnostic pruning when ``split``
-    is where the question starts)."""
+    is where the question starts). Without a press, ``chunk_size`` prefills the prompt in chunks and then
+    runs the target on top, as an engine does: every chunk after the first and every target token read
+    earlier keys back from ``cache`` (what a quantized pool changes); None: one pass over everything."""
     import torch
 
     P, m = len(prompt_ids), len(target_ids)
     if m < 1 or P < 1:
         raise ValueError(f"need a prompt and a target of at least one token each, got {P} and {m}")
+    if press is None and chunk_size is not None:
+        for start in range(0, P, int(chunk_size)):
+            stop = min(P, start + int(chunk_size))
+            first = forward_at(model, cache, table, prompt_ids[start:stop], start, [stop - start - 1],
+                               block_size=block_size)
+        if m == 1:
+            return first, P
+        rest = forward_at(model, cache, table, list(target_ids[:-1]), P, list(range(m - 1)), block_size=block_size)
+        return torch.cat([first, rest]), P
     if press is None:
         logits = forward_at(model, cache, table, list(prompt_ids) + list(target_ids[:-1]), 0,
                             list(range(P - 1, P + m - 1)), block_size=block_size)

@@ -64,10 +64,13 @@ class NiahRunner:
 
     ``max_tokens`` is the longest ``prompt + answer + extra decode`` the pool holds; a longer trial is a
     ``ValueError`` (nothing is allocated for it). Use ``model.rope_scaling`` to run with a RoPE extension.
+    ``kv_dtype`` stores the pool quantized (``longctx.kv.quant``) and ``chunk_size`` prefills the prompt in
+    chunks (then the answer runs over the cache), so the needle is read back through the quantized keys.
     """
 
     def __init__(self, model, tokenizer, max_tokens: int = TRAINED_CONTEXT + 64, block_size: int = 16,
-                 builder: HaystackBuilder | None = None, press=None, question_aware: bool = True) -> None:
+                 builder: HaystackBuilder | None = None, press=None, question_aware: bool = True,
+                 kv_dtype: str | None = None, chunk_size: int | None = None) -> None:
         if int(max_tokens) != max_tokens or max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
         self.model, self.tok = model, tokenizer
@@ -76,6 +79,13 @@ class NiahRunner:
         self.builder = builder or HaystackBuilder(tokenizer)
         self._cache = None
         self.press, self.question_aware = press, bool(question_aware)
+        if chunk_size is not None and (int(chunk_size) != chunk_size or chunk_size < 1):
+            raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
+        self.kv_dtype, self.chunk_size = kv_dtype, chunk_size
+        if kv_dtype is not None:
+            from longctx.kv.quant import get_format
+
+            get_format(kv_dtype)  # a bad name fails here, not at the first trial
 
     @property
     def press_label(self) -> str:
@@ -95,7 +105,7 @@ class NiahRunner:
 
             p = next(self.model.parameters())
             self._cache = PagedKVCache.for_model(
-                self.model.config, self.num_blocks, self.block_size, p.device, p.dtype
+                self.model.config, self.num_blocks, self.block_size, p.device, p.dtype, self.kv_dtype
             )
             self._table = list(range(self.num_blocks))
             self._torch = torch
@@ -121,7 +131,7 @@ class NiahRunner:
         t0 = time.perf_counter()
         split = None if self.question_aware or prompt.question_start < 1 else prompt.question_start
         logits, cached = forced_logits(self.model, self._cache, self._table, prompt.token_ids, ans, self.press,
-                                       split, self.block_size)  # [m, vocab]
+                                       split, self.block_size, self.chunk_size)  # [m, vocab]
         prefill_s = time.perf_counter() - t0
         logp = self._torch.log_softmax(logits, dim=-1)
         answer_logprob = float(sum(logp[i, t] for i, t in enumerate(ans)))

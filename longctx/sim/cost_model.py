@@ -2,7 +2,10 @@
 
 One iteration runs a batch of entries, each ``(new_tokens, cached_tokens)``: a prefill chunk of C tokens
 after S cached tokens, or a decode (C = 1). Its FLOPs and bytes are ``longctx.flops.step_cost``'s (the
-same conventions, explicit: ``params`` and ``attention``); its time is the roofline time of the whole
+same conventions, explicit: ``params`` and ``attention``; KV bytes are what the paged pool holds per token,
+``longctx.kv.quant.pool_bytes_per_token``, quantization scales included, as the engine's cache stores
+them: equal to ``step_cost``'s element bytes for fp32/fp16/bf16, a little more for fp8/int8/int4);
+its time is the roofline time of the whole
 batch with efficiency factors, plus fixed overheads::
 
     compute_s = linear_flops / (peak * compute_efficiency) + attention_flops / (peak * attention_efficiency)
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 
 from longctx import flops
 from longctx.engine.executor import ExecutionResult
-from longctx.memory import kv_bytes_per_token
+from longctx.kv.quant import pool_bytes_per_token
 from longctx.specs import HardwareSpec, ModelSpec, get_hardware, get_model
 
 # Assumed (not measured) defaults for a tuned GPU engine: kernels reach a fraction of datasheet peak
@@ -102,7 +105,8 @@ class CostModelExecutor:
     Args:
         model, hardware: registry names or specs (``longctx.specs``).
         factors: ``CostFactors`` (defaults: assumed GPU values; see ``longctx.sim.calibration``).
-        weight_dtype, kv_dtype: storage dtypes of the weights and the KV cache (bytes moved).
+        weight_dtype, kv_dtype: storage dtypes of the weights and the KV cache (bytes moved; KV bytes per
+            token are ``quant.pool_bytes_per_token``, scales included).
         attention: ``"causal"`` (FlashAttention convention) or ``"full"``.
         params: the linear-FLOP convention of ``longctx.flops`` (``"matmul"``, the course's, or ``"all"``).
         kv_compression_ratio: KV pruning modelled as a press would do it in the engine: when a prefill
@@ -136,7 +140,7 @@ class CostModelExecutor:
                                         - self._linear_flops_per_token)
         self._attention_flops_per_pair = flops.attention_flops(m, 1, "full")  # one (query, key) pair
         self.weight_bytes = flops.step_cost(m, [], attention, params, weight_dtype, kv_dtype).weight_bytes
-        self.kv_bytes_per_token = kv_bytes_per_token(m, kv_dtype)
+        self.kv_bytes_per_token = pool_bytes_per_token(m, kv_dtype)  # scales included (fp8/int8/int4)
 
     # ---- the cost of a list of (new_tokens, cached_tokens) ----
     def features(self, sequences: Iterable[tuple[int, int]]) -> StepFeatures:
@@ -171,7 +175,9 @@ class CostModelExecutor:
     # ---- the Executor protocol ----
     def execute(self, batch) -> ExecutionResult:
         """The modelled time of a ``ScheduledBatch`` (read before the engine updates its sequences)."""
-        # (new tokens, cached KV tokens): Sequence.num_cached_tokens, inlined (hot in the simulator)
+        # (new tokens, cached KV tokens): Sequence.num_cached_tokens, inlined (hot in the simulator). A
+        # prefix-cache hit is already in num_computed_tokens (ScheduledBatch.add): its tokens are read as
+        # cached context, never charged as new (prefilled) tokens.
         seqs = [(e.num_tokens, e.seq.num_computed_tokens - e.seq.num_evicted_tokens) for e in batch.entries]
         evicted = None
         if self.kv_compression_ratio:

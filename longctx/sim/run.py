@@ -5,11 +5,21 @@ the metrics are the engine's own. Only the executor (modelled time, no tokens) a
 policy written for the real model runs unchanged at H100 scale.
 
 KV pool: what is left of ``gpu_memory_utilization * memory_bytes`` after the weights, in blocks of
-``block_size`` tokens (activation memory is ignored, so the pool is slightly optimistic).
+``block_size`` tokens (activation memory is ignored, so the pool is slightly optimistic); or a pool of
+``pool_gib`` GiB (``pool_gib_blocks``: ``longctx.plan.plan(...).pool_blocks``). A token takes
+``longctx.kv.quant.pool_bytes_per_token(model, kv_dtype)`` bytes, quantization scales included, as in the
+engine's ``PagedKVCache`` and the planner (for fp32/fp16/bf16 this is ``memory.kv_bytes_per_token``).
+
+Prefix caching (``prefix_caching=True``): the engine's ``BlockManager(enable_prefix_caching=True)``. The
+simulator has no text, so token ids are made up: with ``shared_prefix_tokens = P`` every prompt starts
+with the same ``P`` ids ``1..P``, then ids of its own (``-(i + 1)`` for request ``i``), so requests share
+the prefix's full blocks and nothing past it (``sim_prompt_ids``).
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 import sys
 import time
 from dataclasses import dataclass, field
@@ -18,7 +28,8 @@ import numpy as np
 
 from longctx.engine import SLO, Engine, Scheduler, StepRecord, VirtualClock, summarize
 from longctx.engine.metrics import RequestMetrics, RunMetrics, request_metrics
-from longctx.memory import kv_bytes_per_token
+from longctx.kv.block_manager import BlockManager
+from longctx.kv.quant import pool_bytes_per_token
 from longctx.sim.cost_model import CostFactors, CostModelExecutor
 from longctx.sim.workload import Request
 from longctx.specs import HardwareSpec, ModelSpec, dtype_bytes, get_hardware, get_model
@@ -34,18 +45,43 @@ def kv_pool_blocks(
     weight_dtype: str = "bf16",
     kv_dtype: str = "bf16",
 ) -> int:
-    """KV blocks that fit: ``(utilization * memory - weight bytes) // (block_size * KV bytes per token)``."""
+    """KV blocks that fit: ``(utilization * memory - weight bytes) // (block_size * KV bytes per token)``,
+    KV bytes per token from ``quant.pool_bytes_per_token`` (scales included)."""
     m, hw = get_model(model), get_hardware(hardware)
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     free_bytes = gpu_memory_utilization * hw.memory_bytes - m.num_params * dtype_bytes(weight_dtype)
-    blocks = int(free_bytes // (block_size * kv_bytes_per_token(m, kv_dtype)))
+    blocks = int(free_bytes // (block_size * pool_bytes_per_token(m, kv_dtype)))
     if blocks < 1:
         raise ValueError(
             f"{m.name} ({weight_dtype} weights) leaves no room for a KV cache in "
             f"{gpu_memory_utilization:.0%} of {hw.name}'s {hw.memory_bytes / 1e9:.0f} GB"
         )
     return blocks
+
+
+def pool_gib_blocks(model: ModelSpec | str, pool_gib: float, block_size: int = 16, kv_dtype: str = "bf16") -> int:
+    """Blocks of a KV pool of ``pool_gib`` GiB: ``floor(pool_gib * 2**30) // (block_size * pool bytes per
+    token)``, the planner's ``plan(...).pool_blocks``."""
+    if (isinstance(pool_gib, bool) or not isinstance(pool_gib, numbers.Real) or not math.isfinite(pool_gib)
+            or pool_gib <= 0):
+        raise ValueError(f"pool_gib must be a finite number of GiB > 0, got {pool_gib!r}")
+    block_bytes = block_size * pool_bytes_per_token(get_model(model), kv_dtype)
+    blocks = math.floor(pool_gib * 2**30) // block_bytes
+    if blocks < 1:
+        raise ValueError(f"a pool of {pool_gib} GiB holds no block of {block_size} tokens ({block_bytes:,} B)")
+    return int(blocks)
+
+
+def sim_prompt_ids(index: int, prompt_tokens: int, shared_prefix_tokens: int = 0) -> list[int]:
+    """Made-up token ids of request ``index``: ``1..P`` (the shared prefix), then ``-(index + 1)`` repeated
+    (its own tokens: no block past the prefix equals another request's). The simulator checks no vocabulary."""
+    if shared_prefix_tokens > prompt_tokens:
+        raise ValueError(
+            f"shared_prefix_tokens={shared_prefix_tokens} is longer than request {index}'s prompt of "
+            f"{prompt_tokens} tokens"
+        )
+    return list(range(1, shared_prefix_tokens + 1)) + [-(index + 1)] * (prompt_tokens - shared_prefix_tokens)
 
 
 @dataclass
@@ -59,6 +95,14 @@ class SimResult:
     scheduling_delay_s: list[float]  # first scheduled - arrival, per request (Sarathi-Serve's queueing delay)
     num_preemptions: int
     wall_s: float = field(default=0.0, compare=False)
+    prefix_hit_tokens: int = 0  # sum of Sequence.num_prefix_cached_tokens (each request's last admission)
+    num_evictions: int = 0  # cached blocks the prefix cache evicted to make room
+    peak_used_blocks: int = 0  # most blocks sequences held during a step (a shared block counts once)
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Tokens the steps prefilled (recomputes included, prefix-cache hits excluded)."""
+        return sum(s.num_prefill_tokens for s in self.steps)
 
     def to_dict(self) -> dict:
         """JSON-ready summary: ``ttft_s``, ``tpot_s``, ``itl_s``, ``e2e_s`` (p50/p90/p95/p99/mean) etc."""
@@ -84,6 +128,10 @@ class SimResult:
             "scheduling_delay_s": {"p50": _num(np.median(self.scheduling_delay_s))},
             "num_steps": len(self.steps),
             "num_preemptions": self.num_preemptions,
+            "prefill_tokens": self.prefill_tokens,
+            "prefix_hit_tokens": self.prefix_hit_tokens,
+            "num_evictions": self.num_evictions,
+            "peak_used_blocks": self.peak_used_blocks,
         }
 
 
@@ -104,17 +152,30 @@ def build_sim_engine(
     weight_dtype: str = "bf16",
     kv_dtype: str = "bf16",
     kv_compression_ratio: float = 0.0,
+    prefix_caching: bool = False,
+    pool_gib: float | None = None,
 ) -> Engine:
-    """An ``Engine`` with a ``CostModelExecutor`` and a ``VirtualClock``; KV pool sized from the GPU.
-    ``kv_compression_ratio``: KV pruning at the end of each prefill (``CostModelExecutor``)."""
+    """An ``Engine`` with a ``CostModelExecutor`` and a ``VirtualClock``; KV pool sized from the GPU, or
+    ``num_blocks`` blocks, or ``pool_gib`` GiB (not both). ``kv_compression_ratio``: KV pruning at the end
+    of each prefill (``CostModelExecutor``). ``prefix_caching``: a ``BlockManager`` with prefix caching
+    (cannot be combined with KV pruning)."""
     m, hw = get_model(model), get_hardware(hardware)
+    if prefix_caching and kv_compression_ratio:
+        raise ValueError(
+            f"prefix_caching cannot be combined with kv_compression_ratio={kv_compression_ratio}: KV pruning "
+            "rewrites a sequence's blocks, which prefix caching shares"
+        )
+    if num_blocks is not None and pool_gib is not None:
+        raise ValueError("give num_blocks or pool_gib (the KV pool's size), not both")
     executor = CostModelExecutor(m, hw, factors, weight_dtype, kv_dtype, kv_compression_ratio=kv_compression_ratio)
-    if num_blocks is None:
+    if pool_gib is not None:
+        num_blocks = pool_gib_blocks(m, pool_gib, block_size, kv_dtype)
+    elif num_blocks is None:
         num_blocks = kv_pool_blocks(m, hw, block_size, gpu_memory_utilization, weight_dtype, kv_dtype)
     if max_model_len is None:
         max_model_len = m.max_context or num_blocks * block_size
-    return Engine(executor, scheduler, num_blocks=num_blocks, block_size=block_size, clock=VirtualClock(),
-                  max_model_len=max_model_len)
+    bm = BlockManager(num_blocks, block_size, enable_prefix_caching=prefix_caching)
+    return Engine(executor, scheduler, block_manager=bm, clock=VirtualClock(), max_model_len=max_model_len)
 
 
 def simulate(
@@ -130,19 +191,45 @@ def simulate(
     max_model_len: int | None = None,
     progress: bool = False,
     kv_compression_ratio: float = 0.0,
+    weight_dtype: str = "bf16",
+    kv_dtype: str = "bf16",
+    pool_gib: float | None = None,
+    prefix_caching: bool = False,
+    shared_prefix_tokens: int = 0,
 ) -> SimResult:
     """Run ``workload`` through the engine with modelled step times; returns a ``SimResult``.
 
-    ``progress=True`` draws a tqdm bar on stderr (finished requests). Deterministic: no wall time
-    enters the result except ``wall_s``.
+    KV pool: ``num_blocks`` blocks, or ``pool_gib`` GiB of ``kv_dtype`` (not both), else what the GPU
+    leaves after the ``weight_dtype`` weights. ``prefix_caching``: the block manager shares cached full
+    blocks; ``shared_prefix_tokens``: every prompt starts with the same that many tokens (at most each
+    prompt's length; see ``sim_prompt_ids``). ``progress=True`` draws a tqdm bar on stderr (finished
+    requests). Deterministic: no wall time enters the result except ``wall_s``.
     """
     if not workload:
         raise ValueError("the workload is empty")
+    if (isinstance(shared_prefix_tokens, bool) or int(shared_prefix_tokens) != shared_prefix_tokens
+            or shared_prefix_tokens < 0):
+        raise ValueError(f"shared_prefix_tokens must be an integer >= 0, got {shared_prefix_tokens!r}")
+    shared_prefix_tokens = int(shared_prefix_tokens)
     t0 = time.perf_counter()
     engine = build_sim_engine(scheduler, model, hardware, factors, block_size, num_blocks,
-                              gpu_memory_utilization, max_model_len, kv_compression_ratio=kv_compression_ratio)
-    for r in workload:
-        engine.add_request([0] * r.prompt_tokens, r.output_tokens, arrival_s=r.arrival_s)
+                              gpu_memory_utilization, max_model_len, weight_dtype, kv_dtype,
+                              kv_compression_ratio=kv_compression_ratio, prefix_caching=prefix_caching,
+                              pool_gib=pool_gib)
+    bm = engine.block_manager
+    peak = [0]
+    execute = engine.executor.execute
+
+    def execute_and_track(batch):  # the pool's peak: blocks held while a step runs, before it frees any
+        used = bm.num_used_blocks
+        if used > peak[0]:
+            peak[0] = used
+        return execute(batch)
+
+    engine.executor.execute = execute_and_track  # this engine's own executor (built above)
+    for i, r in enumerate(workload):
+        ids = sim_prompt_ids(i, r.prompt_tokens, shared_prefix_tokens)
+        engine.add_request(ids, r.output_tokens, arrival_s=r.arrival_s)
     bar = None
     if progress:
         from tqdm import tqdm
@@ -169,6 +256,12 @@ def simulate(
         "num_blocks": engine.block_manager.num_blocks,
         "block_size": block_size,
         "kv_compression_ratio": kv_compression_ratio,
+        "weight_dtype": weight_dtype,
+        "kv_dtype": kv_dtype,
+        "pool_bytes_per_token": pool_bytes_per_token(m, kv_dtype),
+        "pool_gib": pool_gib,
+        "prefix_caching": bool(prefix_caching),
+        "shared_prefix_tokens": shared_prefix_tokens,
         "factors": vars(engine.executor.factors),
     }
     return SimResult(
@@ -179,4 +272,7 @@ def simulate(
         scheduling_delay_s=[s.first_scheduled_s - s.arrival_s for s in seqs],
         num_preemptions=sum(s.num_preemptions for s in seqs),
         wall_s=time.perf_counter() - t0,
+        prefix_hit_tokens=sum(s.num_prefix_cached_tokens for s in seqs),
+        num_evictions=bm.num_evictions,
+        peak_used_blocks=peak[0],
     )
