@@ -347,10 +347,11 @@ class NotebookPage:
 
 
 def nbgrader_role(cell) -> str:
-    """'exercise' (a solution cell), 'test' (an autograded test cell) or '' for everything else."""
+    """'exercise' (a solution code cell), 'test' (an autograded test cell), 'written' (a manually graded
+    Markdown answer) or '' for everything else."""
     meta = cell.metadata.get("nbgrader", {})
     if meta.get("solution"):
-        return "exercise"
+        return "exercise" if cell.cell_type == "code" else "written"
     if meta.get("grade") and cell.cell_type == "code":
         return "test"
     return ""

@@ -1,0 +1,288 @@
+"""The capstone's measurements: KV precision and prefix caching on SmolLM2 in the engine, and 64 users x 8K
+tokens in a 48 GiB KV pool at H100 scale in the simulator. Each section writes
+``longctx/data/recorded/capstone_<section>.json`` (with provenance) and prints its table.
+
+- ``bytes``    the pool's real bytes per token (``PagedKVCache.nbytes``) per KV dtype, against the planner
+               (``longctx.kv.quant.pool_bytes_per_token``) and the element-only textbook number.
+- ``quality``  2,048 tokens of natural text teacher-forced in chunks of 512 (later chunks read the cache back
+               quantized): max and mean |Δlogit| against the fp32 cache, perplexity and its change, per dtype.
+- ``niah``     lesson 05's passkey haystack at 1,024 and 2,048 tokens, prefilled in chunks of 512, the answer
+               read over the cache: accuracy and answer log-probability per KV dtype.
+- ``prefix``   a 2,048-token shared system prompt: the engine's TTFT for the first request (cold) and the
+               next ones (the cache hit), blocks shared, and greedy outputs with and without the cache.
+- ``sim``      Llama-2-7B / Llama-3-8B x bf16 / fp8 x no prefix cache / 2K shared prefix on an H100 with a
+               48 GiB pool: 64 users of 8,192 tokens, TTFT / ITL / throughput / preemptions, and the most users
+               each configuration serves against the planner's ``max_users``.
+
+Usage::
+
+    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/capstone.py all          # about 10 minutes on 2 cores
+    .venv/bin/python benchmarks/capstone.py sim --out /tmp/sim.json         # one section, elsewhere
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from pathlib import Path
+
+from niah_grid import RECORDED, provenance
+
+DTYPES = ("fp32", "bf16", "fp8", "int8", "int4")
+CHUNK = 512
+
+
+def _write(out: Path, data: dict) -> dict:
+    data["meta"]["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    out.write_text(json.dumps(data, indent=1) + "\n")
+    return data
+
+
+def run_bytes(out, meta, **_):
+    from longctx.kv.cache import PagedKVCache
+    from longctx.kv.quant import pool_bytes_per_token
+    from longctx.memory import kv_bytes_per_token
+    from longctx.specs import get_model
+
+    rows = []
+    for name in ("smollm2-135m", "llama-2-7b", "llama-3-8b"):
+        for kv in DTYPES:
+            measured = None
+            if name == "smollm2-135m":  # allocate the real pool (64 blocks of 16 tokens)
+                measured = PagedKVCache.for_model(get_model(name), 64, 16, kv_dtype=kv).nbytes // (64 * 16)
+            rows.append({"model": name, "kv_dtype": kv, "pool_bytes_per_token_measured": measured,
+                         "pool_bytes_per_token_planned": pool_bytes_per_token(name, kv),
+                         "element_bytes_per_token": kv_bytes_per_token(name, kv)})
+    return _write(out, {"meta": meta, "rows": rows})
+
+
+def run_quality(out, meta, model, tok, length=2048, **_):
+    import torch
+
+    from longctx.evals.forcing import forward_at
+    from longctx.evals.haystack import natural_text
+    from longctx.kv.cache import PagedKVCache
+
+    ids = tok.encode(natural_text())[:length]
+    nb = -(-length // 16)
+    table = list(range(nb))
+    target = torch.tensor(ids[1:] + [0])
+    caches = {kv: PagedKVCache.for_model(model.config, nb, 16, kv_dtype=kv) for kv in DTYPES}
+    nll = {kv: [] for kv in DTYPES}
+    max_d = dict.fromkeys(DTYPES, 0.0)
+    sum_d = dict.fromkeys(DTYPES, 0.0)
+    t0 = time.perf_counter()
+    for start in range(0, length, CHUNK):  # all dtypes in lockstep, one chunk at a time (bounded memory)
+        stop = min(length, start + CHUNK)
+        ref = None
+        for kv in DTYPES:
+            logits = forward_at(model, caches[kv], table, ids[start:stop], start, list(range(stop - start)))
+            lp = torch.log_softmax(logits, -1)
+            nll[kv] += (-lp.gather(1, target[start:stop, None])[:, 0]).tolist()
+            if ref is None:
+                ref = logits
+            diff = (logits - ref).abs().max(-1).values  # [chunk]
+            max_d[kv] = max(max_d[kv], float(diff.max()))
+            sum_d[kv] += float(diff.sum())
+    rows = []
+    base = None
+    for kv in DTYPES:
+        values = nll[kv][: length - 1]
+        ppl = float(torch.tensor(values).mean().exp())
+        base = base or ppl
+        later = values[CHUNK:]  # positions whose chunk read earlier keys back from the cache
+        rows.append({"kv_dtype": kv, "tokens": length, "chunk": CHUNK, "perplexity": ppl,
+                     "perplexity_change": ppl / base - 1, "max_abs_dlogit": max_d[kv],
+                     "mean_max_abs_dlogit_per_token": sum_d[kv] / length,
+                     "perplexity_after_first_chunk": float(torch.tensor(later).mean().exp())})
+    meta["seconds"] = time.perf_counter() - t0
+    return _write(out, {"meta": meta, "rows": rows})
+
+
+def run_niah(out, meta, model, tok, lengths=(1024, 2048), depths=(0.1, 0.3, 0.5, 0.7, 0.9), seeds=(0, 1), **_):
+    from tqdm import tqdm
+
+    from longctx.evals.niah import NiahRunner
+
+    data = json.loads(out.read_text()) if out.exists() else {"meta": meta, "rows": []}
+    done = {(r["kv_dtype"], r["length"], r["depth"], r["seed"]) for r in data["rows"]}
+    cells = [(kv, n, d, s) for n in lengths for kv in DTYPES for d in depths for s in seeds]
+    runners = {}
+    for kv, n, d, s in tqdm(cells, desc="niah", file=sys.stderr):
+        if (kv, n, d, s) in done:
+            continue
+        if (kv, n) not in runners:
+            runners[(kv, n)] = NiahRunner(model, tok, max_tokens=n + 64, kv_dtype=kv, chunk_size=CHUNK)
+        t = runners[(kv, n)].trial(n, d, s)
+        data["rows"].append({"kv_dtype": kv, "length": n, "depth": d, "seed": s, "correct": t.correct,
+                             "answer_logprob": t.answer_logprob, "output": t.output})
+        _write(out, data)
+    return data
+
+
+def run_prefix(out, meta, model, tok, system_tokens=2048, max_tokens=16, **_):
+    """Three requests share a 2,048-token system prompt. ``sequential``: one after the other, so the second
+    and third find it cached (TTFT cold vs warm, outputs with and without the cache). ``together``: after
+    one warm-up request, two arrive at once and hold the same blocks (reference count 2)."""
+    from longctx.engine import ChunkedPrefillScheduler, Engine
+    from longctx.engine.torch_executor import TorchExecutor
+    from longctx.evals.haystack import natural_text
+    from longctx.kv.block_manager import BlockManager
+
+    system = tok.encode(natural_text())[:system_tokens]
+    questions = ["\nQuestion: who wrote this? Answer:", "\nQuestion: what is the main idea? Answer:",
+                 "\nQuestion: summarise the first sentence. Answer:"]
+    prompts = [system + tok.encode(q) for q in questions]
+
+    def engine(kv, caching):
+        bm = BlockManager(sum(-(-(len(p) + max_tokens) // 16) for p in prompts), 16, enable_prefix_caching=caching)
+        return Engine(TorchExecutor(model, bm, kv_dtype=kv), ChunkedPrefillScheduler(CHUNK),
+                      vocab_size=model.config.vocab_size), bm
+
+    rows = []
+    for kv in ("fp32", "fp8"):
+        outputs = {}
+        for caching in (False, True):
+            eng, bm = engine(kv, caching)
+            outs = []
+            for i, p in enumerate(prompts):  # one after the other: the first warms the cache
+                t0 = time.perf_counter()
+                seq = eng.add_request(p, max_tokens)
+                while not seq.output_token_ids:
+                    eng.step()
+                ttft = time.perf_counter() - t0
+                eng.run_until_done()
+                outs.append(seq.output_token_ids)
+                rows.append({"kv_dtype": kv, "mode": "sequential", "prefix_caching": caching, "request": i,
+                             "prompt_tokens": len(p), "prefix_cached_tokens": seq.num_prefix_cached_tokens,
+                             "blocks_from_cache": seq.num_prefix_cached_tokens // 16, "ttft_s": ttft})
+            outputs[caching] = outs
+        same = outputs[True] == outputs[False]
+        for r in rows:
+            if r["kv_dtype"] == kv:
+                r["outputs_identical_with_and_without_cache"] = same
+        eng, bm = engine(kv, True)
+        eng.add_request(prompts[0], max_tokens)
+        eng.run_until_done()
+        pair = [eng.add_request(p, max_tokens) for p in prompts[1:]]
+        used_before = bm.num_used_blocks
+        eng.step()  # both admitted in this step: each takes the 128 cached blocks
+        table = bm.block_table(pair[0].seq_id)
+        rows.append({"kv_dtype": kv, "mode": "together", "prefix_caching": True, "request": 1,
+                     "prompt_tokens": len(prompts[1]), "prefix_cached_tokens": pair[1].num_prefix_cached_tokens,
+                     "blocks_from_cache": pair[1].num_prefix_cached_tokens // 16,
+                     "blocks_shared_by_both": sum(1 for b in table if bm.ref_count(b) == 2),
+                     "blocks_held_by_both": bm.num_used_blocks - used_before, "ttft_s": None})
+        eng.run_until_done()
+    return _write(out, {"meta": meta, "rows": rows})
+
+
+SIM_PROMPT, SIM_OUTPUT, SIM_PREFIX = 7_936, 256, 2_048  # 8,192 KV tokens per user at the end
+
+
+def _sim(model, kv, caching, work, budget):
+    from longctx.engine import ChunkedPrefillScheduler
+    from longctx.sim.run import simulate
+
+    return simulate(work, ChunkedPrefillScheduler(budget), model, "h100", pool_gib=48, kv_dtype=kv,
+                    prefix_caching=caching, shared_prefix_tokens=SIM_PREFIX if caching else 0, max_model_len=8_192)
+
+
+def run_sim(out, meta, **_):
+    """Every configuration under 64 users (all at t=0, and Poisson at 4 requests/s) with a 512-token budget,
+    then its capacity: 200 users at t=0 with an 8,192-token budget (about one prompt admitted per step), the
+    most requests that ever ran in one step, against the planner's ``max_users``."""
+    from longctx.plan import plan
+    from longctx.sim.workload import Request, make_workload
+
+    rows = []
+    for model in ("llama-2-7b", "llama-3-8b"):
+        for kv in ("bf16", "fp8"):
+            for caching in (False, True):
+                p = plan(model, kv, 64, SIM_PROMPT + SIM_OUTPUT, SIM_PREFIX if caching else 0, pool_gib=48)
+                row = {"model": model, "kv_dtype": kv, "prefix_caching": caching, "pool_blocks": p.pool_blocks,
+                       "plan_fits_64": p.fits, "plan_max_users": p.max_users, "plan_gib_64": p.bytes / 2**30}
+                for arrivals, work in (("t0", [Request(0.0, SIM_PROMPT, SIM_OUTPUT) for _ in range(64)]),
+                                       ("poisson", make_workload(64, 4.0, SIM_PROMPT, SIM_OUTPUT, seed=0))):
+                    r = _sim(model, kv, caching, work, 512)
+                    m = r.metrics
+                    row[arrivals] = {
+                        "preemptions": r.num_preemptions, "ttft_p50_s": m.ttft.median, "ttft_p99_s": m.ttft.p(99),
+                        "itl_p50_ms": 1e3 * m.itl.median, "itl_p99_ms": 1e3 * m.itl.p(99),
+                        "output_tok_s": m.output_throughput, "prefix_hit_tokens": r.prefix_hit_tokens,
+                        "evictions": r.num_evictions, "peak_used_blocks": r.peak_used_blocks,
+                        "max_requests_in_a_step": max(len(s.seq_ids) for s in r.steps), "wall_s": r.wall_s}
+                r = _sim(model, kv, caching, [Request(0.0, SIM_PROMPT, SIM_OUTPUT) for _ in range(200)], 8_192)
+                row["capacity"] = {"max_requests_in_a_step": max(len(s.seq_ids) for s in r.steps),
+                                   "preemptions": r.num_preemptions, "peak_used_blocks": r.peak_used_blocks,
+                                   "wall_s": r.wall_s}
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+    return _write(out, {"meta": {**meta, "hardware": "h100 (simulated)", "pool_gib": 48,
+                                 "prompt_tokens": SIM_PROMPT, "output_tokens": SIM_OUTPUT,
+                                 "shared_prefix_tokens": SIM_PREFIX}, "rows": rows})
+
+
+SECTIONS = {"bytes": run_bytes, "quality": run_quality, "niah": run_niah, "prefix": run_prefix, "sim": run_sim}
+
+
+def _table(section: str, data: dict) -> str:
+    rows = data["rows"]
+    if section == "sim":
+        lines = [f"{'model':<11} {'kv':>4} {'prefix':>6} {'plan GiB':>8} {'max users':>9} {'served':>6} | "
+                 f"{'t0 preempt':>10} {'TTFT p50/p99 s':>15} {'ITL p99 ms':>10} {'tok/s':>6} | poisson TTFT p99 s"]
+        for r in rows:
+            t, q = r["t0"], r["poisson"]
+            lines.append(f"{r['model']:<11} {r['kv_dtype']:>4} {str(r['prefix_caching']):>6} {r['plan_gib_64']:>8.2f} "
+                         f"{r['plan_max_users']:>9} {r['capacity']['max_requests_in_a_step']:>6} | "
+                         f"{t['preemptions']:>10} {t['ttft_p50_s']:>7.2f}/{t['ttft_p99_s']:<7.2f} "
+                         f"{t['itl_p99_ms']:>10.1f} {t['output_tok_s']:>6.0f} | {q['ttft_p99_s']:.2f}")
+        return "\n".join(lines)
+    if section == "niah":
+        from collections import defaultdict
+
+        acc = defaultdict(list)
+        for r in rows:
+            acc[(r["length"], r["kv_dtype"])].append(r)
+        lines = [f"{'tokens':>7} {'kv':>5} {'correct':>8} {'mean logp':>10}"]
+        for (n, kv), rs in sorted(acc.items(), key=lambda x: (x[0][0], DTYPES.index(x[0][1]))):
+            lines.append(f"{n:>7} {kv:>5} {sum(r['correct'] for r in rs):>4}/{len(rs):<3} "
+                         f"{sum(r['answer_logprob'] for r in rs) / len(rs):>10.3f}")
+        return "\n".join(lines)
+    keys = [k for k in rows[0] if not isinstance(rows[0][k], (list, dict))]
+    lines = ["  ".join(keys)]
+    for r in rows:
+        lines.append("  ".join(f"{r[k]:.4g}" if isinstance(r[k], float) else str(r[k]) for k in keys))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("section", choices=[*SECTIONS, "all"])
+    ap.add_argument("--out", type=Path, default=None, help="output JSON (default: the recorded file)")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    sections = list(SECTIONS) if args.section == "all" else [args.section]
+    model = tok = None
+    for section in sections:
+        out = args.out or RECORDED / f"capstone_{section}.json"
+        meta = provenance(args.threads)
+        if True:
+            if model is None and section not in ("bytes", "sim"):
+                from longctx.model.tokenizer import load_tokenizer
+                from longctx.model.weights import load_model
+
+                model, tok = load_model(), load_tokenizer()
+            data = SECTIONS[section](out, meta, model=model, tok=tok)
+        print(f"\n== {section} ({out})\n{_table(section, data)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
