@@ -252,10 +252,10 @@ def _table(section: str, data: dict) -> str:
             lines.append(f"{n:>7} {kv:>5} {sum(r['correct'] for r in rs):>4}/{len(rs):<3} "
                          f"{sum(r['answer_logprob'] for r in rs) / len(rs):>10.3f}")
         return "\n".join(lines)
-    keys = [k for k in rows[0] if not isinstance(rows[0][k], (list, dict))]
+    keys = list(dict.fromkeys(k for r in rows for k in r if not isinstance(r[k], (list, dict))))
     lines = ["  ".join(keys)]
     for r in rows:
-        lines.append("  ".join(f"{r[k]:.4g}" if isinstance(r[k], float) else str(r[k]) for k in keys))
+        lines.append("  ".join(f"{r[k]:.4g}" if isinstance(r.get(k), float) else str(r.get(k, "-")) for k in keys))
     return "\n".join(lines)
 
 
