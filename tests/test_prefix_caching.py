@@ -171,3 +171,26 @@ def test_real_attention_over_shared_blocks_gives_identical_greedy_tokens(tiny, k
         assert [o for o, _ in with_cache] == [o for o, _ in without]
     assert all(len(o) == 6 for o, _ in with_cache)
     assert [h for _, h in with_cache] == [0, 36, 36]
+
+
+@pytest.mark.slow
+def test_smollm2_gives_the_same_greedy_tokens_from_a_cached_system_prompt():
+    """The real model: a 300-token system prompt cached by the first request; the second request computes only
+    its own tokens (after 288 cached ones, 18 full blocks) and decodes exactly what it decodes without the cache."""
+    from model_fixtures import our_model
+
+    model = our_model()
+    system = torch.randint(100, 40_000, (300,), generator=torch.Generator().manual_seed(0)).tolist()
+    prompts = [system + [500, 600, 700], system + [501, 601]]
+    outs = {}
+    for caching in (False, True):
+        bm = BlockManager(64, 16, enable_prefix_caching=caching)
+        engine = Engine(TorchExecutor(model, bm), ChunkedPrefillScheduler(128), vocab_size=model.config.vocab_size)
+        outs[caching] = []
+        for p in prompts:
+            seq = engine.add_request(p, 8)
+            first = engine.step()
+            engine.run_until_done()
+            outs[caching].append((seq.output_token_ids, seq.num_prefix_cached_tokens, first.num_prefill_tokens))
+    assert [o for o, _, _ in outs[True]] == [o for o, _, _ in outs[False]]
+    assert outs[True][1][1:] == (288, 302 - 288) and outs[False][1][1:] == (0, 128)
