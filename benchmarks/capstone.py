@@ -273,13 +273,12 @@ def main(argv=None) -> int:
     for section in sections:
         out = args.out or RECORDED / f"capstone_{section}.json"
         meta = provenance(args.threads)
-        if True:
-            if model is None and section not in ("bytes", "sim"):
-                from longctx.model.tokenizer import load_tokenizer
-                from longctx.model.weights import load_model
+        if model is None and section not in ("bytes", "sim"):
+            from longctx.model.tokenizer import load_tokenizer
+            from longctx.model.weights import load_model
 
-                model, tok = load_model(), load_tokenizer()
-            data = SECTIONS[section](out, meta, model=model, tok=tok)
+            model, tok = load_model(), load_tokenizer()
+        data = SECTIONS[section](out, meta, model=model, tok=tok)
         print(f"\n== {section} ({out})\n{_table(section, data)}")
     return 0
 

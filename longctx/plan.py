@@ -119,6 +119,25 @@ def _pool_size(pool_gib: float | None, pool_bytes: float | None) -> int:
     return math.floor(value * memory.GiB) if name == "pool_gib" else math.floor(value)
 
 
+def _whole_blocks(pool: int, block_size: int, bytes_per_token: int) -> int:
+    blocks = pool // (block_size * bytes_per_token)
+    if blocks < 1:
+        raise ValueError(
+            f"the pool holds no block of {block_size} tokens: pool_bytes={pool:,} < one block = "
+            f"{block_size} x {bytes_per_token:,} B = {block_size * bytes_per_token:,} B; give a larger pool or "
+            "a smaller block_size"
+        )
+    return blocks
+
+
+def pool_blocks(model: ModelSpec | str, kv_dtype: str, block_size: int = 16, pool_gib: float | None = None,
+                pool_bytes: float | None = None) -> int:
+    """Whole blocks of ``block_size`` tokens of ``kv_dtype`` in a pool of ``pool_gib`` GiB or ``pool_bytes``
+    bytes (exactly one): ``plan(...).pool_blocks`` without the users (the simulator sizes its pool with it)."""
+    block_size = memory.check_token_count("block_size", block_size, allow_zero=False)
+    return _whole_blocks(_pool_size(pool_gib, pool_bytes), block_size, quant.pool_bytes_per_token(model, kv_dtype))
+
+
 def plan(
     model: ModelSpec | str,
     kv_dtype: str,
@@ -149,12 +168,7 @@ def plan(
 
     bpt = quant.pool_bytes_per_token(m, fmt.name)  # raises if the format's groups do not divide head_dim
     block_bytes = block_size * bpt
-    pool_blocks = pool // block_bytes
-    if pool_blocks < 1:
-        raise ValueError(
-            f"the pool holds no block of {block_size} tokens: pool_bytes={pool:,} < one block = "
-            f"{block_size} x {bpt:,} B = {block_bytes:,} B; give a larger pool or a smaller block_size"
-        )
+    pool_blocks = _whole_blocks(pool, block_size, bpt)
     shared_blocks = shared_prefix // block_size
     per_user_blocks = memory.blocks_needed(context - shared_blocks * block_size, block_size)  # >= 1
     blocks = shared_blocks + users * per_user_blocks

@@ -98,6 +98,7 @@ def run_generate(args) -> int:
     from longctx.kv.quant import get_format, pool_bytes_per_token
 
     kv_dtype = get_format(args.kv_dtype or "fp32").name
+    import json
     import time
 
     import torch
@@ -138,8 +139,6 @@ def run_generate(args) -> int:
         if not args.json:
             sys.stdout.write(text_out + "\n")
             continue
-        import json
-
         print(json.dumps({
             "output": text_out, "prompt_tokens": len(ids), "output_tokens": len(seq.output_token_ids),
             "press": args.press, "compression_ratio": args.compression_ratio,

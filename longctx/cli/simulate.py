@@ -43,12 +43,6 @@ def run_simulate(args: argparse.Namespace) -> int:
         _positive(flag.replace("_", "-"), getattr(args, flag))
     if args.token_budget is not None:
         _positive("token-budget", args.token_budget)
-    if args.shared_prefix < 0:
-        raise ValueError(f"--shared-prefix must be >= 0 tokens, got {args.shared_prefix}")
-    if args.shared_prefix > args.prompt_tokens:
-        raise ValueError(f"--shared-prefix ({args.shared_prefix}) must be <= --prompt-tokens ({args.prompt_tokens})")
-    if args.pool_gib is not None and not 0 < args.pool_gib < float("inf"):
-        raise ValueError(f"--pool-gib must be a finite number of GiB > 0, got {args.pool_gib}")
     if not args.rate > 0:
         raise ValueError(f"--rate must be > 0 requests per second (inf: all at once), got {args.rate}")
     if args.scheduler == "chunked":

@@ -38,7 +38,8 @@ class StepRecord:
     seq_ids: tuple[int, ...]
     chunk_tokens: tuple[int, ...]
     num_preempted: int
-    num_free_blocks: int
+    num_free_blocks: int  # after the step (finished sequences' blocks returned)
+    num_used_blocks: int = 0  # held while the step ran (a shared block counts once)
 
     @property
     def num_tokens(self) -> int:
@@ -227,6 +228,7 @@ class Engine:
             )
         start_s = self.clock.now()
         batch.commit(self.running, self.waiting, start_s)
+        held = self.block_manager.num_used_blocks
         result = self.executor.execute(batch)
         self.clock.advance(result.duration_s)
         end_s = self.clock.now()
@@ -242,6 +244,7 @@ class Engine:
             chunk_tokens=tuple([e[1] for e in entries]),
             num_preempted=len(batch.preempted),
             num_free_blocks=self.block_manager.num_free_blocks,
+            num_used_blocks=held,
         )
         self.history.append(record)
         return record

@@ -18,8 +18,6 @@ the prefix's full blocks and nothing past it (``sim_prompt_ids``).
 
 from __future__ import annotations
 
-import math
-import numbers
 import sys
 import time
 from dataclasses import dataclass, field
@@ -30,6 +28,7 @@ from longctx.engine import SLO, Engine, Scheduler, StepRecord, VirtualClock, sum
 from longctx.engine.metrics import RequestMetrics, RunMetrics, request_metrics
 from longctx.kv.block_manager import BlockManager
 from longctx.kv.quant import pool_bytes_per_token
+from longctx.plan import pool_blocks
 from longctx.sim.cost_model import CostFactors, CostModelExecutor
 from longctx.sim.workload import Request
 from longctx.specs import HardwareSpec, ModelSpec, dtype_bytes, get_hardware, get_model
@@ -61,16 +60,8 @@ def kv_pool_blocks(
 
 
 def pool_gib_blocks(model: ModelSpec | str, pool_gib: float, block_size: int = 16, kv_dtype: str = "bf16") -> int:
-    """Blocks of a KV pool of ``pool_gib`` GiB: ``floor(pool_gib * 2**30) // (block_size * pool bytes per
-    token)``, the planner's ``plan(...).pool_blocks``."""
-    if (isinstance(pool_gib, bool) or not isinstance(pool_gib, numbers.Real) or not math.isfinite(pool_gib)
-            or pool_gib <= 0):
-        raise ValueError(f"pool_gib must be a finite number of GiB > 0, got {pool_gib!r}")
-    block_bytes = block_size * pool_bytes_per_token(get_model(model), kv_dtype)
-    blocks = math.floor(pool_gib * 2**30) // block_bytes
-    if blocks < 1:
-        raise ValueError(f"a pool of {pool_gib} GiB holds no block of {block_size} tokens ({block_bytes:,} B)")
-    return int(blocks)
+    """Blocks of a KV pool of ``pool_gib`` GiB: the planner's ``plan(...).pool_blocks`` (``longctx.plan``)."""
+    return pool_blocks(model, kv_dtype, block_size, pool_gib=pool_gib)
 
 
 def sim_prompt_ids(index: int, prompt_tokens: int, shared_prefix_tokens: int = 0) -> list[int]:
@@ -97,7 +88,11 @@ class SimResult:
     wall_s: float = field(default=0.0, compare=False)
     prefix_hit_tokens: int = 0  # sum of Sequence.num_prefix_cached_tokens (each request's last admission)
     num_evictions: int = 0  # cached blocks the prefix cache evicted to make room
-    peak_used_blocks: int = 0  # most blocks sequences held during a step (a shared block counts once)
+
+    @property
+    def peak_used_blocks(self) -> int:
+        """Most blocks sequences held during a step (a shared block counts once)."""
+        return max((s.num_used_blocks for s in self.steps), default=0)
 
     @property
     def prefill_tokens(self) -> int:
@@ -216,17 +211,6 @@ def simulate(
                               gpu_memory_utilization, max_model_len, weight_dtype, kv_dtype,
                               kv_compression_ratio=kv_compression_ratio, prefix_caching=prefix_caching,
                               pool_gib=pool_gib)
-    bm = engine.block_manager
-    peak = [0]
-    execute = engine.executor.execute
-
-    def execute_and_track(batch):  # the pool's peak: blocks held while a step runs, before it frees any
-        used = bm.num_used_blocks
-        if used > peak[0]:
-            peak[0] = used
-        return execute(batch)
-
-    engine.executor.execute = execute_and_track  # this engine's own executor (built above)
     for i, r in enumerate(workload):
         ids = sim_prompt_ids(i, r.prompt_tokens, shared_prefix_tokens)
         engine.add_request(ids, r.output_tokens, arrival_s=r.arrival_s)
@@ -273,6 +257,5 @@ def simulate(
         num_preemptions=sum(s.num_preemptions for s in seqs),
         wall_s=time.perf_counter() - t0,
         prefix_hit_tokens=sum(s.num_prefix_cached_tokens for s in seqs),
-        num_evictions=bm.num_evictions,
-        peak_used_blocks=peak[0],
+        num_evictions=engine.block_manager.num_evictions,
     )
