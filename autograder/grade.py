@@ -123,6 +123,8 @@ def parse_args(argv):
     p.add_argument("--memory-gib", type=float, default=4.0, help="memory limit per notebook (GiB)")
     p.add_argument("--max-processes", type=int, default=256, help="processes+threads per notebook")
     p.add_argument("--no-feedback", action="store_true", help="skip the feedback HTML")
+    p.add_argument("--python-warnings", default="ignore", choices=["ignore", "default"],
+                   help="Python warnings in the student's kernel: hidden (default) or shown as stderr output")
     p.add_argument("--timings", default="", help=argparse.SUPPRESS)  # JSON file of per-phase timings
     return p.parse_args(argv)
 
@@ -199,7 +201,8 @@ def limits_from(args):
     return sandbox.Limits(wall_s=args.wall_s, cell_timeout_s=args.cell_timeout_s,
                           memory_bytes=int(args.memory_gib * 2**30), max_processes=args.max_processes,
                           threads=max(1, (os.cpu_count() or 1) // max(1, args.jobs)),
-                          call_timeout_s=args.call_timeout_s, test_timeout_s=args.test_timeout_s)
+                          call_timeout_s=args.call_timeout_s, test_timeout_s=args.test_timeout_s,
+                          python_warnings=args.python_warnings)
 
 
 class Run:

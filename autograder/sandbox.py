@@ -53,6 +53,7 @@ class Limits:
     threads: int = 1                 # OMP / MKL / torch threads, and the CPU quota in cores
     call_timeout_s: float = 20.0     # one call of the student's code made by a checker
     test_timeout_s: float = 300.0    # one test cell's checker, all its calls included
+    python_warnings: str = "ignore"  # PYTHONWARNINGS in the kernel; "default" shows them (the course's own tests)
 
 
 @dataclass
@@ -245,7 +246,7 @@ def build_command(*, course_root: str, ctl_dir: str, submission_dir: str, limits
     lib = os.path.join(course_root, "longctx")
     env = {
         "HOME": "/home/student", "PATH": f"{os.path.dirname(py)}:/usr/local/bin:/usr/bin:/bin",
-        "PYTHONPATH": course_root, "PYTHONWARNINGS": "ignore", "PYTHONHASHSEED": "0",
+        "PYTHONPATH": course_root, "PYTHONWARNINGS": limits.python_warnings, "PYTHONHASHSEED": "0",
         "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg", "LANG": "C.UTF-8", "TERM": "dumb",
         "JUPYTER_PATH": "/ctl/share/jupyter", "JUPYTER_RUNTIME_DIR": "/run/jupyter",
         "JUPYTER_PLATFORM_DIRS": "1", "IPYTHONDIR": "/home/student/.ipython",
