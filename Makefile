@@ -1,6 +1,6 @@
 # Long-Context Serving Lab. Two commands do everything on a fresh machine:
 #   make lab    set up .venv (pinned dependencies, the package, the model) and serve JupyterLab on lessons/
-#   make test   the same set-up, then the whole test suite
+#   make test   the same set-up, then the whole test suite (make test-fast: the unit tests only)
 # Instructors: make release (lessons/ from solutions/), make grade (autograde autograder/submitted/).
 # GPU owners: make gpu-bench.  Benchmarks: make bench.  Binder's limits: make binder-check.
 
@@ -19,7 +19,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: lab test release grade bench gpu-bench binder-check setup lint clean
+.PHONY: lab test test-fast release grade bench gpu-bench binder-check setup lint clean
 
 setup: $(SETUP)
 
@@ -41,6 +41,11 @@ test: $(SETUP)
 	-scripts/check_browser.sh --install
 	$(VENV)/bin/ruff check longctx tests benchmarks autograder scripts
 	$(PY) -m pytest
+
+# The unit tests only (no notebooks, no sandbox, no browser, no real model): a few minutes on 2 cores.
+test-fast: $(SETUP)
+	$(VENV)/bin/ruff check longctx tests benchmarks autograder scripts
+	$(PY) -m pytest -m "not slow and not notebooks"
 
 release: $(SETUP)
 	$(PY) scripts/release.py

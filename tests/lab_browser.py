@@ -369,7 +369,7 @@ def solution_answer(lesson: str, grade_id: str) -> str:
 
 
 # -- which cells a browser run executes -----------------------------------------------------------------
-# A browser run repeats what tests/test_lesson_cells.py and nbval already execute through a kernel; its
+# A browser run repeats what tests/test_lessons_graded.py already executes through a kernel; its
 # job is what only a browser shows (rendering, the learner's gestures). To keep `make test` within its
 # budget it leaves out the cells that run the real model or other long measurements (they import torch,
 # load the model, build an engine, start a server, or recompute a recorded sweep), and every later cell that

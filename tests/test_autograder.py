@@ -18,7 +18,6 @@ import sandbox  # noqa: E402
 
 pytestmark = [pytest.mark.slow]
 PROBLEMS = sandbox.check()
-needs_sandbox = pytest.mark.skipif(bool(PROBLEMS), reason="; ".join(PROBLEMS) or "sandbox ok")
 
 
 @pytest.fixture(scope="module")
@@ -90,42 +89,6 @@ def test_missing_sandbox_is_reported_clearly(monkeypatch, capsys):
     monkeypatch.setattr(grade.sandbox, "check", lambda: ["bubblewrap is not installed: `apt-get install -y bubblewrap`"])
     assert grade.main(["--course-root", h.REPO]) == 2
     assert "apt-get install -y bubblewrap" in capsys.readouterr().out
-
-
-def _released_lessons():
-    lessons = os.path.join(h.REPO, "lessons")
-    return sorted(d for d in os.listdir(lessons) if os.path.isfile(os.path.join(h.REPO, "solutions", d, f"{d}.ipynb"))
-                  and os.path.isfile(os.path.join(lessons, d, f"{d}.ipynb"))) if os.path.isdir(lessons) else []
-
-
-@needs_sandbox
-@pytest.mark.skipif(not _released_lessons(), reason="no released lessons yet")
-@pytest.mark.timeout(2400)  # every lesson notebook runs twice (about 10 min on 2 cores for 7 lessons)
-def test_real_lessons_solutions_full_marks_released_zero(tmp_path):
-    """Every real lesson: its solution earns every point, its untouched release earns none."""
-    lessons = _released_lessons()
-    root = h.make_course(tmp_path, lessons=lessons, use_real_lessons=True)
-    for lesson in lessons:
-        h.submit(root, "solution", lesson, h.solution(root, lesson))
-        h.submit(root, "untouched", lesson, h.released(root, lesson))
-    result = h.grade(root, "--jobs", "2", timeout=2300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    _, rows = h.read_grades(root)
-    for row in rows:
-        manual = _manual_points(row["assignment"])  # written answers wait for a person: 0 in grades.csv
-        expected = float(row["max_score"]) - manual if row["student_id"] == "solution" else 0.0
-        assert float(row["score"]) == expected, (row, h.report(root, row["student_id"]))
-        if manual and row["student_id"] == "solution":
-            assert "pending manual grading" in h.report(root, "solution")
-
-
-def _manual_points(lesson: str) -> float:
-    """Points of the manually graded answer cells (Markdown with grade and solution) of ``lesson``."""
-    import nbformat
-
-    nb = nbformat.read(os.path.join(h.REPO, "solutions", lesson, f"{lesson}.ipynb"), as_version=4)
-    meta = [c.metadata.get("nbgrader", {}) for c in nb.cells if c.cell_type == "markdown"]
-    return float(sum(m.get("points", 0) for m in meta if m.get("grade") and m.get("solution")))
 
 
 def test_nbgrader_config_sets_only_options_that_exist():

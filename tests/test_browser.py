@@ -21,7 +21,7 @@ What is covered:
   NOT run in the browser, to keep this module within ~4 minutes on two cores: cells that run the real
   model or another long measurement (they import torch, load the model, build an engine, start a
   server, or recompute a recorded sweep: lab_browser.HEAVY_CELL) and the cells that read what those
-  define. They run through a kernel in tests/test_lesson_cells.py and nbval; set
+  define. They run through a kernel in tests/test_lessons_graded.py (in the grading sandbox); set
   LONGCTX_BROWSER_ALL_CELLS=1 to run every cell in the browser too.
 - test_first_exercise_teaches_then_validates — lesson 00: the first test cell fails with
   NotImplementedError while unanswered; with a typed wrong answer (bytes per element forgotten) it fails

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from model_fixtures import PROMPTS, hf_reference, our_model, our_tokenizer
+from model_fixtures import PROMPTS
 
 from longctx.model.config import SMOLLM2_135M, check_runnable, spec_from_dict, spec_to_dict
 from longctx.model.llama import Llama
@@ -127,8 +127,8 @@ def test_chat_template_equals_the_gguf_jinja_template():
 
 
 @pytest.mark.slow
-def test_config_and_tokenizer_from_the_gguf():
-    model, tok = our_model(), our_tokenizer()
+def test_config_and_tokenizer_from_the_gguf(smollm2, smollm2_tokenizer):
+    model, tok = smollm2, smollm2_tokenizer
     def shape(spec):  # everything but where the numbers were read from
         return {k: v for k, v in spec_to_dict(spec).items() if k not in ("source", "notes")}
 
@@ -141,9 +141,10 @@ def test_config_and_tokenizer_from_the_gguf():
 
 
 @pytest.mark.slow
-def test_tokenizer_matches_transformers():
-    _, hf_tok = hf_reference()
-    tok = our_tokenizer()
+@pytest.mark.xdist_group("transformers")
+def test_tokenizer_matches_transformers(hf_reference, smollm2_tokenizer):
+    _, hf_tok = hf_reference
+    tok = smollm2_tokenizer
     texts = PROMPTS + [
         "  leading spaces, tabs\tand\nnewlines\n\n",
         "Numbers: 3.14159, 2024-11-29, 1,000,000 and x**2",
@@ -170,16 +171,17 @@ def hf_greedy(model, ids: list[int], steps: int) -> list[int]:
 
 
 @pytest.mark.slow
-def test_logits_match_transformers_within_1e_3():
+@pytest.mark.xdist_group("transformers")
+def test_logits_match_transformers_within_1e_3(hf_reference, smollm2, smollm2_tokenizer):
     from longctx.engine.exactness import chunked_prefill_logits
 
-    hf, _ = hf_reference()
-    tok = our_tokenizer()
+    hf, _ = hf_reference
+    tok = smollm2_tokenizer
     prompts = [tok.encode(p) for p in PROMPTS] + [tok.encode_chat(c) for c in CHATS]
     prompts.append(tok.encode(" ".join(PROMPTS) * 8))  # a few hundred tokens
     worst = 0.0
     for ids in prompts:
-        ours = chunked_prefill_logits(our_model(), ids, None)
+        ours = chunked_prefill_logits(smollm2, ids, None)
         with torch.inference_mode():
             ref = hf(input_ids=torch.tensor([ids])).logits[0].float()
         worst = max(worst, float((ours - ref).abs().max()))
@@ -187,10 +189,11 @@ def test_logits_match_transformers_within_1e_3():
 
 
 @pytest.mark.slow
-def test_greedy_tokens_match_transformers_for_64_steps():
+@pytest.mark.xdist_group("transformers")
+def test_greedy_tokens_match_transformers_for_64_steps(hf_reference, smollm2, smollm2_tokenizer):
     from longctx.engine.llm import generate
 
-    hf, _ = hf_reference()
-    tok = our_tokenizer()
+    hf, _ = hf_reference
+    tok = smollm2_tokenizer
     for ids in (tok.encode_chat(CHATS[0][0]["content"]), tok.encode(PROMPTS[2])):
-        assert generate(our_model(), ids, 64) == hf_greedy(hf, ids, 64)
+        assert generate(smollm2, ids, 64) == hf_greedy(hf, ids, 64)

@@ -158,16 +158,16 @@ def test_cos_sin_match_transformers_rotary_embedding(scaling):
 
 
 @pytest.mark.slow
-def test_model_with_yarn_matches_transformers_with_yarn():
+@pytest.mark.xdist_group("transformers")
+def test_model_with_yarn_matches_transformers_with_yarn(hf_reference, smollm2):
     """SmolLM2 with YaRN x2: our logits equal transformers' LlamaForCausalLM given the same rope_parameters."""
-    from model_fixtures import hf_reference, our_model
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
     from longctx.engine.exactness import chunked_prefill_logits
 
     scaling = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 8192}
-    hf, _ = hf_reference()
-    ours = our_model()
+    hf, _ = hf_reference
+    ours = smollm2
     ids = list(range(1000, 1300))
     old_rot = hf.model.rotary_emb
     cfg = hf.config.__class__.from_dict(hf.config.to_dict())

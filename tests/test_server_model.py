@@ -23,7 +23,7 @@ def server():
 
 
 def _greedy(ids, max_tokens):
-    from tests.model_fixtures import our_model, our_tokenizer
+    from model_fixtures import our_model, our_tokenizer
 
     try:
         from longctx.engine import generate
@@ -44,8 +44,7 @@ def _wait_idle(server, timeout_s=10.0):
 
 def test_openai_client_matches_greedy_generate(server):
     import openai
-
-    from tests.model_fixtures import our_tokenizer
+    from model_fixtures import our_tokenizer
 
     tok = our_tokenizer()
     client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="none")
@@ -121,10 +120,11 @@ def test_disconnect_mid_stream_frees_blocks(server):
 
 
 def test_soak_64_concurrent_streaming_clients(server):
+    from model_fixtures import our_tokenizer
+
     from longctx.bench.client import run_benchmark
     from longctx.bench.metrics import summarize
     from longctx.bench.workloads import build_workload
-    from tests.model_fixtures import our_tokenizer
 
     requests = build_workload("chat", 256, our_tokenizer(), prompt_tokens=40, max_tokens=3, seed=1)
     # bounded by the request count and a 120 s timeout per request; no wall-clock assertion (the course puts

@@ -1,0 +1,54 @@
+"""Shared test set-up: one import path for the helper modules, the real model loaded once per process.
+
+- `tests/` is on sys.path (pytest's rootdir-relative import puts it there for every test module), so the
+  helpers are imported by their plain names: `model_fixtures`, `autograder_helpers`, `lab_browser`. Never
+  `tests.model_fixtures`: a second module name is a second cache, and the model would load twice
+  (`test_one_import_path_for_helpers` in tests/test_test_setup.py fails if that comes back).
+- Fixtures `smollm2`, `smollm2_tokenizer` and `hf_reference` wrap the cached loaders of
+  `model_fixtures`; under pytest-xdist each worker process loads them at most once. Tests that need the
+  transformers reference share the xdist group "transformers", so only one worker pays its ~30 s load.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+if TESTS not in sys.path:
+    sys.path.insert(0, TESTS)
+
+import model_fixtures  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """Our Llama implementation with SmolLM2-135M-Instruct's weights (longctx.model.weights.load_model)."""
+    return model_fixtures.our_model()
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    return model_fixtures.our_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def hf_reference():
+    """(transformers LlamaForCausalLM, its tokenizer) read from the same GGUF: the independent reference."""
+    return model_fixtures.hf_reference()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`--dist loadgroup`), a test module's tests share one worker unless they name a group.
+
+    Most modules build something once for all their tests (a course copy graded in the sandbox, a server, a
+    JupyterLab and a browser, a release): split across two workers, each would build it. Tests that share an
+    expensive cross-module fixture (the transformers reference, the graded lessons) name their group with
+    `@pytest.mark.xdist_group(...)`.
+    """
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else item.nodeid))

@@ -1,0 +1,224 @@
+"""Every real lesson, executed once per variant, feeds every check on lessons as they run.
+
+One session fixture (`lesson_runs`) puts a copy of the course in a temporary folder and grades each lesson
+twice through `make grade`'s grader, in its sandbox, two submissions at a time (both cores):
+- "solution": the source notebook from solutions/ submitted as a student's answer;
+- "untouched": the released lesson from a fresh `make release`, submitted unanswered.
+The kernel runs with Python warnings shown (`grade.py --python-warnings default`), because a warning in a
+narrative cell is exactly what a learner would see as a failure. Parametrized tests then read the grades and
+the executed notebooks (`autograder/autograded/<student>/<lesson>/<lesson>.ipynb`: the sandbox's outputs in
+the student's cells, the checker's verdict in each test cell), so a failure names its lesson:
+
+- test_solution_earns_every_autograded_point / test_untouched_release_earns_zero — the round trip;
+  written answers (manually graded Markdown) wait for a person: 0 in grades.csv, "pending" in the report;
+- test_untouched_narrative_cells_run_cleanly — the released lesson before anything is answered: no cell
+  that is neither an exercise nor a test raises or writes to stderr (was tests/test_lesson_cells.py);
+- test_solution_cells_run_without_error — every non-test cell of the solution runs (was nbval --nbval-lax
+  over solutions/), and a cell marked NBVAL_CHECK_OUTPUT prints what its committed output shows.
+
+Where the sandbox cannot run (no root or bubblewrap) the same notebooks are executed with nbconvert
+instead, outside any sandbox (the course's own notebooks, not student code): the cell checks still run and
+the grade checks are skipped with the reason. LONGCTX_TEST_LESSONS=00_start_here,03_memory_wall limits the
+run to some lessons while developing; `make test` never sets it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+import autograder_helpers as h
+import nbformat
+import pytest
+
+sys.path.insert(0, os.path.join(h.REPO, "autograder"))
+import sandbox  # noqa: E402
+
+VARIANTS = ("solution", "untouched")
+ALL_LESSONS = sorted(d for d in os.listdir(os.path.join(h.REPO, "solutions"))
+                     if os.path.isfile(os.path.join(h.REPO, "solutions", d, f"{d}.ipynb")))
+_only = [x for x in os.environ.get("LONGCTX_TEST_LESSONS", "").split(",") if x]
+LESSONS = [lesson for lesson in ALL_LESSONS if not _only or lesson in _only]
+SANDBOX_PROBLEMS = sandbox.check()
+CHECK_OUTPUT_MARK = "NBVAL_CHECK_OUTPUT"
+
+pytestmark = [pytest.mark.slow, pytest.mark.notebooks, pytest.mark.xdist_group("lessons"),
+              pytest.mark.timeout(2700)]  # the fixture's grading run is charged to the first test
+
+
+@dataclass
+class LessonRuns:
+    root: str
+    graded: bool                                  # False: executed with nbconvert, no grades
+    notebooks: dict = field(default_factory=dict)  # (variant, lesson) -> executed notebook
+    rows: dict = field(default_factory=dict)       # (variant, lesson) -> grades.csv row
+    states: dict = field(default_factory=dict)     # (variant, lesson) -> how its execution ended
+    log: str = ""
+
+
+def _role(cell) -> str:
+    meta = cell.metadata.get("nbgrader", {})
+    if meta.get("grade") and not meta.get("solution"):
+        return "test"
+    if meta.get("solution"):
+        return "exercise"
+    return "narrative"
+
+
+@pytest.fixture(scope="session")
+def lesson_runs(tmp_path_factory) -> LessonRuns:
+    root = h.make_course(tmp_path_factory.mktemp("lessons"), lessons=LESSONS, use_real_lessons=True)
+    for lesson in LESSONS:
+        h.submit(root, "solution", lesson, h.solution(root, lesson))
+        h.submit(root, "untouched", lesson, h.released(root, lesson))
+    if SANDBOX_PROBLEMS:
+        return _execute_without_sandbox(root)
+    result = h.grade(root, "--jobs", "2", "--python-warnings", "default", "--no-feedback", timeout=2600)
+    runs = LessonRuns(root, graded=True, log=result.stdout[-4000:] + result.stderr[-4000:])
+    assert result.returncode == 0, runs.log
+    for variant, lesson, state in re.findall(r"executed ([^/\s]+)/(\S+): (.*)", result.stdout):
+        runs.states[(variant, lesson)] = state
+    _, rows = h.read_grades(root)
+    for row in rows:
+        runs.rows[(row["student_id"], row["assignment"])] = row
+    for variant in VARIANTS:
+        for lesson in LESSONS:
+            path = os.path.join(root, "autograder", "autograded", variant, lesson, f"{lesson}.ipynb")
+            if os.path.isfile(path):
+                runs.notebooks[(variant, lesson)] = nbformat.read(path, as_version=4)
+    return runs
+
+
+def _execute_without_sandbox(root) -> LessonRuns:
+    """nbconvert --execute --allow-errors for every (variant, lesson), two at a time, warnings shown."""
+    runs = LessonRuns(root, graded=False)
+    env = dict(h.env(), PYTHONWARNINGS="default")
+
+    def execute(key):
+        variant, lesson = key
+        folder = os.path.join(root, "executed", variant, lesson)
+        shutil.copytree(os.path.join(root, "autograder", "submitted", variant, lesson), folder)
+        cmd = [h.PY, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute", "--allow-errors",
+               "--ExecutePreprocessor.timeout=600", "--inplace", os.path.join(folder, f"{lesson}.ipynb")]
+        done = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=1200)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs.states[key] = "finished"
+        return key, nbformat.read(os.path.join(folder, f"{lesson}.ipynb"), as_version=4)
+
+    keys = [(variant, lesson) for lesson in LESSONS for variant in VARIANTS]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        runs.notebooks.update(pool.map(execute, keys))
+    return runs
+
+
+def _executed(runs: LessonRuns, variant: str, lesson: str):
+    """The executed notebook; its run must have finished (not timed out, killed or cut short)."""
+    nb = runs.notebooks.get((variant, lesson))
+    assert nb is not None, f"{variant}/{lesson} was not executed:\n{runs.log}"
+    state = runs.states.get((variant, lesson), "")
+    assert state.startswith("finished"), f"{variant}/{lesson} did not run to its end: {state!r}\n{runs.log}"
+    return nb
+
+
+def _errors(cell) -> list[str]:
+    return [f"{o.get('ename')}: {str(o.get('evalue'))[:300]}" for o in cell.get("outputs", [])
+            if o.get("output_type") == "error"]
+
+
+def _stderr(cell) -> str:
+    return "".join(o.get("text", "") for o in cell.get("outputs", [])
+                   if o.get("output_type") == "stream" and o.get("name") == "stderr")
+
+
+def _needs_grades(runs: LessonRuns):
+    if not runs.graded:
+        pytest.skip("no grading sandbox here: " + "; ".join(SANDBOX_PROBLEMS))
+
+
+def _manual_points(lesson: str) -> float:
+    """Points of the manually graded answers (Markdown cells with grade and solution) of ``lesson``."""
+    nb = nbformat.read(os.path.join(h.REPO, "solutions", lesson, f"{lesson}.ipynb"), as_version=4)
+    meta = [c.metadata.get("nbgrader", {}) for c in nb.cells if c.cell_type == "markdown"]
+    return float(sum(m.get("points", 0) for m in meta if m.get("grade") and m.get("solution")))
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_solution_earns_every_autograded_point(lesson_runs, lesson):
+    _needs_grades(lesson_runs)
+    row = lesson_runs.rows.get(("solution", lesson))
+    assert row is not None, f"no grades.csv row for solution/{lesson}:\n{lesson_runs.log}"
+    manual = _manual_points(lesson)  # a written answer waits for a person: 0 in grades.csv until graded
+    assert float(row["score"]) == float(row["max_score"]) - manual, (row, h.report(lesson_runs.root, "solution"))
+    if manual:
+        assert f"{lesson}:" in h.report(lesson_runs.root, "solution")
+        assert "pending manual grading" in h.report(lesson_runs.root, "solution")
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_untouched_release_earns_zero(lesson_runs, lesson):
+    _needs_grades(lesson_runs)
+    row = lesson_runs.rows.get(("untouched", lesson))
+    assert row is not None, f"no grades.csv row for untouched/{lesson}:\n{lesson_runs.log}"
+    assert float(row["score"]) == 0.0, (row, h.report(lesson_runs.root, "untouched"))
+    assert float(row["max_score"]) == float(lesson_runs.rows[("solution", lesson)]["max_score"]) > 0
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_untouched_narrative_cells_run_cleanly(lesson_runs, lesson):
+    """Run before anything is answered, no narrative cell raises or writes to stderr (a warning included)."""
+    nb = _executed(lesson_runs, "untouched", lesson)
+    problems = []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or _role(cell) != "narrative":
+            continue
+        problems += [f"cell {index} raised {e}" for e in _errors(cell)]
+        if _stderr(cell):
+            problems.append(f"cell {index} wrote to stderr: {_stderr(cell)[:500]!r}")
+    assert not problems, f"released {lesson}, unanswered:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_solution_cells_run_without_error(lesson_runs, lesson):
+    """Every cell of the solution but its tests (graded by the checker) runs; NBVAL_CHECK_OUTPUT cells match."""
+    nb = _executed(lesson_runs, "solution", lesson)
+    committed = nbformat.read(os.path.join(h.REPO, "solutions", lesson, f"{lesson}.ipynb"), as_version=4)
+    problems = []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or (lesson_runs.graded and _role(cell) == "test"):
+            continue
+        problems += [f"cell {index} raised {e}" for e in _errors(cell)]
+        if CHECK_OUTPUT_MARK in cell.source and index < len(committed.cells):
+            want, got = comparable_outputs(committed.cells[index]), comparable_outputs(cell)
+            if want != got:
+                problems.append(f"cell {index} ({CHECK_OUTPUT_MARK}) printed {got!r}, committed {want!r}")
+    assert not problems, f"solution {lesson}:\n" + "\n".join(problems)
+
+
+def comparable_outputs(cell) -> list[tuple[str, str]]:
+    """What nbval compares in a cell: streams and text/plain results, in order (images and HTML left out)."""
+    out = []
+    for o in cell.get("outputs", []):
+        if o.get("output_type") == "stream":
+            out.append((o.get("name", ""), o.get("text", "")))
+        elif o.get("output_type") in ("execute_result", "display_data") and "text/plain" in o.get("data", {}):
+            out.append(("text/plain", o["data"]["text/plain"]))
+        elif o.get("output_type") == "error":
+            out.append(("error", o.get("ename", "")))
+    return out
+
+
+def test_comparable_outputs_reads_streams_results_and_errors():
+    from nbformat.v4 import new_code_cell, new_output
+
+    cell = new_code_cell("print(1); 2", outputs=[
+        new_output("stream", name="stdout", text="1\n"),
+        new_output("execute_result", data={"text/plain": "2", "image/png": "AAAA"}, execution_count=1),
+        new_output("display_data", data={"image/png": "AAAA"}),
+        new_output("error", ename="ValueError", evalue="x", traceback=[]),
+    ])
+    assert comparable_outputs(cell) == [("stdout", "1\n"), ("text/plain", "2"), ("error", "ValueError")]
