@@ -213,9 +213,10 @@ def test_kv_pool_too_small_is_400_and_full_queue_is_503(tokenizer):
             lines = a.iter_lines()
             next(ln for ln in lines if ln.startswith("data: "))  # A runs and holds the whole pool
             with c.stream("POST", s.url + "/v1/completions", json=fill) as b:
-                deadline = time.monotonic() + 5
+                deadline = time.monotonic() + 60  # a loaded machine may take a while to queue B
                 while s.health()["num_waiting"] < 1 and time.monotonic() < deadline:
                     time.sleep(0.02)
+                assert s.health()["num_waiting"] == 1, "B never queued behind A"
                 err = _assert_openai_error(httpx.post(s.url + "/v1/completions", json=fill), 503)
                 assert err["type"] == "server_overloaded"
                 assert sum(ln.startswith("data: ") for ln in b.iter_lines()) == 55 + 2  # B ran after A
