@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 
 CGROUP_ROOT = "/sys/fs/cgroup"
+PROC_SELF_CGROUP = "/proc/self/cgroup"
 NEEDED_V2 = ("cpu", "memory", "pids")
 _COUNTER = itertools.count()
 
@@ -93,8 +94,11 @@ def _controllers(path):
     return set(_read(os.path.join(path, "cgroup.controllers")).split())
 
 
-def detect(root=CGROUP_ROOT, proc_cgroup="/proc/self/cgroup", env=None) -> CgroupHost:
-    """Which cgroups the grader can use here (reads only; see the module docstring)."""
+def detect(root=None, proc_cgroup=None, env=None) -> CgroupHost:
+    """Which cgroups the grader can use here (reads only; see the module docstring). The defaults are the
+    module's CGROUP_ROOT, PROC_SELF_CGROUP and os.environ, read at each call."""
+    root = root or CGROUP_ROOT
+    proc_cgroup = proc_cgroup or PROC_SELF_CGROUP
     env = os.environ if env is None else env
     if _v1_ok(root):
         return CgroupHost("v1", root=root)

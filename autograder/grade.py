@@ -3,25 +3,31 @@
     python autograder/grade.py [--jobs N] [--lesson ID ...] [--student ID ...]      (what `make grade` runs)
 
 The guarantee (autograder/README.md): the checks, their expected values and the hidden tests never run
-in, and are never sent to, a process that ran student code. Steps:
-1. Register the lessons: `generate_assignment` into a private release folder (autograder/.work/release),
-   which creates autograder/gradebook.db on a fresh clone and never touches lessons/. Start the checker
-   fork server (autograder/checker.py, the instructor's library preloaded) before reading any submission.
-2. Stage each submission: copy its regular files (no links, no hard links, bounded depth, count and size)
-   to autograder/.work/staged. A notebook that cannot be read is replaced by the blank released lesson.
-3. Sanitize with nbgrader's own preprocessors (test cells restored, deleted ones added back), then blank
-   every test cell: the sandbox gets the student's cells only.
-4. Execute every submission in its own sandbox (autograder/sandbox.py), N at a time. At each test cell
-   the sandbox's executor asks this process to check it: a fresh checker child runs the instructor's test
-   source from solutions/ and gets only plain data from the student's kernel (values, results of calling
+in, and are never sent to, a process that ran student code; nothing of the student runs outside its
+sandbox. Steps:
+0. Refuse without a sandbox (root, bubblewrap) or cgroups (v1, or v2 in a delegated subtree) and say why.
+1. Start the checker fork server (autograder/checker.py, the instructor's library preloaded) before
+   reading any submission. Register the lessons: `generate_assignment` into a private release folder
+   (autograder/.work/release), which creates autograder/gradebook.db on a fresh clone and never touches
+   lessons/.
+2. Stage each submission (autograder/pipeline.py, N at a time): copy its regular files (no links, no hard
+   links, no timestamp.txt, bounded depth, count and size) to autograder/.work/staged; a folder whose name
+   cannot be a student id is graded under a safe alias. Check the notebook in a limited child with a time
+   limit (JSON, nbformat, at most twice the lesson's cells); one that fails is replaced by the blank lesson.
+3. Sanitize with nbgrader's own preprocessors, cell roles restored from the lesson first (test cells
+   restored, deleted ones added back), then blank every test cell: the sandbox gets the student's cells only.
+4. Execute it in its own sandbox (autograder/sandbox.py). At each test cell the sandbox's executor asks
+   this process to check it: a fresh, limited checker child runs the instructor's test source from
+   solutions/ (by grade_id) and gets only plain data from the student's kernel (values, results of calling
    the student's functions, a scheduler's decisions), relayed by this process. Its verdict is the test's.
 5. As each submission finishes, a bookkeeping worker (autograder/bookkeeper.py; nbgrader's `autograde`
-   with the verdicts as the test cells' outputs, then `generate_feedback`, each with a time limit)
-   records it; finally grades.csv (`nbgrader export`'s columns), a report per student under
-   autograder/reports/, and a summary table. Every per-submission step is contained: a submission that
-   breaks one is graded 0 with the reason, and the others are graded as usual. Written answers (nbgrader's
-   manually graded cells) stay pending until graded in the formgrader (autograder/formgrade.sh): reports
-   and summary say so, and the next run shows the final total.
+   with the verdicts as the test cells' outputs) records it and a second one renders its feedback, each
+   task with a time limit; then its work folders are removed. Finally grades.csv (`nbgrader export`'s
+   columns), a report per student under autograder/reports/, and a summary table (skipped folders listed
+   with the reason). Every per-submission step is contained: a submission that breaks one is graded 0
+   with the reason, and the others are graded as usual. Written answers (nbgrader's manually graded
+   cells) stay pending until graded in the formgrader (autograder/formgrade.sh): reports and summary say
+   so, and the next run shows the final total.
 """
 
 from __future__ import annotations
@@ -80,8 +86,8 @@ def main(argv=None):
     venv_bin = os.path.dirname(sys.executable)
     os.environ["PATH"] = venv_bin + os.pathsep + os.environ.get("PATH", "")  # nbgrader runs `alembic`
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    problems = sandbox.check(**({"allow_no_cgroups": True} if args.allow_no_cgroups else {}))
     host = cgroups.detect()
-    problems = sandbox.check(args.allow_no_cgroups, host)
     if not problems and host.kind:
         try:
             host.activate()

@@ -82,7 +82,7 @@ class RunResult:
     status: dict = field(default_factory=dict)  # the executor's status.json (timings included)
 
 
-def check(allow_no_cgroups: bool = False, cgroup_host: cgroups.CgroupHost | None = None) -> list[str]:
+def check(allow_no_cgroups: bool = False) -> list[str]:
     """Return what is missing for sandboxed grading, as sentences an instructor can act on."""
     problems = []
     if sys.platform != "linux":
@@ -103,7 +103,7 @@ def check(allow_no_cgroups: bool = False, cgroup_host: cgroups.CgroupHost | None
         problems.append("bubblewrap is installed but cannot create namespaces here "
                         f"({probe.stderr.strip() or probe.returncode}); a container needs to allow "
                         "unshare/mount (e.g. docker --privileged or --security-opt seccomp=unconfined)")
-    host = cgroup_host or cgroups.detect()
+    host = cgroups.detect()
     if host.kind is None and not allow_no_cgroups:
         problems.append(f"{host.problem}. Grading without cgroups would leave only per-process limits "
                         "(RLIMIT_AS per process, up to --max-processes of them); `--allow-no-cgroups` grades "

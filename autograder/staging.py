@@ -87,10 +87,10 @@ def discover(root, lessons_filter, students_filter, solutions):
                 continue
             if os.path.islink(ldir) or not os.path.isdir(ldir):
                 if os.path.islink(ldir):
-                    skipped.append((student, clean(ascii(lesson))[:60], "a symbolic link (not followed)"))
+                    skipped.append((student, clean(lesson)[:60], "a symbolic link (not followed)"))
                 continue
             if lesson not in solutions:
-                skipped.append((student, clean(ascii(lesson))[:60], "no such lesson in solutions/"))
+                skipped.append((student, clean(lesson)[:60], "no such lesson in solutions/"))
                 continue
             found.append((student, folder, lesson))
     return found, skipped, ids
