@@ -52,6 +52,9 @@ def solution_cells(root, lesson, release_dir=None):
 
 
 def sanitize(nb, job, config):
+    from cellroles import (
+        RestoreCellRoles,  # imports nbgrader: not at module level (checker children load this)
+    )
     from nbgrader.preprocessors import (
         CheckCellMetadata,
         ClearOutput,
@@ -59,8 +62,6 @@ def sanitize(nb, job, config):
         OverwriteCells,
         OverwriteKernelspec,
     )
-
-    from cellroles import RestoreCellRoles  # imports nbgrader: not at module level (checker children load this)
 
     resources = {"unique_key": job.lesson, "nbgrader": {"assignment": job.lesson, "student": job.student,
                                                         "notebook": job.lesson, "db_url": config.CourseDirectory.db_url}}
