@@ -69,4 +69,4 @@ gpu-bench:
 	bash scripts/gpu_run.sh
 
 clean:
-	rm -rf autograder/autograded autograder/feedback autograder/gradebook.db autograder/grades.csv
+	rm -rf autograder/autograded autograder/feedback autograder/gradebook.db autograder/grades.csv autograder/.work

@@ -29,6 +29,7 @@ import warnings
 sys.modules.setdefault("rfc3987_syntax", None)
 
 import nbformat  # noqa: E402
+from executor_output import read_outputs  # noqa: E402
 from nbgrader import utils  # noqa: E402
 from nbgrader.preprocessors import NbGraderPreprocessor  # noqa: E402
 
@@ -50,14 +51,23 @@ def load_config(root: str, work: str):
     override.OverwriteCells.add_missing_cells = True
     override.OverwriteCells.missing_cell_notification = (
         "# This cell (id:{cell_id}) was missing from the submission; the grader added it back.\n")
+    override.RestoreCellRoles.release_directory = os.path.join(work, "release")
+    from cellroles import RestoreCellRoles
     from nbconvert.preprocessors import ClearMetadataPreprocessor
     from nbgrader.preprocessors import (
         AssignLatePenalties,
         CheckCellMetadata,
+        ClearOutput,
+        DeduplicateIds,
         IgnorePattern,
         LimitOutput,
+        OverwriteCells,
+        OverwriteKernelspec,
         SaveAutoGrades,
     )
+
+    override.Autograde.sanitize_preprocessors = [ClearOutput, DeduplicateIds, RestoreCellRoles, OverwriteKernelspec,
+                                                 OverwriteCells, CheckCellMetadata]
 
     override.Autograde.autograde_preprocessors = [ReplayVerdicts, IgnorePattern, ClearMetadataPreprocessor,
                                                   LimitOutput, SaveAutoGrades, AssignLatePenalties,
@@ -105,16 +115,10 @@ class ReplayVerdicts(NbGraderPreprocessor):
 
     def preprocess(self, nb, resources):
         ctl_dir = CURRENT["ctl_dir"]
-        executed = None
-        path = os.path.join(ctl_dir, "executed.ipynb")
-        if os.path.exists(path) and os.path.getsize(path) <= 4 * MAX_NOTEBOOK_BYTES:
-            try:
-                executed = nbformat.read(path, as_version=4)
-            except Exception:  # noqa: BLE001
-                executed = None
-        if executed is not None and len(executed.cells) != len(nb.cells):
+        path = os.path.join(ctl_dir, "outputs.jsonl")
+        executed = read_outputs(path, len(nb.cells), 4 * MAX_NOTEBOOK_BYTES)
+        if executed is None and os.path.exists(path):
             CURRENT["notes"].append("the executed notebook did not match the submission; its outputs were dropped")
-            executed = None
         try:
             with open(os.path.join(ctl_dir, "verdicts.json")) as fh:
                 verdicts = {int(k): v for k, v in json.load(fh).items()}
@@ -127,7 +131,7 @@ class ReplayVerdicts(NbGraderPreprocessor):
             if utils.is_grade(cell) and not utils.is_solution(cell):
                 cell.outputs = verdict_outputs(verdicts.get(index), CURRENT["stop_reason"])
             else:
-                cell.outputs = list(executed.cells[index].get("outputs", [])) if executed is not None else []
+                cell.outputs = [nbformat.from_dict(o) for o in (executed or {}).get(index, [])]
         return nb, resources
 
 

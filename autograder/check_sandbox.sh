@@ -26,10 +26,19 @@ elif ! bwrap --die-with-parent --unshare-pid --unshare-net --ro-bind / / --proc 
   ok=0
 fi
 rm -f /tmp/.bwrap_probe.$$
-if [ -w /sys/fs/cgroup/memory ] && [ -w /sys/fs/cgroup/pids ]; then
-  say "ok: cgroup v1 memory+pids writable: each notebook also gets a total memory and process limit"
+here="$(cd "$(dirname "$0")" && pwd)"
+py="$(command -v python3 || command -v python || true)"
+if [ -n "$py" ]; then
+  cg="$("$py" -c 'import sys; sys.path.insert(0, sys.argv[1]); import cgroups; h = cgroups.detect(); print(h.kind or "-", h.base or h.root, h.problem)' "$here" 2>&1)"
+  case "$cg" in
+    v1\ *) say "ok: cgroup v1 memory, pids and cpu writable: each notebook gets a total memory, process and CPU limit" ;;
+    v2\ *) say "ok: cgroup v2 (delegated cgroup ${cg#v2 }): each notebook gets memory.max, memory.swap.max, pids.max, cpu.max" ;;
+    *) say "MISSING: cgroup limits: ${cg#- }"
+       say "         (\`make grade\` refuses to grade without them; --allow-no-cgroups grades with per-process limits only)"
+       ok=0 ;;
+  esac
 else
-  say "note: no writable cgroup v1 memory/pids hierarchy: limits are per process (RLIMIT_AS, RLIMIT_NPROC)"
+  say "note: no python3 to check the cgroups with (the grader checks them itself when it starts)"
 fi
 if [ $ok = 1 ]; then say "ok: the grading sandbox works here (bubblewrap $(bwrap --version | cut -d' ' -f2))"; exit 0; fi
 exit 1

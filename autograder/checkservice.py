@@ -16,15 +16,19 @@ import threading
 import time
 
 import checker
+import plaindata
 
-MAX_LINE_BYTES = 40 * 2**20
+MAX_LINE_BYTES = 3 * plaindata.MAX_TEXT_BYTES  # one relayed answer, JSON-escaped
+CHECKER_MEMORY_BYTES = 2 * 2**30                # per checker child, beyond the preloaded library
 
 
 class CheckService:
     """Listens on ctl_dir/grader.sock for one sandbox; runs a checker child for each test cell it announces."""
 
-    def __init__(self, job, mp_context, limits):
+    def __init__(self, job, mp_context, limits, checker_cgroup=None):
         self.job, self.ctx, self.limits = job, mp_context, limits
+        self.child_limits = {"cgroup_procs": checker_cgroup.procs_files() if checker_cgroup else [],
+                             "cpu_s": int(limits.test_timeout_s) + 10, "memory_bytes": CHECKER_MEMORY_BYTES}
         self.path = os.path.join(job.ctl_dir, "grader.sock")
         if os.path.exists(self.path):
             os.remove(self.path)
@@ -87,7 +91,7 @@ class CheckService:
     def _check(self, index, conn, reader):
         import checker as ck
 
-        spec = self.job.test_plans[index]
+        spec = dict(self.job.test_plans[index], limits=self.child_limits)
         parent, child = self.ctx.Pipe()
         proc = self.ctx.Process(target=ck.run_check, args=(child, spec), daemon=True)
         proc.start()

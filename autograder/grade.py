@@ -3,40 +3,40 @@
     python autograder/grade.py [--jobs N] [--lesson ID ...] [--student ID ...]      (what `make grade` runs)
 
 The guarantee (autograder/README.md): the checks, their expected values and the hidden tests never run
-in, and are never sent to, a process that ran student code. Steps:
-1. Register the lessons: `generate_assignment` into a private release folder (autograder/.work/release),
-   which creates autograder/gradebook.db on a fresh clone and never touches lessons/. Start the checker
-   fork server (autograder/checker.py, the instructor's library preloaded) before reading any submission.
-2. Stage each submission: copy its regular files (no links, no hard links, bounded depth, count and size)
-   to autograder/.work/staged. A notebook that cannot be read is replaced by the blank released lesson.
-3. Sanitize with nbgrader's own preprocessors (test cells restored, deleted ones added back), then blank
-   every test cell: the sandbox gets the student's cells only.
-4. Execute every submission in its own sandbox (autograder/sandbox.py), N at a time. At each test cell
-   the sandbox's executor asks this process to check it: a fresh checker child runs the instructor's test
-   source from solutions/ and gets only plain data from the student's kernel (values, results of calling
+in, and are never sent to, a process that ran student code; nothing of the student runs outside its
+sandbox. Steps:
+0. Refuse without a sandbox (root, bubblewrap) or cgroups (v1, or v2 in a delegated subtree) and say why.
+1. Start the checker fork server (autograder/checker.py, the instructor's library preloaded) before
+   reading any submission. Register the lessons: `generate_assignment` into a private release folder
+   (autograder/.work/release), which creates autograder/gradebook.db on a fresh clone and never touches
+   lessons/.
+2. Stage each submission (autograder/pipeline.py, N at a time): copy its regular files (no links, no hard
+   links, no timestamp.txt, bounded depth, count and size) to autograder/.work/staged; a folder whose name
+   cannot be a student id is graded under a safe alias. Check the notebook in a limited child with a time
+   limit (JSON, nbformat, at most twice the lesson's cells); one that fails is replaced by the blank lesson.
+3. Sanitize with nbgrader's own preprocessors, cell roles restored from the lesson first (test cells
+   restored, deleted ones added back), then blank every test cell: the sandbox gets the student's cells only.
+4. Execute it in its own sandbox (autograder/sandbox.py). At each test cell the sandbox's executor asks
+   this process to check it: a fresh, limited checker child runs the instructor's test source from
+   solutions/ (by grade_id) and gets only plain data from the student's kernel (values, results of calling
    the student's functions, a scheduler's decisions), relayed by this process. Its verdict is the test's.
 5. As each submission finishes, a bookkeeping worker (autograder/bookkeeper.py; nbgrader's `autograde`
-   with the verdicts as the test cells' outputs, then `generate_feedback`, each with a time limit)
-   records it; finally grades.csv (`nbgrader export`'s columns), a report per student under
-   autograder/reports/, and a summary table. Every per-submission step is contained: a submission that
-   breaks one is graded 0 with the reason, and the others are graded as usual. Written answers (nbgrader's
-   manually graded cells) stay pending until graded in the formgrader (autograder/formgrade.sh): reports
-   and summary say so, and the next run shows the final total.
+   with the verdicts as the test cells' outputs) records it and a second one renders its feedback, each
+   task with a time limit; then its work folders are removed. Finally grades.csv (`nbgrader export`'s
+   columns), a report per student under autograder/reports/, and a summary table (skipped folders listed
+   with the reason). Every per-submission step is contained: a submission that breaks one is graded 0
+   with the reason, and the others are graded as usual. Written answers (nbgrader's manually graded
+   cells) stay pending until graded in the formgrader (autograder/formgrade.sh): reports and summary say
+   so, and the next run shows the final total.
 """
 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
-import json
 import os
-import queue
-import shutil
 import sys
 import threading
 import time
-import traceback
-from dataclasses import dataclass, field
 
 # jsonschema (through nbformat) imports rfc3987_syntax for one format check notebooks never use; that
 # import costs ~1.2 s of CPU in every process that reads a notebook. Skip it.
@@ -45,65 +45,14 @@ sys.modules.setdefault("rfc3987_syntax", None)
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import cgroups  # noqa: E402
 import sandbox  # noqa: E402
 from bookkeeper_client import Bookkeeper  # noqa: E402
-from checkservice import CheckService, start_checker_server  # noqa: E402
-from preparation import prepare, solution_cells  # noqa: E402
-from reports import log, print_summary, stop_reason, write_reports, write_timings  # noqa: E402
-from staging import clean, discover, stage  # noqa: E402
-
-FEEDBACK_TIMEOUT_S = 60.0
-AUTOGRADE_TIMEOUT_S = 120.0
-
-
-@dataclass
-class Job:
-    student: str
-    lesson: str
-    staged_dir: str = ""
-    ctl_dir: str = ""
-    test_plans: dict = field(default_factory=dict)     # cell index -> checker spec
-    verdicts: dict = field(default_factory=dict)       # cell index -> checker verdict
-    notes: list = field(default_factory=list)
-    flags: list = field(default_factory=list)
-    result: sandbox.RunResult | None = None
-    score: float = 0.0
-    max_score: float = 0.0
-    tests: list = field(default_factory=list)          # (name, score, max, message); score None: pending
-    pending: list = field(default_factory=list)        # (name, max): written answers awaiting manual grading
-    hand_graded: list = field(default_factory=list)    # names with a manual score
-    error: str = ""
-    timings: dict = field(default_factory=dict)
-
-
-
-
-def record(job, keeper, no_feedback):
-    """Autograde, then feedback, for one executed submission; any failure stays this submission's."""
-    t0 = time.monotonic()
-    reply = keeper.ask({"op": "autograde", "student": job.student, "lesson": job.lesson, "ctl_dir": job.ctl_dir,
-                        "stop_reason": stop_reason(job)}, AUTOGRADE_TIMEOUT_S)
-    job.notes += [clean(n) for n in reply.get("notes", [])]
-    if not reply.get("ok") or reply.get("error"):
-        job.error = clean(reply.get("error") or "autograde failed")[-1500:]
-        keeper.ask({"op": "add_student", "student": job.student}, 60)
-    else:
-        job.score, job.max_score = float(reply["score"]), float(reply["max_score"])
-        job.tests = [(clean(n), None if s is None else float(s), float(m), clean(msg))
-                     for n, s, m, msg in reply["tests"]]
-        job.pending = [(clean(n), float(m)) for n, m in reply.get("pending", [])]
-        job.hand_graded = [clean(n) for n in reply.get("hand_graded", [])]
-    job.timings["autograde_s"] = time.monotonic() - t0
-    job.timings["autograde_cpu_s"] = float(reply.get("cpu_s", 0.0))
-    if not no_feedback and not job.error:
-        t0 = time.monotonic()
-        fb = keeper.ask({"op": "feedback", "student": job.student, "lesson": job.lesson}, FEEDBACK_TIMEOUT_S)
-        if not fb.get("ok"):
-            job.notes.append("feedback could not be generated: " + clean(fb.get("error") or "")[-300:])
-            stale = os.path.join(keeper.root, "autograder", "feedback", job.student, job.lesson)
-            shutil.rmtree(stale, ignore_errors=True)
-        job.timings["feedback_s"] = time.monotonic() - t0
-        job.timings["feedback_cpu_s"] = float(fb.get("cpu_s", 0.0))
+from checkservice import start_checker_server  # noqa: E402
+from pipeline import Job, Run  # noqa: E402
+from preparation import solution_cells  # noqa: E402
+from reports import log, print_summary, write_reports, write_timings  # noqa: E402
+from staging import clean, discover  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- main
@@ -125,6 +74,8 @@ def parse_args(argv):
     p.add_argument("--no-feedback", action="store_true", help="skip the feedback HTML")
     p.add_argument("--python-warnings", default="ignore", choices=["ignore", "default"],
                    help="Python warnings in the student's kernel: hidden (default) or shown as stderr output")
+    p.add_argument("--allow-no-cgroups", action="store_true",
+                   help="grade even where no cgroup can limit a submission's processes together (not safe)")
     p.add_argument("--timings", default="", help=argparse.SUPPRESS)  # JSON file of per-phase timings
     return p.parse_args(argv)
 
@@ -135,7 +86,13 @@ def main(argv=None):
     venv_bin = os.path.dirname(sys.executable)
     os.environ["PATH"] = venv_bin + os.pathsep + os.environ.get("PATH", "")  # nbgrader runs `alembic`
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
-    problems = sandbox.check()
+    problems = sandbox.check(**({"allow_no_cgroups": True} if args.allow_no_cgroups else {}))
+    host = cgroups.detect()
+    if not problems and host.kind:
+        try:
+            host.activate()
+        except OSError as exc:
+            problems.append(f"could not set up cgroup {host.kind} limits in {host.base or host.root}: {exc}")
     if problems:
         log("make grade: cannot grade safely on this machine:")
         for problem in problems:
@@ -143,6 +100,7 @@ def main(argv=None):
         log("Run `autograder/check_sandbox.sh` for details (see the README's instructor guide).")
         return 2
 
+    ctx = start_checker_server(root)  # first: it warms up while nbgrader loads
     import warnings
 
     warnings.filterwarnings("ignore")
@@ -156,36 +114,41 @@ def main(argv=None):
     sol_dir = os.path.join(root, "solutions")
     solutions = sorted(d for d in os.listdir(sol_dir)
                        if os.path.isfile(os.path.join(sol_dir, d, f"{d}.ipynb"))) if os.path.isdir(sol_dir) else []
-    pairs, skipped = discover(root, set(args.lesson), set(args.student), set(solutions))
+    found, skipped, ids = discover(root, set(args.lesson), set(args.student), set(solutions))
     for student, lesson, why in skipped:
         log(f"skipped {student}/{lesson}: {why}")
-    if not pairs:
+    if not found and not skipped:
         log("no submissions found under autograder/submitted/<student>/<lesson>/")
         return 0
 
-    ctx = start_checker_server(root)
-    lesson_info = register_lessons(bookkeeper.make_api(config), root, sorted({lesson for _, lesson in pairs}))
+    lesson_info = register_lessons(bookkeeper.make_api(config), root, work, sorted({lesson for *_, lesson in found}))
     if lesson_info is None:
         return 1
-    keeper = Bookkeeper(root, work)
+    keeper, feedback_keeper = Bookkeeper(root, work), Bookkeeper(root, work)  # the second starts when first needed
     threading.Thread(target=lambda: keeper.ask({"op": "noop"}, 120), daemon=True).start()  # starts it now
-    run = Run(root, work, config, ctx, limits_from(args), lesson_info)
-    jobs = [Job(student, lesson, ctl_dir=os.path.join(work, "jobs", student, lesson, "ctl")) for student, lesson in pairs]
-    run.grade_all(jobs, keeper, args.jobs, args.no_feedback)
-
+    run = Run(root, work, config, ctx, limits_from(args), lesson_info, host if host.kind else None,
+              extra_read_only_paths())
+    jobs = [Job(student, lesson, folder=folder, ctl_dir=os.path.join(work, "jobs", student, lesson, "ctl"))
+            for student, folder, lesson in found]
+    run.grade_all(jobs, keeper, feedback_keeper, args.jobs, args.no_feedback)
+    feedback_keeper.close()
+    graded = {job.student for job in jobs}
+    for student in sorted({s for s, _, _ in skipped if s in ids.values()} - graded):
+        keeper.ask({"op": "add_student", "student": student}, 60)  # listed in grades.csv with 0
     exported = keeper.ask({"op": "export", "dest": os.path.join(root, "autograder", "grades.csv")}, 300)
     keeper.close()
     if not exported.get("ok"):
         log("could not write grades.csv: " + clean(exported.get("error", "")))
-    write_reports(root, jobs, skipped)
+    aliases = {student: folder for folder, student in ids.items() if folder != student}
+    write_reports(root, jobs, skipped, aliases)
     elapsed = time.monotonic() - t_start
-    print_summary(jobs, elapsed)
+    print_summary(jobs, elapsed, skipped, aliases)
     if args.timings:
         write_timings(args.timings, jobs, elapsed, args.jobs)
     return 0 if exported.get("ok") else 1
 
 
-def register_lessons(api, root, lessons):
+def register_lessons(api, root, work, lessons):
     """nbgrader's generate_assignment for each lesson (creates the gradebook); the test cells from solutions/."""
     lesson_info = {}
     for lesson in lessons:
@@ -193,7 +156,7 @@ def register_lessons(api, root, lessons):
         if not result["success"]:
             log(f"could not register lesson {lesson}:\n{result.get('error') or result.get('log')}")
             return None
-        lesson_info[lesson] = solution_cells(root, lesson)
+        lesson_info[lesson] = solution_cells(root, lesson, os.path.join(work, "release"))
     return lesson_info
 
 
@@ -203,79 +166,6 @@ def limits_from(args):
                           threads=max(1, (os.cpu_count() or 1) // max(1, args.jobs)),
                           call_timeout_s=args.call_timeout_s, test_timeout_s=args.test_timeout_s,
                           python_warnings=args.python_warnings)
-
-
-class Run:
-    """One `make grade`: executes submissions N at a time while one thread records the finished ones."""
-
-    def __init__(self, root, work, config, ctx, limits, lesson_info):
-        self.root, self.work, self.config, self.ctx = root, work, config, ctx
-        self.limits, self.lesson_info = limits, lesson_info
-        self.lock = threading.Lock()
-        self.uids = queue.Queue()
-        self.finished = queue.Queue()
-        self.done_count, self.total = 0, 0
-
-    def grade_all(self, jobs, keeper, n_jobs, no_feedback):
-        self.total = len(jobs)
-        leases = [sandbox.UidLease() for _ in range(max(1, n_jobs))]
-        for lease in leases:
-            self.uids.put(lease.uid)
-        keeping = threading.Thread(target=self.bookkeeping, args=(len(jobs), keeper, no_feedback))
-        keeping.start()
-        try:
-            with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, n_jobs)) as pool:
-                list(pool.map(self.execute, jobs))
-        finally:
-            keeping.join()
-            for lease in leases:
-                lease.release()
-
-    def execute(self, job):
-        t0, cpu0 = time.monotonic(), time.thread_time()
-        try:
-            shutil.rmtree(os.path.dirname(job.ctl_dir), ignore_errors=True)
-            job.staged_dir, notes = stage(self.root, self.work, job.student, job.lesson)
-            job.notes += notes
-            with self.lock:  # nbgrader's preprocessors share the gradebook
-                test_cells = prepare(job, self.config, self.root, self.work, self.lesson_info[job.lesson])
-            job.timings["prepare_s"] = time.monotonic() - t0
-            job.timings["prepare_cpu_s"] = time.thread_time() - cpu0
-            self._sandboxed(job, test_cells)
-            with open(os.path.join(job.ctl_dir, "verdicts.json"), "w") as fh:
-                json.dump({str(k): v for k, v in job.verdicts.items()}, fh)
-        except Exception as exc:  # noqa: BLE001  (this submission only)
-            job.error = f"{type(exc).__name__}: {clean(exc)[:300]}"
-            job.notes.append("grading this submission failed: " + clean(traceback.format_exc(limit=3))[-600:])
-        job.timings["execute_s"] = time.monotonic() - t0
-        with self.lock:
-            self.done_count += 1
-            r = job.result
-            state = f"{r.state} in {r.elapsed_s:.1f} s{(' - ' + r.detail) if r.detail else ''}" if r else job.error
-            log(f"[{self.done_count:>3}/{self.total}] executed {job.student}/{job.lesson}: {state}")
-        self.finished.put(job)
-
-    def _sandboxed(self, job, test_cells):
-        uid, service = self.uids.get(), None
-        try:
-            service = CheckService(job, self.ctx, self.limits)
-            job.result = sandbox.run(course_root=self.root, ctl_dir=job.ctl_dir, submission_dir=job.staged_dir,
-                                     uid=uid, limits=self.limits, test_cells=test_cells,
-                                     extra_ro=extra_read_only_paths())
-        finally:
-            self.uids.put(uid)
-            if service is not None:
-                service.close()
-        job.timings["check_s"] = service.check_s
-        job.timings["check_cpu_s"] = service.check_cpu_s
-
-    def bookkeeping(self, count, keeper, no_feedback):
-        for _ in range(count):
-            job = self.finished.get()
-            try:
-                record(job, keeper, no_feedback)
-            except Exception as exc:  # noqa: BLE001
-                job.error = job.error or f"{type(exc).__name__}: {clean(exc)[:300]}"
 
 
 def extra_read_only_paths():

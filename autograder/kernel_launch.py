@@ -1,22 +1,28 @@
-"""Start the notebook kernel inside the sandbox as an unprivileged user with resource limits.
+"""Start the notebook kernel inside the sandbox as the student's uid, with no capabilities and resource limits.
 
-Called by the executor (root inside the sandbox) through the `lcgrader` kernelspec:
+Called by the executor (its own uid, with CAP_SETUID/SETGID/KILL) through the `lcgrader` kernelspec:
     python kernel_launch.py CONNECTION_FILE
-It hands the connection file to the sandbox user, sets the limits from /ctl/job.json, drops to that
-user (losing every capability) and replaces itself with ipykernel.
+It lets the student's uid read the connection file, sets the limits from /ctl/job.json, drops to that
+uid, empties every capability set (a uid change from a non-root uid would keep them), checks that
+nothing is left and replaces itself with ipykernel.
 """
 
 import json
 import os
 import resource
+import signal
 import sys
+
+sys.path.insert(0, "/opt/grader")
+import caps  # noqa: E402
 
 
 def main():
     connection_file = sys.argv[1]
-    job = json.load(open("/ctl/job.json"))
-    uid, gid = int(job["uid"]), int(job["gid"])
-    os.chown(connection_file, uid, gid)
+    with open("/ctl/job.json") as fh:
+        job = json.load(fh)
+    uid = int(job["uid"])
+    os.chmod(connection_file, 0o644)  # in /run/jupyter, which only the executor's uid may write
     limits = {
         resource.RLIMIT_AS: int(job["memory_bytes"]),
         resource.RLIMIT_NPROC: int(job["max_processes"]),
@@ -27,11 +33,12 @@ def main():
     }
     for which, value in limits.items():
         resource.setrlimit(which, (value, value))
-    os.setgroups([])
-    os.setgid(gid)
-    os.setuid(uid)
-    if os.geteuid() == 0 or os.getuid() == 0:
-        raise SystemExit("kernel_launch: could not drop root")
+    signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+    caps.become(uid)
+    caps.drop_all()
+    held = caps.held()
+    if held["Uid"] != [uid] * 4 or any(held[k] for k in ("CapEff", "CapPrm", "CapInh", "CapAmb")):
+        raise SystemExit(f"kernel_launch: could not drop to uid {uid} without capabilities ({held})")
     os.chdir("/home/student")
     os.execv(sys.executable, [sys.executable, "-m", "ipykernel_launcher", "-f", connection_file])
 

@@ -15,7 +15,8 @@ Wire format: JSON text (no NaN literals) of a tagged tree. JSON scalars stand fo
 `decode` is strict: any other shape of JSON is an error, sizes and depths are bounded.
 
 This file is self-contained (standard library only; numpy imported when an array is met) because the
-grader also sends its source into the student's kernel, which uses the same codec for its side.
+grader also sends its source into the student's kernel, followed by plainserve.py's (the kernel's side):
+both then run as one module there.
 """
 
 import json
@@ -25,7 +26,7 @@ MIME = "application/x-longctx-reply"
 MAX_DEPTH = 40
 MAX_ITEMS = 2_000_000
 MAX_STR_CHARS = 2_000_000
-MAX_TEXT_BYTES = 32 * 2**20
+MAX_TEXT_BYTES = 8 * 2**20   # one request or answer (grader_link.MAX_REPLY_BYTES)
 DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
           "float16", "float32", "float64")
 
@@ -34,7 +35,7 @@ class NotPlainData(ValueError):
     """A value that cannot cross between the student's kernel and the checker."""
 
 
-def _type_name(value):
+def type_name(value):
     t = type(value)
     module = getattr(t, "__module__", "?")
     return t.__qualname__ if module == "builtins" else f"{module}.{t.__qualname__}"
@@ -120,7 +121,7 @@ def _encode(value, where, depth, budget):
         pairs = []
         for k, v in value.items():
             if not (k is None or type(k) in (bool, int, float, str, tuple)):
-                raise NotPlainData(f"{where} has a key of type {_type_name(k)} (keys must be numbers, "
+                raise NotPlainData(f"{where} has a key of type {type_name(k)} (keys must be numbers, "
                                    "strings or tuples)")
             pairs.append([_encode(k, f"{where} key", depth + 1, budget),
                           _encode(v, f"{where}[{k!r}]", depth + 1, budget)])
@@ -143,7 +144,7 @@ def _encode(value, where, depth, budget):
                 raise NotPlainData(f"{where} is a numpy {dtype} (allowed: {', '.join(DTYPES)})")
             item = value.item()
             return {"$": "ns", "dtype": dtype, "v": _encode_float(item) if type(item) is float else item}
-    raise NotPlainData(f"{where} is a {_type_name(value)}, not plain data")
+    raise NotPlainData(f"{where} is a {type_name(value)}, not plain data")
 
 
 def encode(value, where="value"):
@@ -239,76 +240,3 @@ def _decode_scalar(v):
 def decode(obj):
     """The Python value of a tagged tree (strict; raises ValueError on anything unexpected)."""
     return _decode(obj, 0, _Budget())
-
-
-# ----------------------------------------------------------------------------- the kernel's side
-# `serve(request_text)` runs inside the student's kernel (the executor sends this file's source there
-# once per test cell). It answers one request and publishes the answer as display data of type MIME.
-# Whatever the kernel answers is only ever the student's own value: the checks run elsewhere.
-
-_OBJECTS = {}
-
-
-def _user_ns():
-    from IPython import get_ipython
-    return get_ipython().user_ns
-
-
-def _answer(request):
-    op = request.get("op")
-    ns = _user_ns()
-    if op == "describe":
-        name = request["name"]
-        if name not in ns:
-            return {"ok": True, "kind": "missing"}
-        value = ns[name]
-        if isinstance(value, type):
-            return {"ok": True, "kind": "class", "type": _type_name(value)}
-        if callable(value):
-            return {"ok": True, "kind": "function", "type": _type_name(value)}
-        try:
-            return {"ok": True, "kind": "value", "value": encode(value, name)}
-        except NotPlainData as exc:
-            return {"ok": True, "kind": "other", "type": _type_name(value), "why": str(exc)}
-    if op in ("call", "new"):
-        target = ns.get(request["name"], None) if "name" in request else _OBJECTS.get(request.get("ref"))
-        if target is None:
-            return {"ok": False, "ename": "NameError", "evalue": f"name {request.get('name')!r} is not defined"}
-        args = decode(request["args"])
-        kwargs = decode(request["kwargs"])
-        result = target(*args, **kwargs)
-        if op == "new":
-            ref = len(_OBJECTS) + 1
-            _OBJECTS[ref] = result
-            return {"ok": True, "ref": ref}
-        return {"ok": True, "value": encode(result, request.get("what", "the result"))}
-    if op == "decide":
-        from longctx.engine.policy_checks import decide
-        obj = _OBJECTS.get(request.get("ref"))
-        result = decide(obj, decode(request["state"]))
-        return {"ok": True, "value": encode(result, "the scheduler's decision")}
-    if op == "clear":
-        _OBJECTS.clear()
-        return {"ok": True}
-    return {"ok": False, "ename": "ValueError", "evalue": f"unknown request {op!r}"}
-
-
-def serve(request_text):
-    try:
-        reply = _answer(loads(request_text))
-    except NotPlainData as exc:
-        reply = {"ok": False, "notplain": str(exc)[:2000]}
-    except BaseException as exc:  # noqa: BLE001  (the student's exception, reported as theirs)
-        reply = {"ok": False, "ename": type(exc).__name__[:100], "evalue": str(exc)[:2000]}
-    try:
-        text = dumps(reply)
-    except (NotPlainData, ValueError) as exc:
-        text = dumps({"ok": False, "notplain": str(exc)[:2000]})
-    from IPython.display import display
-    display({MIME: text}, raw=True)
-
-
-def serve_file(path):
-    """`serve` for a request the executor left in a file (long requests: no big literal to parse)."""
-    with open(path, encoding="utf-8") as fh:
-        serve(fh.read(MAX_TEXT_BYTES + 1))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import os
 
-import sandbox
-from staging import MAX_NOTEBOOK_BYTES, clean
+from executor_output import read_outputs
+from staging import ID_RE, MAX_NOTEBOOK_BYTES, clean
 
 
 def log(msg):
@@ -31,10 +31,9 @@ def write_timings(path, jobs, elapsed, n_jobs):
     rows = []
     for job in jobs:
         r = job.result
-        status = {}
-        if job.ctl_dir and os.path.exists(os.path.join(job.ctl_dir, "status.json")):
-            status = sandbox._read_status(os.path.join(job.ctl_dir, "status.json"))
-        keys = ("cells_s", "kernel_start_s", "kernel_start_cpu_s", "executor_cpu_s", "kernel_cpu_s", "answers_cpu_s")
+        status = r.status if r is not None else {}
+        keys = ("cells_s", "kernel_start_s", "kernel_start_cpu_s", "executor_cpu_s", "kernel_cpu_s", "answers_cpu_s",
+                "executor_max_rss_kib")
         rows.append({"student": job.student, "lesson": job.lesson, "state": r.state if r else "not run",
                      "sandbox_s": r.elapsed_s if r else 0.0, **{k: status.get(k, 0.0) for k in keys}, **job.timings})
     with open(path, "w") as fh:
@@ -79,10 +78,13 @@ def report_lines(job):
             lines.append(f"  cells stopped by the per-cell time limit: {', '.join(map(str, r.timeouts))}")
         if r.truncated_cells:
             lines.append(f"  cells whose output was cut: {', '.join(map(str, r.truncated_cells))}")
+        if r.output_cut_at is not None:
+            lines.append(f"  output truncated: the notebook's outputs passed the grader's total cap; outputs from "
+                         f"cell {r.output_cut_at} on were dropped")
         if r.process_limit_cells:
             lines.append("  process limit: cells " + ", ".join(map(str, r.process_limit_cells)) +
                          " left too many processes behind (a fork bomb?); they were stopped")
-    oom = _looks_out_of_memory(job)
+    oom = job.oom_note
     if oom:
         lines.append(f"  out of memory: {oom}")
     for name, score, max_score, message in job.tests:
@@ -103,14 +105,22 @@ def report_lines(job):
     return lines
 
 
-def write_reports(root, jobs, skipped):
+def write_reports(root, jobs, skipped, aliases=None):
+    """reports/<student>.txt for every student graded or skipped (a folder with an odd name: its alias)."""
+    aliases = aliases or {}
     folder = os.path.join(root, "autograder", "reports")
     os.makedirs(folder, exist_ok=True)
     by_student = {}
     for job in jobs:
         by_student.setdefault(job.student, []).append(job)
+    for s, _, _ in skipped:
+        if ID_RE.match(s):
+            by_student.setdefault(s, [])
     for student, js in by_student.items():
         lines = [f"Grading report for {student}", "=" * (21 + len(student)), ""]
+        if student in aliases:
+            lines += [f"(the folder autograder/submitted/{clean(aliases[student])[:200]} has a name that cannot be a "
+                      f"student id; it was graded as {student})", ""]
         for job in js:
             try:
                 lines += report_lines(job)
@@ -124,20 +134,19 @@ def write_reports(root, jobs, skipped):
             fh.write(clean("\n".join(lines)) + "\n")
 
 
-def _looks_out_of_memory(job):
-    path = os.path.join(job.ctl_dir, "executed.ipynb")
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            text = fh.read(8 * MAX_NOTEBOOK_BYTES)
-    except OSError:
-        return ""
+def looks_out_of_memory(job):
+    """Why the notebook looks out of memory ('' if not), from its cells' outputs (read before they are removed)."""
+    outputs = read_outputs(os.path.join(job.ctl_dir, "outputs.jsonl"), None, 8 * MAX_NOTEBOOK_BYTES) \
+        if job.ctl_dir else None
+    text = json.dumps(outputs)[: 8 * MAX_NOTEBOOK_BYTES] if outputs else ""
     for needle in ("MemoryError", "can't allocate memory", "Cannot allocate memory", "std::bad_alloc"):
         if needle in text:
             return f"a cell raised {needle} (limit per notebook)"
     return ""
 
 
-def print_summary(jobs, elapsed):
+def print_summary(jobs, elapsed, skipped=(), aliases=None):
+    aliases = aliases or {}
     header = f"{'student':<20} {'lesson':<28} {'score':>11}  status"
     log("")
     log(header)
@@ -148,9 +157,12 @@ def print_summary(jobs, elapsed):
         log(f"{job.student:<20} {job.lesson:<28} {job.score:>5g}/{graded_max:<5g}  {_status_text(job)}"
             + (f"  [+{pending:g} points pending manual grading: {', '.join(n for n, _ in job.pending)}]"
                if job.pending else "")
-            + (f"  [review: {', '.join(job.flags)}]" if job.flags else ""))
+            + (f"  [review: {', '.join(job.flags)}]" if job.flags else "")
+            + (f"  [folder: {clean(aliases[job.student])[:120]}]" if job.student in aliases else ""))
+    for student, lesson, why in skipped:
+        log(f"{student:<20} {lesson:<28} {'0':>5}/{'-':<5}  skipped: {why}")
     log(f"\n{len(jobs)} submission(s) graded in {elapsed:.0f} s. grades.csv, feedback/ and reports/ are in "
-        "autograder/.")
+        "autograder/." + (f" {len(skipped)} folder(s) skipped (listed above with the reason)." if skipped else ""))
     waiting = [job for job in jobs if job.pending]
     if waiting:
         answers = sum(len(job.pending) for job in waiting)
