@@ -14,7 +14,7 @@ from longctx.engine import (
     summarize,
 )
 from longctx.engine.batch import ScheduledBatch
-from longctx.engine.executor import ExecutionResult
+from longctx.engine.executor import ExecutionResult, Executor
 from longctx.kv.block_manager import BlockManager
 
 
@@ -23,7 +23,7 @@ def fake_token(seq_id: int, position: int) -> int:
     return (seq_id * 7919 + position * 31) % 1000 + 1
 
 
-class ShadowKVExecutor:
+class ShadowKVExecutor(Executor):
     """Checks the paged cache's bookkeeping as a real executor would use it.
 
     It keeps a shadow of the pool, slot -> (seq_id, position), checks that every cached position a chunk

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from longctx.engine import ChunkedPrefillScheduler, Engine
-from longctx.engine.executor import ExecutionResult
+from longctx.engine.executor import ExecutionResult, Executor
 from longctx.serve.app import create_app
 from longctx.serve.async_engine import AsyncEngine
 from longctx.serve.launch import free_port
@@ -26,7 +26,7 @@ def tokenizer():
     return load_tokenizer()
 
 
-class ScriptedExecutor:
+class ScriptedExecutor(Executor):
     """Every sequence generates ``script`` (cycled) one token per step; each step sleeps ``step_s``."""
 
     def __init__(self, script: list[int], step_s: float = 0.01):
