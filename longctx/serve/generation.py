@@ -72,7 +72,8 @@ class Generation:
         return ids
 
     def check_fits(self, n_prompt: int, req: GenerationRequest) -> int:
-        """The request's ``max_tokens`` once it fits the context length and the KV pool (else a 400)."""
+        """The request's ``max_tokens`` once it fits the context length, the executor (a press's window) and
+        the KV pool (else a 400)."""
         engine = self.aengine.engine
         limit, max_tokens = engine.max_model_len, req.requested_max_tokens
         if max_tokens is None:  # chat without max_tokens: what fits, up to the default
@@ -86,6 +87,10 @@ class Generation:
                 "max_tokens" if n_prompt < limit else "prompt",
                 "context_length_exceeded",
             )
+        try:
+            engine.executor.check_prompt(n_prompt)  # e.g. a KV press whose window is longer than the prompt
+        except ValueError as exc:
+            raise APIError(400, str(exc), "prompt", "invalid_value") from None
         try:
             check_fits_pool(engine.block_manager, n_prompt, max_tokens)
         except PoolTooSmall as exc:

@@ -33,8 +33,12 @@ def build_app(
     prefix_caching: bool = False,
     press: str | None = None,
     compression_ratio: float | None = None,
+    model=None,
 ):
     """The FastAPI app over SmolLM2-135M-Instruct on the engine (``scheduler``: monolithic | chunked).
+
+    ``model``: a loaded ``longctx.model.llama.Llama`` to serve instead of loading SmolLM2 (tests serve a
+    small random one with SmolLM2's vocabulary and tokenizer).
 
     ``kv_dtype``: how the KV pool stores K and V (fp32, bf16, fp16, fp8, int8, int4; default: the model's
     dtype, fp32 on a CPU);
@@ -61,7 +65,7 @@ def build_app(
     policy = (
         MonolithicScheduler() if scheduler == "monolithic" else ChunkedPrefillScheduler(int(token_budget))
     )
-    engine, tokenizer = build_engine(policy, num_blocks=int(kv_blocks), kv_dtype=kv_format,
+    engine, tokenizer = build_engine(policy, num_blocks=int(kv_blocks), kv_dtype=kv_format, model=model,
                                      enable_prefix_caching=bool(prefix_caching), press=kv_press)
     aengine = AsyncEngine(engine, max_waiting=max_waiting)
     press_label = "none" if kv_press is None else f"{press}@{compression_ratio:g}"
