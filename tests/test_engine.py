@@ -14,7 +14,7 @@ from longctx.engine import (
     summarize,
 )
 from longctx.engine.batch import ScheduledBatch
-from longctx.engine.executor import ExecutionResult
+from longctx.engine.executor import ExecutionResult, Executor
 from longctx.kv.block_manager import BlockManager
 
 
@@ -23,7 +23,7 @@ def fake_token(seq_id: int, position: int) -> int:
     return (seq_id * 7919 + position * 31) % 1000 + 1
 
 
-class ShadowKVExecutor:
+class ShadowKVExecutor(Executor):
     """Checks the paged cache's bookkeeping as a real executor would use it.
 
     It keeps a shadow of the pool, slot -> (seq_id, position), checks that every cached position a chunk
@@ -190,6 +190,10 @@ def test_preemption_happens_and_recovers():
     assert bm.num_free_blocks == 6
     m = summarize(engine.finished)
     assert m.completed == 4 and m.total_output_tokens == 48
+    c = engine.counters  # what /metrics exports, counted as vLLM counts it
+    assert c.num_preemptions == sum(r.num_preempted for r in engine.history) == sum(s.num_preemptions for s in seqs)
+    assert c.num_generation_tokens == 48 and c.num_prompt_tokens == 4 * 4  # each prompt once, despite recomputes
+    assert c.prefix_cache_queries == c.prefix_cache_hits == 0  # no prefix caching: no lookups
 
 
 def test_prefill_first_chunking_still_stalls_decodes():
@@ -224,7 +228,58 @@ def test_executor_with_its_own_pool_is_the_engines_pool():
     ex = PoolExecutor()
     engine = Engine(ex, ChunkedPrefillScheduler(8), clock=VirtualClock())
     assert engine.block_manager is ex.block_manager
+    assert Engine(ex, ChunkedPrefillScheduler(8), ex.block_manager).block_manager is ex.block_manager  # the same
     with pytest.raises(ValueError, match="its own KV pool"):
         Engine(ex, ChunkedPrefillScheduler(8), BlockManager(8, 4))
     with pytest.raises(ValueError, match="its own KV pool"):
         Engine(ex, ChunkedPrefillScheduler(8), num_blocks=8)
+
+
+# ---- the executor protocol ----
+class Remembering(ToyExecutor):
+    """A toy executor that refuses prompts over 30 tokens and records what the engine tells it to forget."""
+
+    def __init__(self):
+        super().__init__()
+        self.forgotten: list[int] = []
+
+    def check_prompt(self, num_tokens):
+        if num_tokens > 30:
+            raise ValueError(f"this executor runs prompts of at most 30 tokens, got {num_tokens}")
+
+    def forget(self, seq_id):
+        self.forgotten.append(seq_id)
+
+
+def test_the_engine_calls_the_protocol_methods_and_refuses_a_non_executor():
+    ex = Remembering()
+    engine = Engine(ex, ChunkedPrefillScheduler(8), num_blocks=16, clock=VirtualClock())
+    with pytest.raises(ValueError, match="at most 30 tokens"):
+        engine.add_request([1] * 31, max_tokens=2)
+    a, b = engine.add_request([1] * 20, max_tokens=3), engine.add_request([1] * 4, max_tokens=2)
+    engine.step()
+    engine.abort(a.seq_id)
+    engine.run_until_done()
+    assert ex.forgotten == [a.seq_id, b.seq_id]  # aborted, then finished: per-request state goes both ways
+
+    class Duck:  # has execute, but is not an Executor: the engine would have to guess the rest
+        def execute(self, batch):
+            return ExecutionResult(0.0)
+
+    with pytest.raises(ValueError, match="must be a longctx.engine.Executor"):
+        Engine(Duck(), ChunkedPrefillScheduler(8), num_blocks=16)
+    with pytest.raises(TypeError):
+        Executor()  # execute is abstract: the one method every executor writes
+
+
+def test_sampling_params_are_checked_and_ride_on_the_sequence():
+    from longctx.engine import SamplingParams
+
+    engine = toy_engine()
+    seq = engine.add_request([1] * 4, max_tokens=2, sampling=SamplingParams(0.7, 0.9, seed=3))
+    assert seq.sampling == SamplingParams(0.7, 0.9, 3) and not seq.sampling.greedy
+    with pytest.raises(ValueError, match="SamplingParams or None"):
+        engine.add_request([1] * 4, max_tokens=2, sampling={"temperature": 0.7})
+    for bad in ({"temperature": 3.0}, {"top_p": 0.0}, {"seed": 1.5}):
+        with pytest.raises(ValueError):
+            SamplingParams(**bad)

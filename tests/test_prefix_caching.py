@@ -2,7 +2,9 @@
 reference counts, an LRU list of evictable cached blocks, and the scheduler counting a hit as computed.
 
 What it protects: no block is lost or double-counted under random arrivals, preemption and frees
-(hypothesis); a shared block is never written; a hit skips its prefill and gives the same greedy tokens."""
+(hypothesis); every key a sequence reads is its own, and a computed shared block is never written again; a
+hit skips its prefill and gives the same greedy tokens; a block is shared from the step that fills it, so
+requests that arrive together share their common prefix (as vLLM does)."""
 
 from __future__ import annotations
 
@@ -11,9 +13,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from longctx.engine import ChunkedPrefillScheduler, Engine, MonolithicScheduler
+from longctx.engine import ChunkedPrefillScheduler, Engine, MonolithicScheduler, Scheduler
 from longctx.engine.clock import VirtualClock
-from longctx.engine.executor import ExecutionResult
+from longctx.engine.executor import ExecutionResult, Executor
 from longctx.engine.torch_executor import TorchExecutor
 from longctx.kv.block_manager import BlockManager, block_hash
 from longctx.kv.press import make_press
@@ -76,21 +78,39 @@ def test_shrink_and_a_press_refuse_prefix_caching():
         TorchExecutor(model, BlockManager(8, 4, enable_prefix_caching=True), press=make_press("knorm", 0.5))
 
 
-class CheckingExecutor:
-    """Checks, every step, that no entry writes into a block another sequence holds; returns a token that
-    depends only on the sequence's tokens (so sharing a cached prefix cannot change the outputs)."""
+class CheckingExecutor(Executor):
+    """Checks, every step, what a real attention would read and write, with a shadow of the pool (slot ->
+    (token, position)): it writes the step's new tokens first, then checks that every position each entry
+    attends to holds that sequence's own token, as the model does layer by layer (all K/V of the step are
+    written before any attention reads). A block shared in the same step it is filled is read correctly only
+    because of that order. No entry overwrites a slot that another sequence still holding the block wrote
+    (a computed shared block is never written again). Returns a token that depends only on the sequence's
+    tokens (so sharing a cached prefix cannot change the outputs)."""
 
     def __init__(self, bm):
         self.bm = bm
+        self.shadow: dict[int, tuple[int, int]] = {}  # slot -> (token id, position) last written there
+        self.writer: dict[int, int] = {}  # slot -> seq id that wrote it last
+
+    def _slot(self, table, p):
+        bs = self.bm.block_size
+        return table[p // bs] * bs + p % bs
 
     def execute(self, batch):
-        bs, tokens = self.bm.block_size, []
-        for seq, n in batch.entries:
-            table = self.bm.block_table(seq.seq_id)
-            first, last = seq.num_computed_tokens, seq.num_computed_tokens + n - 1  # positions written
-            for i in range(first // bs, last // bs + 1):
-                assert self.bm.ref_count(table[i]) == 1, f"seq {seq.seq_id} writes shared block {table[i]}"
-            ids = seq.token_ids(0, seq.num_computed_tokens + n)
+        tokens, bs = [], self.bm.block_size
+        for seq, n in batch.entries:  # 1) every new token's K/V goes to its slot
+            table, first = self.bm.block_table(seq.seq_id), seq.num_computed_tokens
+            ids = seq.token_ids(0, first + n)
+            for p in range(first, first + n):
+                slot, owner = self._slot(table, p), self.writer.get(self._slot(table, p))
+                if owner is not None and owner != seq.seq_id:
+                    assert table[p // bs] not in self.bm.block_table(owner), (
+                        f"seq {seq.seq_id} overwrites block {table[p // bs]}, computed by seq {owner} that holds it")
+                self.shadow[slot], self.writer[slot] = (ids[p], p), seq.seq_id
+        for seq, n in batch.entries:  # 2) then attention reads every position of the sequence
+            table, ids = self.bm.block_table(seq.seq_id), seq.token_ids(0, seq.num_computed_tokens + n)
+            for p, token in enumerate(ids):
+                assert self.shadow.get(self._slot(table, p)) == (token, p), f"seq {seq.seq_id} reads a wrong key at {p}"
             tokens.append(sum(ids) % 7)
         return ExecutionResult(duration_s=0.001 + 1e-5 * batch.num_tokens, next_token_ids=tokens)
 
@@ -194,3 +214,63 @@ def test_smollm2_gives_the_same_greedy_tokens_from_a_cached_system_prompt():
             outs[caching].append((seq.output_token_ids, seq.num_prefix_cached_tokens, first.num_prefill_tokens))
     assert [o for o, _, _ in outs[True]] == [o for o, _, _ in outs[False]]
     assert outs[True][1][1:] == (288, 302 - 288) and outs[False][1][1:] == (0, 128)
+
+
+def test_requests_arriving_together_share_the_prefix_from_the_step_that_fills_it():
+    """vLLM caches a block as soon as it is full, so a request later in the same batch hits it: both arrive at
+    t=0 and run in one monolithic step; the second computes only what the first did not already fill."""
+    bm = BlockManager(64, 4, enable_prefix_caching=True)
+    engine = Engine(CheckingExecutor(bm), MonolithicScheduler(), bm, clock=VirtualClock())
+    system = list(range(1, 42))  # 41 tokens: 10 full blocks
+    first = engine.add_request(system + [7, 8], 2, arrival_s=0.0)
+    second = engine.add_request(system + [9], 2, arrival_s=0.0)
+    record = engine.step()
+    assert record.seq_ids == (first.seq_id, second.seq_id)  # one step, both prefills
+    assert first.num_prefix_cached_tokens == 0 and second.num_prefix_cached_tokens == 40
+    assert record.num_prefill_tokens == 43 + (42 - 40)
+    assert bm.block_table(second.seq_id)[:10] == bm.block_table(first.seq_id)[:10]
+    assert engine.counters.prefix_cache_queries == 43 + 42 and engine.counters.prefix_cache_hits == 40
+    engine.run_until_done()
+    bm.check_invariants()
+
+
+class EightTokensEach(Scheduler):
+    """Every sequence advances by at most 8 tokens a step, oldest first."""
+
+    def schedule(self, running, waiting, batch):
+        for seq in [*running, *waiting]:
+            batch.add(seq, min(8, seq.num_uncomputed_tokens))
+
+
+def test_a_chunk_shares_only_the_blocks_it_fills_this_step():
+    """Chunked prefill: the first request's 8-token chunk fills 2 blocks of 4, so the request added after it
+    in the same step hits those 2 blocks, not the rest of the (not yet computed) system prompt."""
+    bm = BlockManager(64, 4, enable_prefix_caching=True)
+    engine = Engine(CheckingExecutor(bm), EightTokensEach(), bm, clock=VirtualClock())
+    system = list(range(1, 42))
+    first = engine.add_request(system + [7], 1, arrival_s=0.0)
+    second = engine.add_request(system + [9], 1, arrival_s=0.0)
+    record = engine.step()
+    assert record.seq_ids == (first.seq_id, second.seq_id) and record.chunk_tokens == (8, 8)
+    assert second.num_prefix_cached_tokens == 8 and second.num_computed_tokens == 16
+    engine.run_until_done()
+    assert first.output_token_ids and second.output_token_ids
+    bm.check_invariants()
+
+
+def test_real_attention_reads_a_block_filled_in_the_same_step(tiny):
+    """On the model: the K/V a request shares in the step that computes them equal those of a later step."""
+    system = torch.randint(0, 50, (37,), generator=torch.Generator().manual_seed(2)).tolist()
+    prompts = [system + [3, 4, 5], system + [6], system + [7, 8, 9, 10, 11]]
+
+    def run(caching):
+        bm = BlockManager(96, 4, enable_prefix_caching=caching)
+        engine = Engine(TorchExecutor(tiny, bm), MonolithicScheduler(), max_model_len=512)
+        seqs = [engine.add_request(p, 6, arrival_s=0.0) for p in prompts]  # together: one prefill step
+        engine.run_until_done()
+        bm.check_invariants()
+        return [(s.output_token_ids, s.num_prefix_cached_tokens) for s in seqs]
+
+    without, with_cache = run(False), run(True)
+    assert [h for _, h in with_cache] == [0, 36, 36]
+    assert [o for o, _ in with_cache] == [o for o, _ in without]

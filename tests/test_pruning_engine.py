@@ -205,3 +205,42 @@ def test_snapkv_scores_of_the_real_model_match_transformers_attention_weights():
         pooled = F.avg_pool1d(window[:, None, :], 5, stride=1, padding=2, count_include_pad=False)[:, 0]
         ours = press.score(recorder.layer_input(cache, list(range(16)), 0, 256, layer))
         torch.testing.assert_close(ours, per_kv_head(pooled, 3), atol=1e-6, rtol=1e-4)
+
+
+def test_a_recording_executor_keeps_the_press_and_the_pool_of_the_executor_it_wraps(model):
+    """RecordingExecutor follows the executor protocol: the engine finds the wrapped executor's pool, and the
+    press still prunes (the same tokens and evictions as unwrapped)."""
+    from longctx.sim.recording import RecordingExecutor
+
+    press = make_press("snapkv", 0.5, window_size=8)
+    inner = TorchExecutor(model, BlockManager(64, BS), press=press)
+    rec = RecordingExecutor(inner)
+    engine = Engine(rec, MonolithicScheduler(), max_model_len=512)
+    assert engine.block_manager is inner.block_manager
+    with pytest.raises(ValueError, match="window"):
+        engine.add_request(_prompt(5), 2)  # the press's check reaches the engine through the wrapper
+    seq = engine.add_request(_prompt(40, 1), 6)
+    engine.run_until_done()
+    _, [plain] = _run(model, [_prompt(40, 1)], 6, make_press("snapkv", 0.5, window_size=8), num_blocks=64)
+    assert seq.num_evicted_tokens == plain.num_evicted_tokens == 20
+    assert seq.output_token_ids == plain.output_token_ids and len(rec.steps) == 6
+    assert engine.counters.num_press_evicted_tokens == 20
+
+
+def test_sampling_runs_in_the_executor_seeded_per_sequence(model):
+    """Temperature sampling inside TorchExecutor: a seed reproduces a sequence's tokens even when other
+    sequences share its steps; temperature 0 is the greedy argmax."""
+    from longctx.engine import SamplingParams
+
+    def run(*requests):
+        engine = _engine(model)
+        seqs = [engine.add_request(_prompt(12, seed), 10, arrival_s=0.0, sampling=p) for seed, p in requests]
+        engine.run_until_done()
+        return [s.output_token_ids for s in seqs]
+
+    hot = SamplingParams(1.5, 0.95, seed=4)
+    alone = run((0, hot))[0]
+    together = run((1, SamplingParams(1.5, seed=9)), (0, hot), (2, None))
+    assert together[1] == alone  # its own generator: the neighbours' draws do not change it
+    assert run((0, SamplingParams(1.5, 0.95, seed=5)))[0] != alone
+    assert run((0, SamplingParams(0.0)))[0] == run((0, None))[0] != alone

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from longctx.engine import ChunkedPrefillScheduler, Engine
-from longctx.engine.executor import ExecutionResult
+from longctx.engine.executor import ExecutionResult, Executor
 from longctx.serve.app import create_app
 from longctx.serve.async_engine import AsyncEngine
 from longctx.serve.launch import free_port
@@ -26,7 +26,7 @@ def tokenizer():
     return load_tokenizer()
 
 
-class ScriptedExecutor:
+class ScriptedExecutor(Executor):
     """Every sequence generates ``script`` (cycled) one token per step; each step sleeps ``step_s``."""
 
     def __init__(self, script: list[int], step_s: float = 0.01):
@@ -316,3 +316,43 @@ def test_bench_cli_against_the_server(server, tmp_path, capsys):
         main(["bench", "--base-url", server.url, "--model", MODEL, "--num-prompts", "1", "--workload", "x"])
         == 2
     )
+
+
+@pytest.mark.parametrize(
+    ("path", "payload", "message"),
+    [
+        ("completions", {"prompt": "hi", "temperature": 3}, "'temperature' must be in [0.0, 2.0], got 3"),
+        ("completions", {"prompt": "hi", "temperature": "x"}, "'temperature' must be a number, got 'x'"),
+        ("completions", {"prompt": "hi", "top_p": 0}, "'top_p' must be in (0.0, 1.0], got 0"),
+        ("completions", {"prompt": "hi", "max_tokens": True}, "'max_tokens' must be an integer >= 1, got True"),
+        ("completions", {"prompt": "hi", "n": 2}, "only n=1 is supported, got n=2"),
+        ("completions", {"prompt": "hi", "echo": True}, "'echo'=True is not supported by this server"),
+        ("completions", {"prompt": "hi", "stop": ["a"] * 5},
+         "'stop' must be a non-empty string or a list of up to 4 of them"),
+        ("completions", {"prompt": "hi", "stream": "yes"}, "'stream' must be true or false, got 'yes'"),
+        ("completions", {"prompt": "hi", "seed": 1.5}, "'seed' must be an integer, got 1.5"),
+        ("completions", {"prompt": ["a", "b"], "temperature": 9},  # the first field in order is reported
+         "'prompt' must be a non-empty string or a list of token ids (one prompt per request)"),
+        ("chat/completions", {"messages": [{"role": "wizard", "content": "x"}]},
+         "messages[0] needs a 'role' in ['system', 'user', 'assistant'], got {'role': 'wizard', 'content': 'x'}"),
+        ("chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+         "messages[0].content: only parts of type 'text' are supported"),
+        ("chat/completions", {"messages": [{"role": "user", "content": 3}]},
+         "messages[0].content must be a string, got int"),
+        ("chat/completions", {"messages": []}, "'messages' must be a non-empty list of {role, content} objects"),
+    ],
+)
+def test_validation_messages_say_what_is_wrong_and_what_is_allowed(server, path, payload, message):
+    """The request models' one validation handler keeps the messages the hand-written parser gave."""
+    err = _assert_openai_error(httpx.post(f"{server.url}/v1/{path}", json={"model": MODEL, **payload}), 400)
+    assert err["message"] == message and err["code"] == "invalid_value" and err["type"] == "invalid_request_error"
+
+
+def test_the_body_must_be_a_json_object_whatever_its_content_type(server):
+    url = server.url + "/v1/completions"
+    err = _assert_openai_error(httpx.post(url, content=b"{not json"), 400)
+    assert err["message"].startswith("the request body is not valid JSON: Expecting property name")
+    assert _assert_openai_error(httpx.post(url, json=[1, 2]), 400)["message"] == "the request body must be a JSON object"
+    form = httpx.post(url, content=b'{"model": "%s", "prompt": "x", "max_tokens": 2}' % MODEL.encode(),
+                      headers={"content-type": "application/x-www-form-urlencoded"})  # what curl -d sends
+    assert form.status_code == 200 and form.json()["usage"]["completion_tokens"] == 2

@@ -23,12 +23,9 @@ def server():
 
 
 def _greedy(ids, max_tokens):
+    from longctx.engine import generate
     from model_fixtures import our_model, our_tokenizer
 
-    try:
-        from longctx.engine import generate
-    except ImportError:  # before the engine package exported it
-        from longctx.engine.torch_executor import generate
     return generate(our_model(), ids, max_tokens, eos_token_id=our_tokenizer().eos_token_id)
 
 

@@ -11,14 +11,20 @@ A request is a plain dict: ``{"messages" | "prompt", "max_tokens", "kind", "prom
   question; ``expected`` is the code, so answers are checked.
 - ``long-prefill``: a long document (default 2048 tokens) to summarize in a few tokens: the request that
   stalls everyone else's decode on a monolithic server.
+- ``shared-prefix``: one common system prompt of ``prefix_tokens`` tokens (default 1024: the templated system
+  turn, measured), then a distinct short question per request, so a server with prefix caching computes
+  the system prompt once; the system prompt lists door codes and each question asks one (``expected``), so
+  answers are checked. Each request carries its measured ``prefix_tokens``.
 """
 
 from __future__ import annotations
 
 import random
 
-WORKLOADS = ("chat", "needle", "long-prefill")
-DEFAULTS = {"chat": (64, 32), "needle": (512, 12), "long-prefill": (2048, 8)}  # (prompt, max) tokens
+WORKLOADS = ("chat", "needle", "long-prefill", "shared-prefix")
+DEFAULTS = {"chat": (64, 32), "needle": (512, 12), "long-prefill": (2048, 8), "shared-prefix": (None, 12)}
+DEFAULT_PREFIX_TOKENS = 1024  # shared-prefix: the common system prompt, in tokens
+DOORS = ("red", "blue", "green", "yellow", "black", "white", "orange", "purple")
 
 FILLER_SENTENCES = (
     "The river bends twice before it reaches the old mill at the edge of town.",
@@ -98,6 +104,34 @@ def needle_prompt(tokenizer, prompt_tokens: int, code: str, depth: float, seed: 
     return ". ".join(hay).strip() + "\n" + question
 
 
+def _system_turn_tokens(tokenizer, text: str) -> int:
+    return len(tokenizer.encode_chat([{"role": "system", "content": text}], add_generation_prompt=False))
+
+
+def shared_prefix_workload(num_prompts: int, tokenizer, prefix_tokens: int, max_tokens: int,
+                           seed: int = 0) -> list[dict]:
+    """``num_prompts`` chat requests that share one system prompt of at most ``prefix_tokens`` tokens (the
+    templated system turn, measured) and differ in their question (request number and door)."""
+    rng = random.Random(seed)
+    codes = {door: str(rng.randrange(1000, 10000)) for door in DOORS}
+    facts = " ".join(f"The code of the {door} door is {code}." for door, code in codes.items())
+    head = "You are a helpful assistant. Answer from these notes.\n"
+    fixed = _system_turn_tokens(tokenizer, head + "\n" + facts)
+    if prefix_tokens < fixed:
+        raise ValueError(f"prefix_tokens={prefix_tokens} is less than the system prompt's notes alone ({fixed} tokens)")
+    system = head + filler_text(max(0, prefix_tokens - fixed - 2), tokenizer, seed) + "\n" + facts
+    measured = _system_turn_tokens(tokenizer, system)
+    out = []
+    for i in range(num_prompts):
+        door = DOORS[i % len(DOORS)]
+        question = f"Request {i}: what is the code of the {door} door? Answer with the number only."
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+        out.append({"messages": messages, "max_tokens": max_tokens, "kind": "shared-prefix",
+                    "prompt_tokens": len(tokenizer.encode_chat(messages)), "prefix_tokens": measured,
+                    "expected": codes[door]})
+    return out
+
+
 def build_workload(
     name: str,
     num_prompts: int,
@@ -105,15 +139,27 @@ def build_workload(
     prompt_tokens: int | None = None,
     max_tokens: int | None = None,
     seed: int = 0,
+    prefix_tokens: int | None = None,
 ) -> list[dict]:
-    """``num_prompts`` requests of workload ``name`` (one of ``WORKLOADS``), seeded."""
+    """``num_prompts`` requests of workload ``name`` (one of ``WORKLOADS``), seeded. ``prefix_tokens`` sizes
+    the common system prompt of ``shared-prefix`` (only there; its questions are short, so no ``prompt_tokens``)."""
     if name not in WORKLOADS:
         raise ValueError(f"workload must be one of {WORKLOADS}, got {name!r}")
     if num_prompts < 1:
         raise ValueError(f"num_prompts must be >= 1, got {num_prompts}")
+    if prefix_tokens is not None and name != "shared-prefix":
+        raise ValueError(f"prefix_tokens applies to the shared-prefix workload only, not {name!r}")
     default_prompt, default_max = DEFAULTS[name]
-    prompt_tokens = default_prompt if prompt_tokens is None else int(prompt_tokens)
     max_tokens = default_max if max_tokens is None else int(max_tokens)
+    if name == "shared-prefix":
+        if prompt_tokens is not None:
+            raise ValueError("the shared-prefix workload is sized by prefix_tokens (the common system prompt), "
+                             "not prompt_tokens")
+        prefix_tokens = DEFAULT_PREFIX_TOKENS if prefix_tokens is None else int(prefix_tokens)
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        return shared_prefix_workload(num_prompts, tokenizer, prefix_tokens, max_tokens, seed)
+    prompt_tokens = default_prompt if prompt_tokens is None else int(prompt_tokens)
     if prompt_tokens < 16 or max_tokens < 1:
         raise ValueError(
             f"prompt_tokens must be >= 16 and max_tokens >= 1, got {prompt_tokens}, {max_tokens}"

@@ -18,8 +18,11 @@ def register(subparsers) -> None:
     )
     p.add_argument("--concurrency", type=int, default=None, help="max requests in flight")
     p.add_argument("--num-prompts", type=int, required=True, help="requests to send")
-    p.add_argument("--workload", default="chat", help="needle | chat | long-prefill (default chat)")
+    p.add_argument("--workload", default="chat",
+                   help="needle | chat | long-prefill | shared-prefix (default chat)")
     p.add_argument("--prompt-tokens", type=int, default=None, help="prompt length in SmolLM2 tokens")
+    p.add_argument("--prefix-tokens", type=int, default=None,
+                   help="shared-prefix: tokens of the common system prompt (default 1024)")
     p.add_argument("--max-tokens", type=int, default=None, help="output tokens per request")
     p.add_argument("--slo-ttft-ms", type=float, default=None, help="goodput SLO on time to first token")
     p.add_argument("--slo-tpot-ms", type=float, default=None, help="goodput SLO on time per output token")
@@ -46,6 +49,8 @@ def run(args) -> int:
 
     if args.workload not in WORKLOADS:
         raise ValueError(f"--workload must be one of {', '.join(WORKLOADS)}, got {args.workload!r}")
+    if args.prefix_tokens is not None and args.workload != "shared-prefix":
+        raise ValueError(f"--prefix-tokens applies to --workload shared-prefix only, not {args.workload!r}")
     if args.num_prompts < 1:
         raise ValueError(f"--num-prompts must be >= 1, got {args.num_prompts}")
     if args.rate is not None and not args.rate > 0:
@@ -62,7 +67,8 @@ def run(args) -> int:
 
     tokenizer = load_tokenizer()
     requests = build_workload(
-        args.workload, args.num_prompts, tokenizer, args.prompt_tokens, args.max_tokens, args.seed
+        args.workload, args.num_prompts, tokenizer, args.prompt_tokens, args.max_tokens, args.seed,
+        prefix_tokens=args.prefix_tokens,
     )
 
     def ms(x):

@@ -7,10 +7,12 @@ API summary::
     from longctx.engine import Engine, ChunkedPrefillScheduler, MonolithicScheduler, VirtualClock, ToyExecutor
 
     engine = Engine(executor, scheduler, num_blocks=512, block_size=16, clock=None)  # None: WallClock
-    seq = engine.add_request(prompt_token_ids, max_tokens=32, arrival_s=0.0)       # -> Sequence
+    seq = engine.add_request(prompt_token_ids, max_tokens=32, arrival_s=0.0,       # -> Sequence
+                             sampling=SamplingParams(temperature=0.8, seed=1))    # None: greedy
     engine.step()             # one iteration -> StepRecord (or None when idle); engine.history keeps them
     engine.run_until_done()   # -> finished sequences
     engine.abort(seq_id)      # drop a request, free its blocks -> bool
+    engine.counters           # EngineCounters: prompt/generation tokens, preemptions, prefix-cache lookups
     seq.token_times_s, seq.ttft_s, seq.itl_s, seq.output_token_ids
     summarize(engine.finished, slo=SLO(ttft_s=1.0))  # -> RunMetrics: ttft/itl/tpot/e2e Distributions
 
@@ -25,11 +27,14 @@ API summary::
   ``ScheduledBatch.entries`` is a list of ``ScheduledChunk(seq, num_tokens)``. Shipped:
   ``MonolithicScheduler(max_num_batched_tokens=None)``, ``PrefillFirstChunkedScheduler(token_budget=512)``
   (chunks, but a step is prefill or decode) and ``ChunkedPrefillScheduler(token_budget=512)`` (stall-free).
-- Executors (executor.py): ``execute(batch) -> ExecutionResult(duration_s, next_token_ids | None)``.
-  ``ToyExecutor`` (linear cost, dummy tokens), ``TorchExecutor(model, block_manager, press=None)`` (the real
-  model; its cache is built from that pool and the engine uses the same pool; a ``longctx.kv.press`` press
-  prunes each prompt's KV cache when its prefill ends and the freed blocks return to the pool:
-  pruning.py).
+- Executors (executor.py): subclass ``Executor`` and write ``execute(batch) -> ExecutionResult(duration_s,
+  next_token_ids | None, evicted_tokens | None)``; ``block_manager`` (own pool or None), ``check_prompt`` and
+  ``forget`` have defaults. ``ToyExecutor`` (linear cost, dummy tokens), ``TorchExecutor(model,
+  block_manager, press=None, kv_dtype=None)`` (the real model; its cache is built from that pool and the
+  engine uses the same pool; it samples each sequence's tokens with its ``SamplingParams``: sampling.py,
+  sampler.py; a ``longctx.kv.press`` press prunes each prompt's KV cache when its prefill ends and the
+  freed blocks return to the pool: pruning.py). ``BlockManager(..., enable_prefix_caching=True)`` shares
+  cached full blocks, from the step that fills them (batch.py).
 - Clocks (clock.py): ``WallClock`` (perf_counter) and ``VirtualClock`` (advanced by each step's duration_s).
 - Metrics (metrics.py): ``RequestMetrics.from_timestamps``, ``request_metrics(seq)``, ``summarize``,
   ``SLO``, ``percentile``: vLLM benchmark_serving's definitions.
@@ -47,9 +52,10 @@ Also ``generate(model, prompt_ids, max_tokens, chunk_size=None)`` (llm.py) and
 
 from longctx.engine.batch import ScheduledBatch, ScheduledChunk
 from longctx.engine.clock import Clock, VirtualClock, WallClock
-from longctx.engine.engine import Engine, StepRecord
+from longctx.engine.engine import Engine, EngineCounters, StepRecord
 from longctx.engine.executor import ExecutionResult, Executor, ToyExecutor
 from longctx.engine.metrics import SLO, RequestMetrics, RunMetrics, percentile, request_metrics, summarize
+from longctx.engine.sampling import SamplingParams
 from longctx.engine.scheduler import (
     ChunkedPrefillScheduler,
     MonolithicScheduler,
@@ -63,12 +69,14 @@ __all__ = [
     "ChunkedPrefillScheduler",
     "Clock",
     "Engine",
+    "EngineCounters",
     "ExecutionResult",
     "Executor",
     "MonolithicScheduler",
     "PrefillFirstChunkedScheduler",
     "RequestMetrics",
     "RunMetrics",
+    "SamplingParams",
     "ScheduledBatch",
     "ScheduledChunk",
     "Scheduler",

@@ -10,7 +10,11 @@ bookkeeping a step needs, so a policy reads like the paper's pseudo-code:
   preempted halfway) and fewer than ``max_num_seqs`` sequences would hold blocks;
 - with prefix caching, a waiting sequence whose first full blocks are cached takes them and counts their
   tokens as computed at once: ``add(seq, n)`` then computes ``min(n, tokens left after the hit)`` tokens,
-  starting after the hit (the policy's budget is not charged for the hit);
+  starting after the hit (the policy's budget is not charged for the hit). Every block an entry fills
+  enters the cache as soon as the entry is added (vLLM caches a full block when it allocates it), so a
+  sequence added *later in the same step* already hits it: the executor writes the K/V of every token of a
+  step, layer by layer, before any attention of that layer reads the cache (``longctx.model.llama``), so
+  the sharer reads exactly what a later step would read;
 - a running sequence short of blocks takes them from running sequences *newer* than itself that are not
   in the batch, newest first (preemption by recompute, vLLM's policy); if none is left it is preempted
   itself. ``add`` returns False when the sequence cannot run this step.
@@ -73,6 +77,8 @@ class ScheduledBatch:
         self.preempted: list[Sequence] = []  # lost their KV cache this step, in preemption order
         self.num_tokens = 0  # tokens this step computes: what a token budget limits
         self.num_decode_tokens = 0
+        self.prefix_cache_queries = 0  # tokens looked up in the prefix cache by this step's admissions
+        self.prefix_cache_hits = 0  # ... and how many of them were cached
         self._ids: set[int] = set()  # seq ids in entries
         self._preempted_ids: set[int] = set()
         self._num_holding = len(running)  # sequences holding blocks (running - preempted + admitted)
@@ -141,6 +147,8 @@ class ScheduledBatch:
             hit = None
             if bm.enable_prefix_caching and seq.num_computed_tokens == 0:
                 hit = bm.cached_prefix(seq.token_ids())
+                self.prefix_cache_queries += seq.num_tokens
+                self.prefix_cache_hits += 0 if hit is None else hit.num_tokens
             if not bm.can_admit(sid, seq.num_computed_tokens + left, hit):
                 return False  # admit a prompt only when all of it fits: a half-done prefill rarely restarts
             self._num_holding += 1
@@ -161,6 +169,8 @@ class ScheduledBatch:
                 self._preempt(victim)
         if need:
             bm.allocate(sid, total)
+        if bm.enable_prefix_caching:  # the blocks this entry fills are shareable from now on (same step too)
+            bm.cache_full_blocks(sid, seq.token_ids, seq.num_computed_tokens + num_tokens)
         self.entries.append(ScheduledChunk(seq, num_tokens))
         self._ids.add(sid)
         self.num_tokens += num_tokens

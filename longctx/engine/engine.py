@@ -14,45 +14,30 @@ Nothing here imports torch.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
 
+from longctx.engine.admission import check_fits_pool, check_max_tokens, check_prompt_ids
 from longctx.engine.batch import ScheduledBatch
 from longctx.engine.clock import Clock, WallClock
 from longctx.engine.executor import Executor
+from longctx.engine.sampling import SamplingParams
 from longctx.engine.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler
 from longctx.engine.sequence import Sequence, SequenceStatus
-from longctx.kv.block_manager import BlockManager, blocks_for_tokens
+from longctx.engine.stats import EngineCounters, StepRecord
+from longctx.kv.block_manager import BlockManager
 
 DEFAULT_MAX_MODEL_LEN = 8192  # SmolLM2's context length (its GGUF's llama.context_length)
 
-
-@dataclass(frozen=True)
-class StepRecord:
-    """What one step did, for timelines: times in seconds on the engine clock."""
-
-    start_s: float
-    end_s: float
-    duration_s: float
-    num_prefill_tokens: int
-    num_decode_tokens: int
-    seq_ids: tuple[int, ...]
-    chunk_tokens: tuple[int, ...]
-    num_preempted: int
-    num_free_blocks: int  # after the step (finished sequences' blocks returned)
-    num_used_blocks: int = 0  # held while the step ran (a shared block counts once)
-
-    @property
-    def num_tokens(self) -> int:
-        return self.num_prefill_tokens + self.num_decode_tokens
+__all__ = ["DEFAULT_MAX_MODEL_LEN", "Engine", "EngineCounters", "StepRecord"]
 
 
 class Engine:
     """A continuous-batching engine over a paged KV cache.
 
     Args:
-        executor: runs a ``ScheduledBatch`` (``TorchExecutor``, a cost model, ``ToyExecutor``). An executor
-            with a KV cache of its own (``TorchExecutor``) carries its pool as ``executor.block_manager``:
-            the engine uses that one, so the bookkeeping and the tensors describe one pool.
+        executor: an ``Executor`` (``TorchExecutor``, a cost model, ``ToyExecutor``, or your subclass). An
+            executor with a KV cache of its own (``TorchExecutor``) carries its pool as
+            ``executor.block_manager``: the engine uses that one, so the bookkeeping and the tensors describe
+            one pool.
         scheduler: the policy: a ``Scheduler`` subclass instance (anything with ``schedule(running,
             waiting, batch)`` and optional ``token_budget`` / ``max_num_seqs`` attributes).
         block_manager: the KV pool's bookkeeping for an executor without a cache of its own; or give
@@ -61,6 +46,8 @@ class Engine:
         max_model_len: longest prompt accepted, in tokens.
         eos_token_id: default end-of-sequence token (only checked when the executor returns real tokens).
         vocab_size: when given, prompts with token ids outside ``[0, vocab_size)`` are refused.
+
+    ``counters`` (``EngineCounters``) keeps running totals (tokens, preemptions, prefix-cache lookups).
     """
 
     def __init__(
@@ -76,18 +63,12 @@ class Engine:
         eos_token_id: int | None = None,
         vocab_size: int | None = None,
     ) -> None:
-        own = getattr(executor, "block_manager", None)
-        if own is not None:
-            if block_manager is not None and block_manager is not own or num_blocks is not None:
-                raise ValueError(
-                    "the executor has its own KV pool (executor.block_manager); do not give the engine "
-                    "another block_manager or num_blocks"
-                )
-            block_manager = own
-        elif block_manager is None:
-            if num_blocks is None:
-                raise ValueError("give either block_manager or num_blocks")
-            block_manager = BlockManager(num_blocks, block_size)
+        if not isinstance(executor, Executor):
+            raise ValueError(
+                f"executor must be a longctx.engine.Executor (subclass it and write execute(batch)), "
+                f"got {type(executor).__name__}"
+            )
+        block_manager = self._pool(executor.block_manager, block_manager, num_blocks, block_size)
         if max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {max_model_len}")
         self.executor = executor
@@ -103,7 +84,26 @@ class Engine:
         self.finished: list[Sequence] = []  # in finishing order
         self.aborted: list[Sequence] = []  # dropped by abort(), in abort order
         self.history: list[StepRecord] = []
+        self.counters = EngineCounters()
         self._next_id = 0
+
+    @staticmethod
+    def _pool(own: BlockManager | None, given: BlockManager | None, num_blocks: int | None,
+              block_size: int) -> BlockManager:
+        """The one KV pool: the executor's own, else the one given, else a new one of ``num_blocks``."""
+        if own is not None:
+            another_pool = given is not None and given is not own
+            if another_pool or num_blocks is not None:
+                raise ValueError(
+                    "the executor has its own KV pool (executor.block_manager); do not give the engine "
+                    "another block_manager or num_blocks"
+                )
+            return own
+        if given is not None:
+            return given
+        if num_blocks is None:
+            raise ValueError("give either block_manager or num_blocks")
+        return BlockManager(num_blocks, block_size)
 
     # ---- requests ----
     def add_request(
@@ -112,45 +112,30 @@ class Engine:
         max_tokens: int,
         arrival_s: float | None = None,
         eos_token_id: int | None = None,
+        sampling: SamplingParams | None = None,
     ) -> Sequence:
         """Admit a request; returns its ``Sequence`` (timestamps fill in as it runs).
 
         ``arrival_s`` is on the engine clock (default: now); a future arrival waits in ``pending``.
-        Raises ``ValueError`` for an empty prompt, a prompt over ``max_model_len``, ``max_tokens < 1``, or
-        a request whose prompt + max_tokens cannot fit in the whole KV pool.
+        ``sampling``: how its tokens are chosen (None: greedy; executors without real tokens ignore it).
+        Raises ``ValueError`` for an empty prompt, a prompt over ``max_model_len``, ``max_tokens < 1``, a
+        prompt the executor refuses (``Executor.check_prompt``), or a request whose prompt + max_tokens
+        cannot fit in the whole KV pool (``admission.check_fits_pool``).
         """
-        ids = prompt_token_ids.tolist() if hasattr(prompt_token_ids, "tolist") else list(prompt_token_ids)
-        if not ids:
-            raise ValueError("the prompt is empty: give at least one token")
-        if len(ids) > self.max_model_len:
-            raise ValueError(
-                f"the prompt has {len(ids)} tokens, more than max_model_len={self.max_model_len}"
-            )
-        if self.vocab_size is not None:
-            if not set(map(type, ids)) <= {int}:
-                ids = [int(t) for t in ids]
-            if not 0 <= min(ids) <= max(ids) < self.vocab_size:
-                bad = next(t for t in ids if not 0 <= t < self.vocab_size)
-                raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
-        if isinstance(max_tokens, bool) or int(max_tokens) != max_tokens or max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
-        check = getattr(self.executor, "check_prompt", None)
-        if check is not None:
-            check(len(ids))  # e.g. a KV press whose window is longer than the prompt
-        bm = self.block_manager
-        need = blocks_for_tokens(len(ids) + int(max_tokens), bm.block_size)
-        if need > bm.num_blocks:
-            raise ValueError(
-                f"the request needs {need} KV blocks of {bm.block_size} tokens ({len(ids)} prompt + "
-                f"{max_tokens} output tokens) but the pool has only {bm.num_blocks}"
-            )
+        ids = check_prompt_ids(prompt_token_ids, self.max_model_len, self.vocab_size)
+        max_tokens = check_max_tokens(max_tokens)
+        if sampling is not None and not isinstance(sampling, SamplingParams):
+            raise ValueError(f"sampling must be a SamplingParams or None, got {type(sampling).__name__}")
+        self.executor.check_prompt(len(ids))  # e.g. a KV press whose window is longer than the prompt
+        check_fits_pool(self.block_manager, len(ids), max_tokens)
         now = self.clock.now()
         seq = Sequence(
             seq_id=self._next_id,
             prompt_token_ids=ids,
-            max_tokens=int(max_tokens),
+            max_tokens=max_tokens,
             arrival_s=now if arrival_s is None else float(arrival_s),
             eos_token_id=self.eos_token_id if eos_token_id is None else eos_token_id,
+            sampling=sampling,
         )
         self._next_id += 1
         if seq.arrival_s <= now:
@@ -172,9 +157,7 @@ class Engine:
                 if seq.seq_id == seq_id:
                     queue.remove(seq)
                     self.block_manager.free(seq_id)
-                    forget = getattr(self.executor, "forget", None)
-                    if forget is not None:
-                        forget(seq_id)
+                    self.executor.forget(seq_id)
                     seq.status = SequenceStatus.FINISHED
                     seq.finish_reason = "abort"
                     seq.finished_s = self.clock.now()
@@ -227,6 +210,10 @@ class Engine:
                 f"{len(self.running)} sequences run and {len(self.waiting)} wait: the engine would never finish"
             )
         start_s = self.clock.now()
+        c = self.counters
+        c.prefix_cache_queries += batch.prefix_cache_queries
+        c.prefix_cache_hits += batch.prefix_cache_hits
+        c.num_preemptions += len(batch.preempted)
         batch.commit(self.running, self.waiting, start_s)
         held = self.block_manager.num_used_blocks
         result = self.executor.execute(batch)
@@ -266,21 +253,22 @@ class Engine:
         if next_token_ids is not None and len(next_token_ids) != len(entries):
             raise RuntimeError(f"the executor returned {len(next_token_ids)} tokens for {len(entries)} entries")
         done = []
-        bm = self.block_manager
-        caching = bm.enable_prefix_caching
+        bm, c = self.block_manager, self.counters
         for i, (seq, n) in enumerate(entries):
-            seq.num_computed_tokens += n
-            if caching:  # blocks this step filled become shareable
-                bm.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+            seq.num_computed_tokens += n  # (its full blocks entered the prefix cache in batch.add)
             if evicted and seq.seq_id in evicted:  # KV pruning: the pool gets the blocks past the kept tokens
                 seq.num_evicted_tokens += evicted[seq.seq_id]
-                bm.shrink(seq.seq_id, seq.num_cached_tokens)
+                c.num_press_evicted_tokens += evicted[seq.seq_id]
+                c.num_press_freed_blocks += bm.shrink(seq.seq_id, seq.num_cached_tokens)
             outputs = seq.output_token_ids
             if len(seq.prompt_token_ids) + len(outputs) > seq.num_computed_tokens:
                 continue  # a prefill chunk that is not the last: no token yet
             token = 0 if next_token_ids is None else int(next_token_ids[i])
+            if not outputs:
+                c.num_prompt_tokens += len(seq.prompt_token_ids)
             outputs.append(token)
             seq.token_times_s.append(now_s)
+            c.num_generation_tokens += 1
             if len(outputs) >= seq.max_tokens:
                 done.append((seq, "length"))
             elif next_token_ids is not None and token == seq.eos_token_id:
@@ -288,6 +276,7 @@ class Engine:
         if done:
             for seq, reason in done:
                 bm.free(seq.seq_id)
+                self.executor.forget(seq.seq_id)
                 seq.status = SequenceStatus.FINISHED
                 seq.finish_reason = reason
                 seq.finished_s = now_s

@@ -19,11 +19,17 @@ def build_engine(
     dtype=None,
     clock: Clock | None = None,
     model=None,
+    kv_dtype: str | None = None,
+    enable_prefix_caching: bool = False,
+    press=None,
 ):
     """An ``Engine`` running SmolLM2-135M-Instruct on ``device``; returns ``(engine, tokenizer)``.
 
-    The KV pool is ``num_blocks`` blocks of ``block_size`` tokens. The scheduler defaults to
-    ``ChunkedPrefillScheduler(512)``. EOS is ``<|im_end|>``.
+    The KV pool is ``num_blocks`` blocks of ``block_size`` tokens, stored as ``kv_dtype``
+    (``longctx.kv.quant``; default: the model's dtype), sharing cached prefix blocks when
+    ``enable_prefix_caching``; ``press`` (a ``longctx.kv.press.Press``) prunes each prompt's KV cache when
+    its prefill ends (not with prefix caching). The scheduler defaults to ``ChunkedPrefillScheduler(512)``.
+    EOS is ``<|im_end|>``.
     """
     from longctx.model.tokenizer import load_tokenizer
     from longctx.model.weights import load_model
@@ -31,7 +37,8 @@ def build_engine(
     model = model if model is not None else load_model(device=device, dtype=dtype)
     tokenizer = load_tokenizer()
     engine = Engine(
-        TorchExecutor(model, BlockManager(num_blocks, block_size)),
+        TorchExecutor(model, BlockManager(num_blocks, block_size, enable_prefix_caching), press=press,
+                      kv_dtype=kv_dtype),
         scheduler if scheduler is not None else ChunkedPrefillScheduler(512),
         clock=clock,
         max_model_len=model.config.max_context,

@@ -14,6 +14,8 @@ KV pruning (``longctx.kv.press``) evicts cached tokens without forgetting where 
 ``num_computed_tokens`` still counts positions (a new token's RoPE position), ``num_evicted_tokens`` the
 K/V entries thrown away, and ``num_cached_tokens`` (their difference) the entries each KV head holds.
 
+``sampling`` (``SamplingParams``, or None for greedy) is how the executor picks the sequence's tokens.
+
 Times are seconds on the engine's clock.
 """
 
@@ -21,6 +23,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+
+from longctx.engine.sampling import SamplingParams
 
 
 class SequenceStatus(enum.Enum):
@@ -38,6 +42,7 @@ class Sequence:
     max_tokens: int
     arrival_s: float = 0.0
     eos_token_id: int | None = None
+    sampling: SamplingParams | None = None  # None: greedy
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0
     num_evicted_tokens: int = 0  # K/V entries a press evicted (per KV head); 0 without pruning
@@ -46,7 +51,7 @@ class Sequence:
     token_times_s: list[float] = field(default_factory=list)  # clock time each output token appeared
     first_scheduled_s: float | None = None
     finished_s: float | None = None
-    finish_reason: str | None = None  # "length" (max_tokens) or "stop" (EOS)
+    finish_reason: str | None = None  # "length" (max_tokens), "stop" (EOS) or "abort"
     num_preemptions: int = 0
 
     # ---- lengths ----

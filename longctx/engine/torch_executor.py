@@ -2,8 +2,9 @@
 
 The only engine module that imports torch (with ``llm`` and ``exactness``, which build on it). Each step:
 gather the batch's new tokens (prefill chunks and decodes, concatenated), build the attention metadata
-from the block tables, run one forward pass, take the greedy token of the last row of every sequence,
-and report the wall time the step took.
+from the block tables, run one forward pass, choose the next token of every sequence from the logits of
+its last row (greedy, or its ``SamplingParams``: ``longctx.engine.sampler``), prune the prompts a press
+finished compressing, and report the wall time the step took.
 """
 
 from __future__ import annotations
@@ -14,20 +15,22 @@ import time
 import torch
 
 from longctx.engine.batch import ScheduledBatch
-from longctx.engine.executor import ExecutionResult
+from longctx.engine.executor import ExecutionResult, Executor
+from longctx.engine.sampler import Sampler
 from longctx.kv.block_manager import BlockManager
 from longctx.kv.cache import PagedKVCache, build_attention_metadata
 from longctx.kv.press import Press
 
 
-class TorchExecutor:
-    """Greedy decoding with ``model`` (a ``longctx.model.llama.Llama``) over a paged KV cache.
+class TorchExecutor(Executor):
+    """Decoding with ``model`` (a ``longctx.model.llama.Llama``) over a paged KV cache.
 
     The cache tensors are built from ``block_manager`` (its ``num_blocks`` x ``block_size`` slots), and the
     executor keeps it as ``self.block_manager``: give the executor to ``Engine`` and the engine uses that
     same pool (one description of the pool, no second copy to keep in sync). ``kv_dtype`` is how the
     pool stores K and V (``longctx.kv.quant``; default: the model's dtype); ``press`` prunes each prompt's
-    cache when its prefill ends (``longctx.kv.press``).
+    cache when its prefill ends (``longctx.kv.press``). Each sequence's next token follows its
+    ``Sequence.sampling`` (None: greedy).
     """
 
     def __init__(self, model, block_manager: BlockManager, device=None, dtype=None, press: Press | None = None,
@@ -48,6 +51,7 @@ class TorchExecutor:
             )
         self.cache = PagedKVCache.for_pool(model.config, block_manager, self.device, dtype or p.dtype, kv_dtype)
         self.press = press
+        self.sampler = Sampler()
         self._pruning = None
         if press is not None:
             from longctx.engine.pruning import PressRecorder
@@ -60,7 +64,8 @@ class TorchExecutor:
             self.press.check_prompt(num_tokens)
 
     def forget(self, seq_id: int) -> None:
-        """Drop what the press collected for ``seq_id`` (the engine aborted it)."""
+        """Drop the sampler's generator and what the press collected for ``seq_id`` (finished or aborted)."""
+        self.sampler.forget(seq_id)
         if self._pruning is not None:
             self._pruning.forget(seq_id)
 
@@ -110,7 +115,7 @@ class TorchExecutor:
     def execute(self, batch: ScheduledBatch) -> ExecutionResult:
         t0 = time.perf_counter()
         logits = self._run(batch)
-        next_ids = logits.argmax(dim=-1).tolist()  # .tolist() waits for the device
+        next_ids = self.sampler(logits, batch)  # greedy or each sequence's SamplingParams; waits for the device
         evicted = self._prune(batch) if self._pruning is not None else None
         return ExecutionResult(duration_s=time.perf_counter() - t0, next_token_ids=next_ids,
                                evicted_tokens=evicted or None)

@@ -18,9 +18,19 @@ Prefix caching (``enable_prefix_caching=True``; vLLM's automatic prefix caching)
 it is identified by a hash chained over its tokens and its parent block's hash (``block_hash``), so two
 sequences that start with the same tokens name the same blocks. A new sequence whose first full blocks are
 cached takes those blocks (``cached_prefix``, ``take_prefix``) instead of computing them: each block has a
-reference count, and a block is written only while one sequence owns it (new tokens go after the shared
-ones). A freed block that holds a cached block stays reusable on an LRU list until a block is needed and
-none is blank; then the least recently freed one is evicted (its hash forgotten).
+reference count, and a block is written only while it is being filled (new tokens go after the shared
+ones). ``cache_full_blocks`` registers a block as soon as the tokens scheduled for it fill it, before the
+step computes it (``ScheduledBatch.add`` calls it): a sequence scheduled later in the same step already
+hits it, as in vLLM, which caches full blocks when it allocates them.
+
+Eviction order, beside vLLM's. vLLM keeps every free block, cached or blank, in one LRU free queue:
+allocation takes the head (evicting its hash if it has one), and a finished request's blocks are appended
+tail block first, so a request's last blocks, the least likely to be shared, are evicted before its first.
+Ours frees in the same order (``_release``: tail first; cached blocks go to the end of an LRU list), but
+keeps two lists: blank blocks (never cached, or evicted) are handed out first, and a cached block is
+evicted only when no blank block is left, the least recently freed first (``_take``). So while the pool has
+blank blocks we keep every cached prefix, where vLLM may already evict the oldest one; once the pool is
+full of cached blocks, both evict in the same order.
 
 Check, then act: ``can_allocate`` only answers; ``allocate`` / ``free`` change state and raise
 ``ValueError`` when asked for the impossible. Pure Python: the scheduler uses it without torch.

@@ -20,6 +20,7 @@ import queue
 import threading
 from dataclasses import dataclass, field
 
+from longctx.engine.sampling import SamplingParams
 from longctx.engine.sequence import SequenceStatus
 
 
@@ -29,7 +30,7 @@ class RequestHandle:
 
     prompt_token_ids: list[int]
     max_tokens: int
-    sampling: object | None  # a SamplingParams, or None for greedy
+    sampling: SamplingParams | None  # None: greedy
     events: asyncio.Queue
     request_id: int = 0
     seq: object | None = None  # the engine's Sequence once added (engine thread writes it once)
@@ -50,7 +51,8 @@ class AsyncEngine:
     """Runs ``engine`` in a daemon thread; ``submit`` / ``abort`` from the event loop.
 
     Args:
-        engine: a ``longctx.engine.Engine`` (its executor may be a ``SamplingExecutor``).
+        engine: a ``longctx.engine.Engine`` (its executor samples each request's tokens with the
+            ``SamplingParams`` given to ``submit``, carried on the sequence).
         max_waiting: requests allowed to wait for KV blocks at once; beyond it ``submit`` raises
             ``Overloaded`` (the server answers 503).
         history_len: step records kept in ``engine.history`` (the loop trims older ones).
@@ -92,7 +94,8 @@ class AsyncEngine:
     def num_waiting(self) -> int:
         return sum(h.is_waiting for h in self._handles)
 
-    def submit(self, prompt_token_ids: list[int], max_tokens: int, sampling=None) -> RequestHandle:
+    def submit(self, prompt_token_ids: list[int], max_tokens: int,
+               sampling: SamplingParams | None = None) -> RequestHandle:
         """Queue a request; raises ``Overloaded`` when ``max_waiting`` requests already wait."""
         if not self.healthy:
             raise Overloaded("the engine loop is not running")
@@ -135,11 +138,6 @@ class AsyncEngine:
     def _push(self, handle: RequestHandle, event: tuple) -> None:
         self._loop.call_soon_threadsafe(handle.events.put_nowait, event)
 
-    def _forget(self, handle: RequestHandle) -> None:
-        forget = getattr(self.engine.executor, "forget", None)
-        if forget is not None and handle.seq is not None:
-            forget(handle.seq.seq_id)
-
     def _apply_commands(self, live: dict[int, RequestHandle]) -> None:
         while True:
             try:
@@ -151,19 +149,16 @@ class AsyncEngine:
                     handle.done = True
                     continue
                 try:
-                    seq = self.engine.add_request(handle.prompt_token_ids, handle.max_tokens)
+                    seq = self.engine.add_request(handle.prompt_token_ids, handle.max_tokens,
+                                                  sampling=handle.sampling)
                 except ValueError as exc:
                     handle.done = True
                     self._push(handle, ("error", str(exc)))
                     continue
                 handle.seq = seq
-                register = getattr(self.engine.executor, "register", None)
-                if register is not None and handle.sampling is not None:
-                    register(seq.seq_id, handle.sampling)
                 live[seq.seq_id] = handle
             elif kind == "abort" and handle.seq is not None and not handle.done:
-                self.engine.abort(handle.seq.seq_id)
-                self._forget(handle)
+                self.engine.abort(handle.seq.seq_id)  # frees its blocks; the executor forgets it
                 live.pop(handle.seq.seq_id, None)
                 handle.done = True
                 self._push(handle, ("finish", "abort"))
@@ -179,7 +174,6 @@ class AsyncEngine:
                 self._push(handle, ("tokens", new))
             if seq.status is SequenceStatus.FINISHED:
                 handle.done = True
-                self._forget(handle)
                 del live[seq_id]
                 self._push(handle, ("finish", seq.finish_reason or "stop"))
 
@@ -197,8 +191,7 @@ class AsyncEngine:
                 self.num_steps += 1
                 self._deliver(live)
                 engine.finished.clear()  # delivered: the server keeps no per-request history
-                if getattr(engine, "aborted", None):
-                    engine.aborted.clear()
+                engine.aborted.clear()
                 if len(engine.history) > self.history_len:
                     del engine.history[: len(engine.history) - self.history_len]
         except Exception as exc:  # the loop died: fail every request in flight, report unhealthy

@@ -29,31 +29,48 @@ def build_app(
     max_waiting: int = 256,
     seed: int = 0,
     model_name: str | None = None,
+    kv_dtype: str | None = None,
+    prefix_caching: bool = False,
+    press: str | None = None,
+    compression_ratio: float | None = None,
+    model=None,
 ):
-    """The FastAPI app over SmolLM2-135M-Instruct on the engine (``scheduler``: monolithic | chunked)."""
+    """The FastAPI app over SmolLM2-135M-Instruct on the engine (``scheduler``: monolithic | chunked).
+
+    ``model``: a loaded ``longctx.model.llama.Llama`` to serve instead of loading SmolLM2 (tests serve a
+    small random one with SmolLM2's vocabulary and tokenizer).
+
+    ``kv_dtype``: how the KV pool stores K and V (fp32, bf16, fp16, fp8, int8, int4; default: the model's
+    dtype, fp32 on a CPU);
+    ``prefix_caching``: share cached full blocks of common prefixes; ``press`` + ``compression_ratio``: prune
+    each prompt's KV cache when its prefill ends (``longctx.kv.press``; not with prefix caching).
+    """
     if scheduler not in SCHEDULERS:
         raise ValueError(f"scheduler must be one of {SCHEDULERS}, got {scheduler!r}")
     if int(token_budget) != token_budget or token_budget < 1:
         raise ValueError(f"token_budget must be a positive integer, got {token_budget!r}")
     if int(kv_blocks) != kv_blocks or kv_blocks < 1:
         raise ValueError(f"kv_blocks must be a positive integer, got {kv_blocks!r}")
+    if press is not None and prefix_caching:
+        raise ValueError("a press and prefix caching do not combine: a press rewrites the blocks a cache shares")
+    from longctx.cli.model import make_cli_press
+    from longctx.engine import build_engine
     from longctx.engine.scheduler import ChunkedPrefillScheduler, MonolithicScheduler
-
-    try:
-        from longctx.engine import build_engine
-    except ImportError:  # before the engine package exported it
-        from longctx.engine.torch_executor import build_engine
+    from longctx.kv.quant import get_format
     from longctx.serve.app import DEFAULT_MODEL_NAME, create_app
     from longctx.serve.async_engine import AsyncEngine
-    from longctx.serve.sampling import SamplingExecutor
 
+    kv_format = None if kv_dtype is None else get_format(kv_dtype).name  # a clear error before the model loads
+    kv_press = make_cli_press(press, compression_ratio)
     policy = (
         MonolithicScheduler() if scheduler == "monolithic" else ChunkedPrefillScheduler(int(token_budget))
     )
-    engine, tokenizer = build_engine(policy, num_blocks=int(kv_blocks))
-    engine.executor = SamplingExecutor(engine.executor)
+    engine, tokenizer = build_engine(policy, num_blocks=int(kv_blocks), kv_dtype=kv_format, model=model,
+                                     enable_prefix_caching=bool(prefix_caching), press=kv_press)
     aengine = AsyncEngine(engine, max_waiting=max_waiting)
-    return create_app(aengine, tokenizer, model_name or DEFAULT_MODEL_NAME, base_seed=seed)
+    press_label = "none" if kv_press is None else f"{press}@{compression_ratio:g}"
+    return create_app(aengine, tokenizer, model_name or DEFAULT_MODEL_NAME, base_seed=seed,
+                      cache_dtype=kv_format or "auto", kv_press=press_label)
 
 
 def run_server(host: str = "127.0.0.1", port: int = 8000, **build_kwargs) -> None:
@@ -95,7 +112,8 @@ def _die_with_parent() -> None:
 class ServerProcess:
     """``python -m longctx serve`` in a child process on 127.0.0.1; use as a context manager.
 
-    Keyword arguments become flags (``scheduler="monolithic"`` -> ``--scheduler monolithic``). ``threads``
+    Keyword arguments become flags (``scheduler="monolithic"`` -> ``--scheduler monolithic``,
+    ``prefix_caching=True`` -> ``--prefix-caching``; None and False are left out). ``threads``
     sets the child's torch threads. The child's output goes to ``log_path`` (default: a temporary file whose
     tail is quoted if the server fails to start).
     """
@@ -117,7 +135,11 @@ class ServerProcess:
             str(self.port),
         ]
         for key, value in flags.items():
-            self.args += [f"--{key.replace('_', '-')}", str(value)]
+            flag = f"--{key.replace('_', '-')}"
+            if value is True:  # a switch (prefix_caching=True -> --prefix-caching)
+                self.args.append(flag)
+            elif value is not None and value is not False:
+                self.args += [flag, str(value)]
         if threads is not None:
             self.args += ["--threads", str(threads)]
         self.log_path = log_path
@@ -163,6 +185,12 @@ class ServerProcess:
 
     def health(self) -> dict:
         return get_json(self.base_url + "/health")[1]
+
+    def metrics(self) -> dict[str, float]:
+        """``GET /metrics`` parsed with prometheus_client (``longctx.serve.metrics.read_metrics``)."""
+        from longctx.serve.metrics import read_metrics
+
+        return read_metrics(self.base_url)
 
     def stop(self) -> None:
         """Stop the child (idempotent): SIGTERM, then SIGKILL after 10 s."""

@@ -1,19 +1,23 @@
-"""The OpenAI wire format: request validation, error bodies, response and chunk bodies (plain dicts).
+"""The OpenAI wire format: request models (pydantic), error bodies, response and chunk bodies (plain dicts).
 
-Validation is explicit (not a schema library) so each 400 says what is wrong and what is allowed, in
-OpenAI's error shape ``{"error": {"message", "type", "param", "code"}}``. Unknown fields are ignored, as
-OpenAI-compatible servers do; fields we cannot honour (``n > 1``, ``logprobs``, ``echo``, ``best_of``) are
-refused rather than silently ignored.
+``CompletionRequest`` and ``ChatCompletionRequest`` declare each field's type and bounds; FastAPI validates a
+body against them, and ``longctx.serve.validation`` turns the first failure into one 400 in OpenAI's error
+shape ``{"error": {"message", "type", "param", "code"}}`` that says what is wrong and what is allowed.
+Unknown fields are ignored, as OpenAI-compatible servers do; fields we cannot honour (``n > 1``,
+``logprobs``, ``echo``, ``best_of``, ``suffix``) are refused rather than silently ignored.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 ROLES = ("system", "user", "assistant")
 MAX_STOP_SEQUENCES = 4
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
 class APIError(Exception):
@@ -45,144 +49,107 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
     }
 
 
-@dataclass
-class GenerationRequest:
-    """A validated request. ``prompt`` is text (completions) or ``messages`` (chat)."""
-
-    kind: str  # "completion" | "chat"
-    model: str
-    prompt: str | list[int] | None
-    messages: list[dict] | None
-    max_tokens: int | None
-    temperature: float
-    top_p: float
-    seed: int | None
-    stop: list[str]
-    stream: bool
-    include_usage: bool
+# ---- request models ----
+StrictInt = Annotated[int, Field(strict=True)]
+NonEmptyStr = Annotated[str, Field(strict=True, min_length=1)]
 
 
-def _bad(message: str, param: str) -> APIError:
-    return APIError(400, message, param=param, code="invalid_value")
+class TextPart(BaseModel):
+    """A content part of a chat message: only text parts are supported."""
+
+    type: Literal["text"]
+    text: str = ""
 
 
-def _number(body: dict, name: str, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _bad(f"'{name}' must be a number, got {value!r}", name)
-    if value < lo or value > hi or (lo_open and value == lo):
-        bound = f"({lo}, {hi}]" if lo_open else f"[{lo}, {hi}]"
-        raise _bad(f"'{name}' must be in {bound}, got {value}", name)
-    return float(value)
+class ChatMessage(BaseModel):
+    role: Literal[ROLES]
+    content: Annotated[str, Field(strict=True)] | list[TextPart]
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
-def _int_or_none(body: dict, name: str, lo: int) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-        raise _bad(f"'{name}' must be an integer >= {lo}, got {value!r}", name)
-    return int(value)
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
 
 
-def _messages(value) -> list[dict]:
-    if not isinstance(value, list) or not value:
-        raise _bad("'messages' must be a non-empty list of {role, content} objects", "messages")
-    out = []
-    for i, m in enumerate(value):
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
-            raise _bad(f"messages[{i}] needs a 'role' in {list(ROLES)}, got {m!r}"[:300], "messages")
-        content = m.get("content")
-        if isinstance(content, list):  # content parts: only text parts are supported
-            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-                raise _bad(f"messages[{i}].content: only parts of type 'text' are supported", "messages")
-            content = "".join(str(p.get("text", "")) for p in content)
-        if not isinstance(content, str):
-            raise _bad(f"messages[{i}].content must be a string, got {type(content).__name__}", "messages")
-        out.append({"role": m["role"], "content": content})
-    return out
+class GenerationRequest(BaseModel):
+    """What both endpoints accept (in the order the fields are checked: the first failure is reported)."""
+
+    model_config = ConfigDict(extra="ignore")
+    kind: ClassVar[str]
+
+    model: NonEmptyStr
+    max_tokens: Annotated[int | None, Field(strict=True, ge=1)] = None
+    n: Literal[1] = 1
+    logprobs: Literal[False] | None = None
+    top_logprobs: Literal[0] | None = None
+    best_of: Literal[1] | None = None
+    echo: Literal[False] | None = None
+    suffix: None = None
+    stop: NonEmptyStr | Annotated[list[NonEmptyStr], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
+    stream: Annotated[bool, Field(strict=True)] = False
+    stream_options: StreamOptions | None = None
+    seed: Annotated[int | None, Field(strict=True)] = None
+    temperature: Annotated[float | None, Field(strict=True, ge=0.0, le=2.0)] = None  # None: 1.0, OpenAI's default
+    top_p: Annotated[float | None, Field(strict=True, gt=0.0, le=1.0)] = None  # None: 1.0
+
+    @property
+    def stop_sequences(self) -> list[str]:
+        return [] if self.stop is None else [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def sampling_temperature(self) -> float:
+        return 1.0 if self.temperature is None else float(self.temperature)
+
+    @property
+    def sampling_top_p(self) -> float:
+        return 1.0 if self.top_p is None else float(self.top_p)
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        """``max_tokens`` as asked (None: the server picks, for chat)."""
+        return self.max_tokens
 
 
-def parse_request(body, kind: str) -> GenerationRequest:
-    """Validate a /v1/completions (``kind="completion"``) or /v1/chat/completions (``"chat"``) body."""
-    if not isinstance(body, dict):
-        raise APIError(400, "the request body must be a JSON object", code="invalid_json")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise _bad("'model' is required (a string; GET /v1/models lists them)", "model")
-    prompt = messages = None
-    if kind == "completion":
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if (
-            isinstance(prompt, list)
-            and prompt
-            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-        ):
-            pass  # token ids
-        elif not isinstance(prompt, str) or not prompt:
-            raise _bad(
-                "'prompt' must be a non-empty string or a list of token ids (one prompt per request)",
-                "prompt",
-            )
-    else:
-        messages = _messages(body.get("messages"))
-    max_tokens = _int_or_none(body, "max_tokens", 1)
-    if kind == "chat" and max_tokens is None:
-        max_tokens = _int_or_none(body, "max_completion_tokens", 1)
-    if kind == "completion" and max_tokens is None:
-        max_tokens = 16  # OpenAI's default for completions
-    n = body.get("n", 1)
-    if n != 1:
-        raise _bad(f"only n=1 is supported, got n={n!r}", "n")
-    unsupported = (
-        ("logprobs", (None, False)),
-        ("top_logprobs", (None, 0)),
-        ("best_of", (None, 1)),
-        ("echo", (None, False)),
-        ("suffix", (None,)),
-    )
-    for name, allowed in unsupported:
-        if body.get(name) not in allowed:
-            raise _bad(f"'{name}'={body.get(name)!r} is not supported by this server", name)
-    stop = body.get("stop")
-    if stop is None:
-        stop = []
-    elif isinstance(stop, str):
-        stop = [stop]
-    if (
-        not isinstance(stop, list)
-        or not all(isinstance(s, str) and s for s in stop)
-        or len(stop) > MAX_STOP_SEQUENCES
-    ):
-        raise _bad(
-            f"'stop' must be a non-empty string or a list of up to {MAX_STOP_SEQUENCES} of them", "stop"
-        )
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise _bad(f"'stream' must be true or false, got {stream!r}", "stream")
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict):
-        raise _bad("'stream_options' must be an object", "stream_options")
-    seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise _bad(f"'seed' must be an integer, got {seed!r}", "seed")
-    return GenerationRequest(
-        kind=kind,
-        model=model,
-        prompt=prompt,
-        messages=messages,
-        max_tokens=max_tokens,
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
-        seed=seed,
-        stop=stop,
-        stream=stream,
-        include_usage=bool(options.get("include_usage", False)),
-    )
+class CompletionRequest(GenerationRequest):
+    """``POST /v1/completions``: one prompt, as text or token ids."""
+
+    kind: ClassVar[str] = "completion"
+    prompt: NonEmptyStr | Annotated[list[StrictInt], Field(min_length=1)]
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_text_prompt(cls, value):
+        if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
+            return value[0]  # ["text"]: one prompt, as the openai client may send it
+        return value
+
+    @property
+    def requested_max_tokens(self) -> int:
+        return DEFAULT_COMPLETION_MAX_TOKENS if self.max_tokens is None else self.max_tokens
+
+
+class ChatCompletionRequest(GenerationRequest):
+    """``POST /v1/chat/completions``: a conversation, rendered with the model's chat template."""
+
+    kind: ClassVar[str] = "chat"
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[int | None, Field(strict=True, ge=1)] = None
+
+    @property
+    def conversation(self) -> list[dict]:
+        return [{"role": m.role, "content": m.text} for m in self.messages]
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens if self.max_tokens is not None else self.max_completion_tokens
 
 
 # ---- response bodies ----

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from longctx import flops
-from longctx.engine.executor import ExecutionResult
+from longctx.engine.executor import ExecutionResult, Executor
 from longctx.kv.quant import pool_bytes_per_token
 from longctx.specs import HardwareSpec, ModelSpec, get_hardware, get_model
 
@@ -99,7 +99,7 @@ class StepFeatures:
     num_sequences: int
 
 
-class CostModelExecutor:
+class CostModelExecutor(Executor):
     """An ``Executor`` that returns the modelled time of a batch on ``hardware`` for ``model``.
 
     Args:

@@ -1,14 +1,16 @@
 """Recording what a real engine's steps were: each batch's entries and its measured duration.
 
-``RecordingExecutor`` wraps any executor; the ``MeasuredStep``\\ s it keeps are what
-``longctx.sim.calibration.calibrate`` fits the cost model to. No torch here.
+``RecordingExecutor`` wraps any executor and follows the executor protocol: the inner executor's pool,
+prompt checks and per-request state (``block_manager``, ``check_prompt``, ``forget``) stay the inner one's,
+so a wrapped ``TorchExecutor`` still prunes, samples and owns its cache. The ``MeasuredStep``\\ s it keeps
+are what ``longctx.sim.calibration.calibrate`` fits the cost model to. No torch here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from longctx.engine.executor import ExecutionResult
+from longctx.engine.executor import ExecutionResult, Executor
 
 
 @dataclass(frozen=True)
@@ -20,11 +22,25 @@ class MeasuredStep:
 
 
 @dataclass
-class RecordingExecutor:
+class RecordingExecutor(Executor):
     """Wraps any executor and records each batch's composition and measured duration (no torch here)."""
 
-    inner: object
+    inner: Executor
     steps: list[MeasuredStep] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.inner, Executor):
+            raise ValueError(f"RecordingExecutor wraps a longctx.engine.Executor, got {type(self.inner).__name__}")
+
+    @property
+    def block_manager(self):
+        return self.inner.block_manager
+
+    def check_prompt(self, num_tokens: int) -> None:
+        self.inner.check_prompt(num_tokens)
+
+    def forget(self, seq_id: int) -> None:
+        self.inner.forget(seq_id)
 
     def execute(self, batch) -> ExecutionResult:
         seqs = tuple((e.num_tokens, e.seq.num_cached_tokens) for e in batch.entries)  # (new, cached KV)

@@ -1,0 +1,53 @@
+"""What the engine records as it runs: one ``StepRecord`` per step, and running totals (``EngineCounters``).
+
+Counters are cumulative since the engine was made and count what vLLM's Prometheus counters count (the
+server exports them at ``/metrics``: ``longctx.serve.metrics``). Times are seconds on the engine clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one step did, for timelines: times in seconds on the engine clock."""
+
+    start_s: float
+    end_s: float
+    duration_s: float
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    seq_ids: tuple[int, ...]
+    chunk_tokens: tuple[int, ...]
+    num_preempted: int
+    num_free_blocks: int  # after the step (finished sequences' blocks returned)
+    num_used_blocks: int = 0  # held while the step ran (a shared block counts once)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+
+@dataclass
+class EngineCounters:
+    """Running totals of an engine (plain ints; the engine loop is their only writer).
+
+    - ``num_prompt_tokens``: the prompt length of each request, counted when its first token appears (cached
+      prefix tokens included), as vLLM's ``prompt_tokens``;
+    - ``num_generation_tokens``: output tokens produced (vLLM's ``generation_tokens``);
+    - ``num_preemptions``: preemption events (a sequence preempted twice counts twice; ``num_preemptions``);
+    - ``prefix_cache_queries`` / ``prefix_cache_hits``: tokens looked up in the prefix cache when a waiting
+      sequence with nothing computed is considered for admission, and how many of them were cached (vLLM
+      counts per lookup as well, so a request that waits and is looked up again counts again);
+    - ``num_press_evicted_tokens`` / ``num_press_freed_blocks``: K/V entries (per KV head) a KV press evicted
+      and the blocks that returned to the pool because of it (no vLLM counterpart: vLLM does not prune).
+    """
+
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+    num_preemptions: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_press_evicted_tokens: int = 0
+    num_press_freed_blocks: int = 0
