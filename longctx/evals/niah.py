@@ -177,30 +177,52 @@ class AnswerReading:
     decode_s: float
 
 
+class GreedyAnswer:
+    """The greedy answer of one trial, extended a token at a time (so many trials can decode in one batch).
+
+    Built from the teacher-forced ``logits`` [m, vocab]: the greedy output agrees with the forced rows up
+    to their first wrong token. ``done`` once the answer stands as a closed whole number (the verdict cannot
+    change), the turn ends, or ``max_new_tokens`` are out; until then ``push`` the argmax after
+    ``output_ids[-1]``, which sits at output index ``len(output_ids) - 1``."""
+
+    def __init__(self, logits, prompt: NeedlePrompt, tok, max_new_tokens: int) -> None:
+        import torch
+
+        self.prompt, self.tok, self.max_new_tokens = prompt, tok, int(max_new_tokens)
+        ans = list(prompt.answer_ids)
+        m = len(ans)
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        self.token_logprobs = [float(logp[i, t]) for i, t in enumerate(ans)]
+        self.forced_top = logits.argmax(-1).tolist()
+        j = next((i for i in range(m) if self.forced_top[i] != ans[i]), m)
+        self.exact = j == m
+        self.output_ids = ans[:j] + ([self.forced_top[j]] if j < m else [])
+        self._t0 = time.perf_counter()
+
+    @property
+    def done(self) -> bool:
+        out = self.output_ids
+        return (len(out) >= self.max_new_tokens or out[-1] == self.tok.eos_token_id
+                or answer_closed(self.tok.decode(out), self.prompt.answer))
+
+    def push(self, token: int) -> None:
+        self.output_ids.append(int(token))
+
+    def reading(self, prefill_s: float = 0.0) -> AnswerReading:
+        text = self.tok.decode([t for t in self.output_ids if t != self.tok.eos_token_id]).strip()
+        return AnswerReading(contains_answer(text, self.prompt.answer), self.exact, sum(self.token_logprobs),
+                             self.token_logprobs, self.forced_top, self.output_ids, text, prefill_s,
+                             time.perf_counter() - self._t0)
+
+
 def read_answer(logits, prompt: NeedlePrompt, next_token, tok, max_new_tokens: int,
                 prefill_s: float = 0.0) -> AnswerReading:
-    """Score the teacher-forced ``logits`` [m, vocab] of ``prompt``'s answer and decode greedily.
-
-    The greedy output agrees with the forced rows up to the first wrong token; from there
-    ``next_token(token, k)`` (feed output token ``k``, return the argmax after it) extends it until the
-    answer appears as a closed whole number (the verdict cannot change), an end-of-turn token, or
-    ``max_new_tokens`` tokens."""
-    import torch
-
-    ans = list(prompt.answer_ids)
-    m = len(ans)
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    token_lp = [float(logp[i, t]) for i, t in enumerate(ans)]
-    top = logits.argmax(-1).tolist()
-    j = next((i for i in range(m) if top[i] != ans[i]), m)
-    output = ans[:j] + ([top[j]] if j < m else [])
-    t0 = time.perf_counter()
-    eos = tok.eos_token_id
-    while len(output) < max_new_tokens and output[-1] != eos and not answer_closed(tok.decode(output), prompt.answer):
-        output.append(next_token(output[-1], len(output) - 1))
-    text = tok.decode([t for t in output if t != eos]).strip()
-    return AnswerReading(contains_answer(text, prompt.answer), j == m, sum(token_lp), token_lp, top, output, text,
-                         prefill_s, time.perf_counter() - t0)
+    """Score the teacher-forced ``logits`` [m, vocab] of ``prompt``'s answer and decode greedily with
+    ``next_token(token, k)`` (feed output token ``k``, return the argmax after it) until ``GreedyAnswer.done``."""
+    g = GreedyAnswer(logits, prompt, tok, max_new_tokens)
+    while not g.done:
+        g.push(next_token(g.output_ids[-1], len(g.output_ids) - 1))
+    return g.reading(prefill_s)
 
 
 def check_grid(lengths, depths, seeds) -> tuple[list[int], list[float], list[int]]:
