@@ -205,3 +205,36 @@ class PrunedScorer:
         with torch.inference_mode():
             out = self.model(torch.tensor(ids, device=dev), cache, meta, logits_rows=torch.tensor(rows, device=dev))
         return out.float()
+
+
+def continuation_nll_many(model, snapshot: PrefillSnapshot, presses, continuation_ids: list[int],
+                          block_size: int = 16) -> list[float]:
+    """Mean NLL (nats per token) of ``continuation_ids`` after the snapshot's context, its cache pruned by
+    each press in turn (None: the full cache): ``longctx.evals.forcing.continuation_nll`` for many presses
+    from one prefill. The first continuation token is predicted by the full prefill (the press runs after
+    it), the others over the pruned cache."""
+    from longctx.kv.cache import PagedKVCache
+
+    c = list(continuation_ids)
+    if not c:
+        raise ValueError("need a continuation of at least one token")
+    P = len(snapshot.token_ids)
+    p = next(model.parameters())
+    nb = -(-(P + len(c)) // block_size)
+    cache = PagedKVCache.for_model(model.config, nb, block_size, p.device, p.dtype)
+    table, targets = list(range(nb)), torch.tensor(c, device=p.device)
+    out = []
+    for press in presses:
+        keep = (snapshot.keep_indices(press) if press is not None else
+                [torch.arange(P).expand(k.shape[0], P) for k in snapshot.keys])
+        kept = keep[0].shape[1]
+        for layer, k_l in enumerate(keep):
+            k_flat, v_flat = cache.flat(layer)
+            k_flat[:kept] = compact(snapshot.keys[layer], k_l).transpose(0, 1)
+            v_flat[:kept] = compact(snapshot.values[layer], k_l).transpose(0, 1)
+        logits = snapshot.last_logits.float()
+        if len(c) > 1:
+            rest = forward_at(model, cache, table, c[:-1], kept, list(range(len(c) - 1)), P, block_size)
+            logits = torch.cat([logits, rest])
+        out.append(float(-torch.log_softmax(logits, dim=-1).gather(1, targets[:, None]).mean()))
+    return out
