@@ -120,15 +120,21 @@ def write_record(path: Path, data: dict) -> None:
     tmp.replace(path)
 
 
+RECORD_VERSION = 2  # independent trials, containment scoring, load-gated; version 1 files are replaced
+
+
 def open_record(path: Path, meta: dict) -> dict:
-    """The record at ``path`` with this run's provenance appended to ``meta.runs`` (a new one if absent)."""
+    """The record at ``path`` with this run's provenance appended to ``meta.runs``; a new one when absent or
+    older than ``RECORD_VERSION`` (its rows were made otherwise; git history keeps them)."""
     if path.exists():
         data = json.loads(path.read_text())
-        runs = data["meta"].setdefault("runs", [])
-        runs.append(meta)
-        data["meta"]["usable"] = all(r.get("usable", True) for r in runs)
-        return data
-    return {"meta": {**meta, "runs": [meta]}, "rows": []}
+        if data.get("meta", {}).get("record_version") == RECORD_VERSION:
+            runs = data["meta"].setdefault("runs", [])
+            runs.append(meta)
+            data["meta"]["usable"] = all(r.get("usable", True) for r in runs)
+            return data
+        print(f"{path.name}: replacing a record of an older version (git history keeps it)", file=sys.stderr)
+    return {"meta": {**meta, "record_version": RECORD_VERSION, "runs": [meta]}, "rows": []}
 
 
 def run_trials(path, cells, model, tok, meta, max_tokens, threads, force):
