@@ -199,3 +199,19 @@ def test_pressed_trials_agree_with_the_engine_and_ratio_zero_changes_nothing():
         engine.run_until_done()
         assert seq.num_evicted_tokens == 200
         assert trial.exact == (seq.output_token_ids == p.answer_ids)
+
+
+def test_table_rates_give_n_and_a_wilson_interval_per_group():
+    rows = [{"length": n, "depth": d, "correct": (i + n // 512) % 3 != 0} for n in (512, 1024) for d in (0.0, 1.0)
+            for i in range(6)]
+    t = NiahTable(rows)
+    by_length = t.rates("length")
+    assert set(by_length) == {(512,), (1024,)} and by_length[(512,)].n == 12
+    assert by_length[(512,)].k == sum(r["correct"] for r in rows if r["length"] == 512)
+    lo, hi = by_length[(512,)].interval
+    assert lo < by_length[(512,)].rate < hi
+    cells = t.rates("length", "depth")
+    assert len(cells) == 4 and all(r.n == 6 for r in cells.values())
+    assert t.rates()[()].n == 24
+    with pytest.raises(ValueError, match="no column"):
+        t.rates("seed")
