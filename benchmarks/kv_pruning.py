@@ -176,7 +176,7 @@ def run_niah(out, model, tok, meta, configs, depths, trials, length, ratios, thr
                 "needle_start": prompt.needle_start, "needle_len": prompt.needle_len, "edge_distance": margin,
                 "correct": r.correct, "exact": r.exact, "answer_logprob": r.answer_logprob, "answer": prompt.answer,
                 "output": r.output, "answer_token_logprobs": [round(x, 4) for x in r.token_logprobs],
-                "forced_top": [tok.decode([t]) for t in r.forced_top],
+                "forced_top": [tok.decode([t]) for t in r.forced_top], "breaks_at": r.breaks_at,
                 "press": c.label, "press_config": c.label, "press_name": c.name, "ratio": c.ratio, "aware": c.aware,
                 "n_sink": c.options.get("n_sink", 4) if c.name == "streaming_llm" else None,
                 "kept_tokens": a.kept_tokens, "needle_kept": kept.sum(-1).tolist(),  # [layer][KV head] counts

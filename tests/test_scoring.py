@@ -102,10 +102,12 @@ def test_a_right_answer_stops_once_the_number_is_closed_and_a_wrong_one_uses_the
     dot = tok.encode(".")[0]
     r = read_answer(_forced_logits(tok, ans, tok.vocab_size), prompt, lambda t, k: dot, tok, len(ans) + 16)
     assert r.correct and r.exact and r.output_ids == ans + [dot], "one token past the answer, then stop"
+    assert r.breaks_at == -1
     wrong = ans[:3] + [ans[3] + 1] + ans[4:]
     r = read_answer(_forced_logits(tok, wrong, tok.vocab_size), prompt, lambda t, k: tok.encode(" and")[0], tok,
                     len(ans) + 16)
     assert not r.correct and len(r.output_ids) == len(ans) + 16 and r.forced_top[3] == ans[3] + 1
+    assert r.breaks_at == 3, "the answer breaks at its fourth token"
 
 
 def test_passkey_trials_read_different_filler_and_needle_values_match_the_builder():

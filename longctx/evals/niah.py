@@ -59,6 +59,7 @@ class NiahTrial:
     forced_top: list = field(default_factory=list)  # the model's top token at each answer position
     decode_s: float = 0.0
     needle_len: int = 0
+    breaks_at: int = -1  # the first answer token the forced rows get wrong (-1: none)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -157,7 +158,7 @@ class NiahRunner:
         return NiahTrial(haystack, rope_label(self.model.rope_scaling), prompt.length, float(depth),
                          int(seed), prompt.needle_start, r.correct, r.answer_logprob, prompt.answer, r.output,
                          r.prefill_s, self.press_label, r.exact, r.token_logprobs,
-                         [self.tok.decode([t]) for t in r.forced_top], r.decode_s, prompt.needle_len)
+                         [self.tok.decode([t]) for t in r.forced_top], r.decode_s, prompt.needle_len, r.breaks_at)
 
 
 @dataclass(frozen=True)
@@ -175,6 +176,8 @@ class AnswerReading:
     output: str
     prefill_s: float
     decode_s: float
+
+    breaks_at: int = -1  # the first answer token whose forced row prefers another token (-1: none)
 
 
 class GreedyAnswer:
@@ -195,7 +198,7 @@ class GreedyAnswer:
         self.token_logprobs = [float(logp[i, t]) for i, t in enumerate(ans)]
         self.forced_top = logits.argmax(-1).tolist()
         j = next((i for i in range(m) if self.forced_top[i] != ans[i]), m)
-        self.exact = j == m
+        self.exact, self.breaks_at = j == m, (j if j < m else -1)
         self.output_ids = ans[:j] + ([self.forced_top[j]] if j < m else [])
         self._t0 = time.perf_counter()
 
@@ -212,7 +215,7 @@ class GreedyAnswer:
         text = self.tok.decode([t for t in self.output_ids if t != self.tok.eos_token_id]).strip()
         return AnswerReading(contains_answer(text, self.prompt.answer), self.exact, sum(self.token_logprobs),
                              self.token_logprobs, self.forced_top, self.output_ids, text, prefill_s,
-                             time.perf_counter() - self._t0)
+                             time.perf_counter() - self._t0, self.breaks_at)
 
 
 def read_answer(logits, prompt: NeedlePrompt, next_token, tok, max_new_tokens: int,
