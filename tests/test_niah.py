@@ -8,6 +8,7 @@ from model_fixtures import our_tokenizer
 
 from longctx.evals.haystack import HaystackBuilder, natural_text
 from longctx.evals.niah import NiahRunner, check_grid, run_grid
+from longctx.evals.scoring import contains_answer
 from longctx.evals.table import NiahTable
 
 
@@ -127,12 +128,14 @@ def test_scores_are_consistent_with_greedy_decoding_and_the_full_logits(tmp_path
     assert len(table) == 2 and all(r["length"] == 400 for r in table.rows)
     for row in table.rows:
         p = runner.builder.build(400, row["depth"], 0, "passkey")
-        greedy = generate(model, p.token_ids, len(p.answer_ids))
-        assert row["correct"] == (greedy == p.answer_ids)
-        if row["correct"]:
-            assert row["output"] == row["answer"]
-        else:
-            assert row["output"].startswith(tok.decode(greedy).strip()[:3])
+        m = len(p.answer_ids)
+        greedy = generate(model, p.token_ids, m + 16, eos_token_id=tok.eos_token_id)  # the engine's own decoding
+        assert row["exact"] == (greedy[:m] == p.answer_ids)
+        text = tok.decode([t for t in greedy if t != tok.eos_token_id]).strip()
+        assert text.startswith(row["output"]), "the recorded output is the start of the greedy answer"
+        assert row["correct"] == contains_answer(text, p.answer)
+        assert len(row["answer_token_logprobs"]) == m and len(row["forced_top"]) == m
+        assert sum(row["answer_token_logprobs"]) == pytest.approx(row["answer_logprob"], abs=1e-6)
         nll = token_nll(model, p.token_ids + p.answer_ids, chunk_size=128)  # another path: chunked, all rows
         assert -sum(nll[-len(p.answer_ids) :]) == pytest.approx(row["answer_logprob"], abs=2e-3)
         assert math.isfinite(row["answer_logprob"]) and row["answer_logprob"] < 0
@@ -195,4 +198,20 @@ def test_pressed_trials_agree_with_the_engine_and_ratio_zero_changes_nothing():
         seq = engine.add_request(p.token_ids, len(p.answer_ids))
         engine.run_until_done()
         assert seq.num_evicted_tokens == 200
-        assert trial.correct == (seq.output_token_ids == p.answer_ids)
+        assert trial.exact == (seq.output_token_ids == p.answer_ids)
+
+
+def test_table_rates_give_n_and_a_wilson_interval_per_group():
+    rows = [{"length": n, "depth": d, "correct": (i + n // 512) % 3 != 0} for n in (512, 1024) for d in (0.0, 1.0)
+            for i in range(6)]
+    t = NiahTable(rows)
+    by_length = t.rates("length")
+    assert set(by_length) == {(512,), (1024,)} and by_length[(512,)].n == 12
+    assert by_length[(512,)].k == sum(r["correct"] for r in rows if r["length"] == 512)
+    lo, hi = by_length[(512,)].interval
+    assert lo < by_length[(512,)].rate < hi
+    cells = t.rates("length", "depth")
+    assert len(cells) == 4 and all(r.n == 6 for r in cells.values())
+    assert t.rates()[()].n == 24
+    with pytest.raises(ValueError, match="no column"):
+        t.rates("seed")

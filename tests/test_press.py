@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from longctx.kv.intervention import ForcedPress
 from longctx.kv.press import (
     PRESSES,
     H2OPress,
@@ -166,3 +167,112 @@ def test_bad_names_and_options_are_refused():
         SnapKVPress(0.5, window_size=4).keep_indices(PressInput(torch.zeros(1, 10, 4), torch.zeros(1, 10, 4)))
     with pytest.raises(ValueError, match="queries must be"):
         PressInput(torch.zeros(2, 10, 4), torch.zeros(2, 10, 4), torch.zeros(3, 2, 4))
+
+
+def _kept_sets(press, inp, calls):
+    return [frozenset(press.keep_indices(inp)[0].tolist()) for _ in range(calls)]
+
+
+def test_random_draws_afresh_per_layer_and_trial_and_one_seed_repeats():
+    inp = _inputs(RandomPress(0.5), 64)
+    press = RandomPress(0.5, seed=7)
+    layer0, layer1, trial2 = _kept_sets(press, inp, 3)  # successive calls: layers of one prompt, then the next
+    assert layer0 != layer1 and layer1 != trial2, "each call draws new scores"
+    again = _kept_sets(RandomPress(0.5, seed=7), inp, 3)
+    assert again == [layer0, layer1, trial2], "the same seed repeats the same sequence of draws"
+    other = _kept_sets(RandomPress(0.5, seed=8), inp, 3)
+    assert other != again, "another seed, other draws"
+
+
+def test_random_evicts_token_0_in_some_layers_and_not_others():
+    """The old press evicted the same positions in every layer (token 0 in a KV head of all 30 layers)."""
+    inp = _inputs(RandomPress(0.25), 1024, num_kv_heads=3)
+    press = RandomPress(0.25, seed=0)
+    sink_kept = [tuple(press.keep_indices(inp)[:, 0].eq(0).tolist()) for _ in range(30)]  # per layer, per KV head
+    assert len(set(sink_kept)) > 1 and 0 < sum(map(sum, sink_kept)) < 90
+
+
+def test_h2o_mean_normalisation_divides_by_the_queries_that_see_each_key():
+    T = 6
+    total = torch.tensor([[6.0, 2.5, 2.0, 1.5, 1.0, 0.5]])  # attention sums of one head; key j seen by T - j
+    inp = PressInput(torch.zeros(1, T, 4), torch.zeros(1, T, 4), attention_sum=total)
+    raw = H2OPress(0.5, normalization="sum").score(inp)
+    mean = H2OPress(0.5, normalization="mean").score(inp)
+    assert torch.equal(raw, total)
+    assert torch.allclose(mean, torch.tensor([[1.0, 0.5, 0.5, 0.5, 0.5, 0.5]]))
+    # keep 3 with no recent window: the raw sum keeps the three earliest keys, the mean keeps key 0 and ties
+    assert H2OPress(0.5, recent_fraction=0.0).keep_indices(inp).tolist() == [[0, 1, 2]]
+    with pytest.raises(ValueError, match="normalization must be one of"):
+        H2OPress(0.5, normalization="max")
+
+
+def test_h2o_scores_of_uniform_causal_attention_worked_by_hand():
+    """Zero keys: query i spreads 1 / (i + 1) over keys 0..i. T = 4: the raw column sums are
+    25/12, 13/12, 7/12, 3/12; divided by the 4, 3, 2, 1 queries that see each key: 25/48, 13/36, 7/24, 1/4."""
+    keys, queries = torch.zeros(1, 4, 4), torch.zeros(1, 4, 4)
+    inp = PressInput(keys, keys.clone(), queries)
+    raw = H2OPress(0.5).score(inp)[0]
+    mean = H2OPress(0.5, normalization="mean").score(inp)[0]
+    assert torch.allclose(raw, torch.tensor([25 / 12, 13 / 12, 7 / 12, 3 / 12]))
+    assert torch.allclose(mean, torch.tensor([25 / 48, 13 / 36, 7 / 24, 1 / 4]))
+    assert raw[0] / raw[-1] > 8 and mean[0] / mean[-1] < 2.1, "the mean shrinks the early-key advantage"
+
+
+def test_forced_press_keeps_the_forced_tokens_at_the_same_budget():
+    T, d = 32, 8
+    keys = torch.zeros(2, T, d)
+    keys[:, 5, 0] = 10.0  # the window attends to token 5 only
+    queries = torch.zeros(6, 4, d)
+    queries[:, :, 0] = 1.0
+    snap = SnapKVPress(0.75, window_size=4, kernel_size=1)
+    inp = PressInput(keys, torch.zeros(2, T, d), queries)
+    plain = snap.keep_indices(inp)
+    forced = ForcedPress(snap, [12, 13, 14]).keep_indices(inp)
+    assert forced.shape == plain.shape == (2, 8), "the budget does not change"
+    for head in forced.tolist():
+        assert {5, 12, 13, 14, 28, 29, 30, 31} == set(head), "forced tokens, the top-scored one, the window"
+    with pytest.raises(ValueError, match="forced tokens and the protected ones need"):
+        ForcedPress(snap, range(10)).keep_indices(inp)
+    with pytest.raises(ValueError, match="outside the 32-token prompt"):
+        ForcedPress(snap, [40]).keep_indices(inp)
+
+
+def test_transplant_keeps_the_positions_where_the_donor_keeps_them_per_head():
+    gen = torch.Generator().manual_seed(0)
+    keys = torch.randn(3, 60, 8, generator=gen)
+    inp = PressInput(keys, keys.clone())
+    needle = list(range(20, 35))
+    donor = KnormPress(0.6)
+    donor_keep = donor.keep_indices(inp)
+    press = ForcedPress(RandomPress(0.6, seed=1), needle, donor=donor)
+    keep = press.keep_indices(inp)
+    assert keep.shape == donor_keep.shape
+    for h in range(3):
+        ours, theirs = set(keep[h].tolist()), set(donor_keep[h].tolist())
+        assert ours & set(needle) == theirs & set(needle), f"head {h}: the donor's needle tokens, no more, no less"
+    assert press.query_window == 0 and not press.uses_attention_sum
+    snap_donor = ForcedPress(RandomPress(0.5), needle, donor=SnapKVPress(0.5, window_size=4))
+    assert snap_donor.query_window == 4, "the engine must collect what the donor reads"
+
+
+@settings(max_examples=30, deadline=None)
+@given(T=st.integers(12, 80), ratio=st.floats(0.0, 0.8), seed=st.integers(0, 5), data=st.data())
+def test_contract_of_forced_presses(T, ratio, seed, data):
+    name = data.draw(st.sampled_from(sorted(PRESS_CASES)))
+    base = make_press(name, ratio, **PRESS_CASES[name])
+    start = data.draw(st.integers(0, T - 3))
+    positions = set(range(start, start + 2))
+    donor = data.draw(st.sampled_from([None, KnormPress(ratio), StreamingLLMPress(ratio)]))
+    press = ForcedPress(base, positions, donor)
+    inp = _inputs(press, T, seed=seed)
+    kept = base.num_kept(T)
+    if donor is None and kept < T and 2 + int(base.protected(T, kept).sum()) > kept:
+        with pytest.raises(ValueError, match="forced tokens"):
+            press.keep_indices(inp)
+        return
+    keep = press.keep_indices(inp)
+    assert keep.shape == (2, kept)
+    for head in keep:
+        assert torch.all(head[1:] > head[:-1])
+        if donor is None:
+            assert positions <= set(head.tolist())

@@ -14,6 +14,11 @@ A prompt is ``head + filler[:k] + needle + filler[k:F] + tail`` as token ids (Ch
 answer prefix already written), where ``F = length - len(head) - len(needle) - len(tail)`` and
 ``k = round(depth * F)``: ``depth`` 0 puts the needle right after the instruction, 1 right before the
 question. Pieces are tokenized separately and concatenated, so the length is exact.
+
+Each trial (``seed``) draws its own value and its own stretch of filler, so trials are independent: a
+passkey trial starts the repeated filler at one of ``PASSKEY_CYCLE`` token offsets (records made
+before 2026-12-02 always started it at token 0: one haystack for every trial), a multikey trial starts the
+prose at one of 20,000 tokens.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from functools import lru_cache
 from longctx.model.tokenizer import DEFAULT_SYSTEM_PROMPT
 
 HAYSTACKS = ("passkey", "multikey")
+PASSKEY_CYCLE = 192  # tokens of filler a passkey trial may skip: 8 repetitions of the 24-token filler
 PASSKEY_FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 PASSKEY_INTRO = (
     "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
@@ -145,6 +151,11 @@ class HaystackBuilder:
                     break
         return spans
 
+    def needle_value(self, seed: int, haystack: str = "passkey") -> str:
+        """The value trial ``seed`` hides (``build(...).answer``), without tokenizing anything."""
+        _check(1, 0.0, haystack)
+        return self._pieces(haystack, random.Random(f"{haystack}-{seed}"))[4]
+
     def build(self, length: int, depth: float, seed: int = 0, haystack: str = "passkey") -> NeedlePrompt:
         """A prompt of exactly ``length`` tokens with the needle at token depth ``round(depth * F)``."""
         _check(length, depth, haystack)
@@ -165,7 +176,7 @@ class HaystackBuilder:
         total = F + sum(map(len, d_ids))  # haystack tokens = filler + distractors
         k = round(depth * total)  # haystack tokens before the needle
         spans = self._place(total, k, [len(d) for d in d_ids], rng)
-        offset = rng.randrange(0, 20000) if haystack == "multikey" else 0  # trials read different text
+        offset = rng.randrange(0, 20000 if haystack == "multikey" else PASSKEY_CYCLE)  # each trial its own text
         filler = self._filler_ids(haystack, F + offset)[offset:]
         body, it = [], iter(filler)
         for (start, _), d in sorted(zip(spans, d_ids, strict=True)):

@@ -5,10 +5,14 @@ KV cache and reads the logits of the ``m`` rows that predict the answer tokens (
 ``longctx.evals.forcing``):
 
 - ``answer_logprob`` = sum over the answer's tokens of log p(token | everything before it), in nats: a
-  continuous score, informative even when the greedy answer is wrong;
-- ``correct``: greedy decoding reproduces the answer, i.e. the argmax of each of those rows is the answer's
-  token. When it is not, decoding continues greedily from the first wrong token (a few decode steps on the
-  same cache) so that ``output`` shows what the model did say.
+  continuous score, informative even when the greedy answer is wrong (``answer_token_logprobs`` keeps each
+  token's share and ``forced_top`` the model's own top token there: where the answer breaks);
+- ``correct``: the greedy answer contains the needle's value as a whole number
+  (``longctx.evals.scoring.contains_answer``; ``"71432".`` counts). The greedy answer agrees with the forced
+  rows up to their first wrong token, and decoding continues on the same cache from there (or after the
+  answer) until the value stands closed in the text, the turn ends, or ``len(answer) + 16`` tokens: enough
+  for an answer in quotes or one that restates "The pass key is" first. ``exact`` keeps the older, stricter
+  rule (the first greedy tokens are exactly the answer's).
 
 With a KV press (``NiahRunner(..., press=...)``, ``longctx.kv.press``) a trial is three passes instead: the
 prompt is prefilled and pruned (question-aware: the question is inside the prompt, so SnapKV's window sees
@@ -23,13 +27,15 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from longctx.evals.forcing import forced_logits
 from longctx.evals.haystack import HaystackBuilder, NeedlePrompt
+from longctx.evals.scoring import answer_closed, contains_answer
 from longctx.evals.table import NiahTable
 
 TRAINED_CONTEXT = 8192  # SmolLM2-135M's training length (its GGUF's llama.context_length)
+DECODE_EXTRA_TOKENS = 16  # greedy tokens beyond the answer's length: room for quotes or a restated prefix
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,12 @@ class NiahTrial:
     output: str
     prefill_s: float
     press: str = "none"  # e.g. "snapkv 0.5" (question-aware) or "snapkv 0.5 agnostic"
+    exact: bool = False  # the old rule: the greedy tokens after the prefix are exactly the answer's
+    answer_token_logprobs: list = field(default_factory=list)  # nats, one per answer token
+    forced_top: list = field(default_factory=list)  # the model's top token at each answer position
+    decode_s: float = 0.0
+    needle_len: int = 0
+    breaks_at: int = -1  # the first answer token the forced rows get wrong (-1: none)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -116,8 +128,9 @@ class NiahRunner:
 
         return forward_at(self.model, self._cache, self._table, ids, slot, rows, position, self.block_size)
 
-    def score(self, prompt: NeedlePrompt, extra_tokens: int = 4) -> tuple[bool, float, list[int], float]:
-        """``(correct, answer_logprob, output_ids, prefill_s)`` for one prompt (see the module docstring)."""
+    def score(self, prompt: NeedlePrompt, extra_tokens: int = DECODE_EXTRA_TOKENS) -> AnswerReading:
+        """The ``AnswerReading`` of one prompt (see the module docstring): teacher-forced answer, then
+        greedy decoding of up to ``len(answer) + extra_tokens`` tokens from the answer prefix."""
         P, ans = len(prompt.token_ids), list(prompt.answer_ids)
         m = len(ans)
         need = P + m + extra_tokens
@@ -133,28 +146,86 @@ class NiahRunner:
         logits, cached = forced_logits(self.model, self._cache, self._table, prompt.token_ids, ans, self.press,
                                        split, self.block_size, self.chunk_size)  # [m, vocab]
         prefill_s = time.perf_counter() - t0
-        logp = self._torch.log_softmax(logits, dim=-1)
-        answer_logprob = float(sum(logp[i, t] for i, t in enumerate(ans)))
-        greedy = logits.argmax(-1).tolist()
-        j = next((i for i in range(m) if greedy[i] != ans[i]), m)
-        if j == m:
-            return True, answer_logprob, ans, prefill_s
-        output = ans[:j] + [greedy[j]]  # the first wrong token, then greedy decoding from there
-        slot, pos = cached + j, P + j  # cache slot and position differ once a press evicted tokens
-        for _ in range(m - j - 1 + extra_tokens):
-            if output[-1] == self.tok.eos_token_id:
-                break
-            output.append(int(self._forward([output[-1]], slot, [0], position=pos).argmax(-1)))
-            slot, pos = slot + 1, pos + 1
-        return False, answer_logprob, output, prefill_s
+
+        def next_token(token: int, k: int) -> int:  # output token k at slot cached + k, position P + k
+            return int(self._forward([token], cached + k, [0], position=P + k).argmax(-1))
+
+        return read_answer(logits, prompt, next_token, self.tok, m + extra_tokens, prefill_s)
 
     def trial(self, length: int, depth: float, seed: int = 0, haystack: str = "passkey") -> NiahTrial:
         prompt = self.builder.build(length, depth, seed, haystack)
-        correct, lp, out_ids, prefill_s = self.score(prompt)
-        text = self.tok.decode(out_ids).strip()
+        r = self.score(prompt)
         return NiahTrial(haystack, rope_label(self.model.rope_scaling), prompt.length, float(depth),
-                         int(seed), prompt.needle_start, bool(correct), lp, prompt.answer, text, prefill_s,
-                         self.press_label)
+                         int(seed), prompt.needle_start, r.correct, r.answer_logprob, prompt.answer, r.output,
+                         r.prefill_s, self.press_label, r.exact, r.token_logprobs,
+                         [self.tok.decode([t]) for t in r.forced_top], r.decode_s, prompt.needle_len, r.breaks_at)
+
+
+@dataclass(frozen=True)
+class AnswerReading:
+    """What one trial's logits and greedy continuation say. ``token_logprobs[i]``: log p(answer token i)
+    under teacher forcing (nats); ``forced_top[i]``: the model's top token there (where the answer breaks);
+    ``output``: the greedy continuation of the answer prefix, decoded and stripped."""
+
+    correct: bool  # contains_answer(output, answer)
+    exact: bool  # the greedy tokens right after the prefix are exactly the answer's (the old rule)
+    answer_logprob: float
+    token_logprobs: list[float]
+    forced_top: list[int]
+    output_ids: list[int]
+    output: str
+    prefill_s: float
+    decode_s: float
+
+    breaks_at: int = -1  # the first answer token whose forced row prefers another token (-1: none)
+
+
+class GreedyAnswer:
+    """The greedy answer of one trial, extended a token at a time (so many trials can decode in one batch).
+
+    Built from the teacher-forced ``logits`` [m, vocab]: the greedy output agrees with the forced rows up
+    to their first wrong token. ``done`` once the answer stands as a closed whole number (the verdict cannot
+    change), the turn ends, or ``max_new_tokens`` are out; until then ``push`` the argmax after
+    ``output_ids[-1]``, which sits at output index ``len(output_ids) - 1``."""
+
+    def __init__(self, logits, prompt: NeedlePrompt, tok, max_new_tokens: int) -> None:
+        import torch
+
+        self.prompt, self.tok, self.max_new_tokens = prompt, tok, int(max_new_tokens)
+        ans = list(prompt.answer_ids)
+        m = len(ans)
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        self.token_logprobs = [float(logp[i, t]) for i, t in enumerate(ans)]
+        self.forced_top = logits.argmax(-1).tolist()
+        j = next((i for i in range(m) if self.forced_top[i] != ans[i]), m)
+        self.exact, self.breaks_at = j == m, (j if j < m else -1)
+        self.output_ids = ans[:j] + ([self.forced_top[j]] if j < m else [])
+        self._t0 = time.perf_counter()
+
+    @property
+    def done(self) -> bool:
+        out = self.output_ids
+        return (len(out) >= self.max_new_tokens or out[-1] == self.tok.eos_token_id
+                or answer_closed(self.tok.decode(out), self.prompt.answer))
+
+    def push(self, token: int) -> None:
+        self.output_ids.append(int(token))
+
+    def reading(self, prefill_s: float = 0.0) -> AnswerReading:
+        text = self.tok.decode([t for t in self.output_ids if t != self.tok.eos_token_id]).strip()
+        return AnswerReading(contains_answer(text, self.prompt.answer), self.exact, sum(self.token_logprobs),
+                             self.token_logprobs, self.forced_top, self.output_ids, text, prefill_s,
+                             time.perf_counter() - self._t0, self.breaks_at)
+
+
+def read_answer(logits, prompt: NeedlePrompt, next_token, tok, max_new_tokens: int,
+                prefill_s: float = 0.0) -> AnswerReading:
+    """Score the teacher-forced ``logits`` [m, vocab] of ``prompt``'s answer and decode greedily with
+    ``next_token(token, k)`` (feed output token ``k``, return the argmax after it) until ``GreedyAnswer.done``."""
+    g = GreedyAnswer(logits, prompt, tok, max_new_tokens)
+    while not g.done:
+        g.push(next_token(g.output_ids[-1], len(g.output_ids) - 1))
+    return g.reading(prefill_s)
 
 
 def check_grid(lengths, depths, seeds) -> tuple[list[int], list[float], list[int]]:

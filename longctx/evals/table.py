@@ -67,6 +67,21 @@ class NiahTable:
         keys, _, grid = self.pivot(value, by, by)
         return {k: float(np.nanmean(grid[i])) for i, k in enumerate(keys)}
 
+    def rates(self, *by: str, value: str = "correct") -> dict:
+        """``{group: Rate}``: successes, trials and the 95 % Wilson interval of boolean column ``value`` per
+        group of the ``by`` columns (a group key is a tuple of their values; none: one group, key ``()``)."""
+        from longctx.evals.stats import Rate
+
+        if not self.rows:
+            raise ValueError("the table is empty")
+        for c in (value, *by):
+            if c not in self.rows[0]:
+                raise ValueError(f"no column {c!r}; columns: {self.columns}")
+        groups: dict = {}
+        for r in self.rows:
+            groups.setdefault(tuple(r[c] for c in by), []).append(bool(r[value]))
+        return {k: Rate.of(v) for k, v in sorted(groups.items())}
+
     def to_json(self) -> str:
         return json.dumps({"meta": self.meta, "rows": self.rows}, indent=1)
 

@@ -214,17 +214,25 @@ class SnapKVPress(Press):
 
 
 class H2OPress(Press):
-    """Heavy hitters (attention summed over every prompt query) and a recent window."""
+    """Heavy hitters (attention summed over every prompt query) and a recent window.
+
+    ``normalization="sum"``: a key's score is its attention column summed over the prompt's queries (H2O's
+    accumulated attention). Key ``j`` is seen by the ``T - j`` queries at or after it, so early keys collect
+    more terms and the raw sum favours them. ``"mean"`` divides by that count: the average attention a key
+    receives from the queries that see it, which is how kvpress's ObservedAttentionPress scores keys."""
 
     name = "h2o"
+    uses_attention_sum = True
+    NORMALIZATIONS = ("sum", "mean")
 
-    def __init__(self, compression_ratio: float = 0.0, recent_fraction: float = 0.5) -> None:
+    def __init__(self, compression_ratio: float = 0.0, recent_fraction: float = 0.5,
+                 normalization: str = "sum") -> None:
         super().__init__(compression_ratio)
         if not 0.0 <= float(recent_fraction) <= 1.0:
             raise ValueError(f"recent_fraction must be in [0, 1], got {recent_fraction!r}")
-        self.recent_fraction = float(recent_fraction)
-
-    uses_attention_sum = True
+        if normalization not in self.NORMALIZATIONS:
+            raise ValueError(f"normalization must be one of {self.NORMALIZATIONS}, got {normalization!r}")
+        self.recent_fraction, self.normalization = float(recent_fraction), normalization
 
     def score(self, inp):
         total = inp.attention_sum
@@ -232,7 +240,10 @@ class H2OPress(Press):
             if inp.queries is None or inp.queries.shape[1] != inp.num_tokens:
                 raise ValueError("H2O needs PressInput.attention_sum, or every prompt query in PressInput.queries")
             total = attention_weights(inp.queries, inp.keys).sum(dim=1)  # [H, T]
-        return per_kv_head(total.float(), inp.keys.shape[0])
+        total = total.float()
+        if self.normalization == "mean":  # key j is seen by the T - j queries at positions j … T - 1
+            total = total / torch.arange(inp.num_tokens, 0, -1, dtype=torch.float32, device=total.device)
+        return per_kv_head(total, inp.keys.shape[0])
 
     def protected(self, num_tokens, num_kept):
         mask = torch.zeros(num_tokens, dtype=torch.bool)
@@ -243,17 +254,22 @@ class H2OPress(Press):
 
 
 class RandomPress(Press):
-    """Uniform random scores from a seeded generator (the floor any policy must beat)."""
+    """Uniform random scores (the floor any policy must beat), drawn afresh for every layer and every prompt.
+
+    One ``torch.Generator`` per press, seeded once here and advanced by each ``score`` call: the layers of
+    one prompt, and successive prompts, get independent draws; two presses with the same seed repeat the
+    same sequence of draws. (A generator re-seeded inside ``score`` would evict the same positions in every
+    layer and every trial.)"""
 
     name = "random"
 
     def __init__(self, compression_ratio: float = 0.0, seed: int = 0) -> None:
         super().__init__(compression_ratio)
         self.seed = int(seed)
+        self.generator = torch.Generator().manual_seed(self.seed)
 
     def score(self, inp):
-        gen = torch.Generator().manual_seed(self.seed)
-        return torch.rand(inp.keys.shape[0], inp.num_tokens, generator=gen)
+        return torch.rand(inp.keys.shape[0], inp.num_tokens, generator=self.generator)
 
 
 class KnormPress(Press):

@@ -1,0 +1,129 @@
+"""Uncertainty for the course's accuracies and comparisons: Wilson intervals, Fisher's exact test, a bootstrap.
+
+- ``wilson_interval(k, n)``: the 95 % score interval of a rate ``k / n`` (Wilson 1927). With ``z = 1.96``,
+  ``p = k / n``: centre ``(p + z²/2n) / (1 + z²/n)``, half-width ``z sqrt(p(1-p)/n + z²/4n²) / (1 + z²/n)``.
+  Unlike ``p ± z sqrt(p(1-p)/n)`` it stays inside [0, 1] and is not zero-width at 0/n or n/n.
+- ``fisher_exact(k1, n1, k2, n2)``: the two-sided p-value that two rates differ, from the 2x2 table
+  ``[[k1, n1-k1], [k2, n2-k2]]`` with both margins fixed (hypergeometric). Two-sided as R and SciPy do it: the
+  sum of the probabilities of every table no more likely than the one observed (a relative tolerance of
+  1e-7 counts ties as equal).
+- ``bootstrap_diff(a, b)``: for continuous scores (answer log-probabilities, NLL): a percentile interval of
+  ``mean(a) - mean(b)`` from resampling each group with replacement, and a two-sided bootstrap p-value
+  (twice the smaller tail of the resampled differences around 0).
+
+``Rate`` and ``compare_rates`` bundle these for tables: ``Rate.of([True, False, ...])`` is ``k``, ``n``,
+the rate and its interval; ``compare_rates(a, b)`` says whether two rates differ at ``alpha``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+Z_95 = 1.959963984540054  # the 97.5 % quantile of the standard normal
+
+
+def _counts(k, n) -> tuple[int, int]:
+    if isinstance(k, bool) or isinstance(n, bool) or int(k) != k or int(n) != n:
+        raise ValueError(f"k and n must be whole counts, got k={k!r}, n={n!r}")
+    k, n = int(k), int(n)
+    if n < 1 or not 0 <= k <= n:
+        raise ValueError(f"need 0 <= k <= n and n >= 1 (k successes of n trials), got k={k}, n={n}")
+    return k, n
+
+
+def wilson_interval(k: int, n: int, z: float = Z_95) -> tuple[float, float]:
+    """``(low, high)`` of the Wilson score interval of ``k`` successes in ``n`` trials (95 % by default)."""
+    k, n = _counts(k, n)
+    if not z > 0:
+        raise ValueError(f"z must be positive, got {z!r}")
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (0.0 if k == 0 else max(0.0, centre - half), 1.0 if k == n else min(1.0, centre + half))
+
+
+def _log_hypergeom(a: int, row1: int, row2: int, col1: int) -> float:
+    """log P(a successes in row 1) with row sums ``row1``, ``row2`` and ``col1`` successes in all."""
+    return (math.lgamma(row1 + 1) - math.lgamma(a + 1) - math.lgamma(row1 - a + 1)
+            + math.lgamma(row2 + 1) - math.lgamma(col1 - a + 1) - math.lgamma(row2 - col1 + a + 1)
+            - math.lgamma(row1 + row2 + 1) + math.lgamma(col1 + 1) + math.lgamma(row1 + row2 - col1 + 1))  # fmt: skip
+
+
+def fisher_exact(k1: int, n1: int, k2: int, n2: int) -> float:
+    """Two-sided p-value of Fisher's exact test: do ``k1 / n1`` and ``k2 / n2`` differ?"""
+    k1, n1 = _counts(k1, n1)
+    k2, n2 = _counts(k2, n2)
+    col1 = k1 + k2
+    lo, hi = max(0, col1 - n2), min(n1, col1)
+    observed = _log_hypergeom(k1, n1, n2, col1)
+    total = 0.0
+    for a in range(lo, hi + 1):
+        lp = _log_hypergeom(a, n1, n2, col1)
+        if lp <= observed + 1e-7 * abs(observed) + 1e-12:
+            total += math.exp(lp)
+    return min(1.0, total)
+
+
+def bootstrap_diff(a, b, num_resamples: int = 10_000, seed: int = 0, confidence: float = 0.95) -> dict:
+    """``{"diff", "low", "high", "p_value", "n_a", "n_b"}`` for ``mean(a) - mean(b)`` (percentile bootstrap).
+
+    Each resample draws ``len(a)`` values of ``a`` and ``len(b)`` of ``b`` with replacement (independent
+    groups); ``p_value`` is twice the smaller share of resampled differences on either side of 0 (at least
+    ``1 / num_resamples``)."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.ndim != 1 or b.ndim != 1 or len(a) < 2 or len(b) < 2:
+        raise ValueError(f"need two 1-D groups of at least 2 values, got sizes {a.shape} and {b.shape}")
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        raise ValueError("the scores must be finite numbers")
+    if not 0 < confidence < 1 or int(num_resamples) < 100:
+        raise ValueError(f"need 0 < confidence < 1 and num_resamples >= 100, got {confidence}, {num_resamples}")
+    rng = np.random.default_rng(seed)
+    ra = a[rng.integers(0, len(a), size=(int(num_resamples), len(a)))].mean(axis=1)
+    rb = b[rng.integers(0, len(b), size=(int(num_resamples), len(b)))].mean(axis=1)
+    d = ra - rb
+    tail = (1 - confidence) / 2
+    low, high = np.quantile(d, [tail, 1 - tail])
+    p = 2 * min((d <= 0).mean(), (d >= 0).mean())
+    return {"diff": float(a.mean() - b.mean()), "low": float(low), "high": float(high),
+            "p_value": float(min(1.0, max(p, 1 / int(num_resamples)))), "n_a": len(a), "n_b": len(b)}
+
+
+@dataclass(frozen=True)
+class Rate:
+    """``k`` successes of ``n`` trials, the rate and its 95 % Wilson interval ``[low, high]``."""
+
+    k: int
+    n: int
+
+    def __post_init__(self) -> None:
+        _counts(self.k, self.n)
+
+    @classmethod
+    def of(cls, outcomes) -> Rate:
+        """From booleans (or 0/1): ``Rate.of(r["correct"] for r in rows)``."""
+        values = [bool(x) for x in outcomes]
+        if not values:
+            raise ValueError("no trials: a rate needs at least one outcome")
+        return cls(sum(values), len(values))
+
+    @property
+    def rate(self) -> float:
+        return self.k / self.n
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return wilson_interval(self.k, self.n)
+
+    def __str__(self) -> str:
+        lo, hi = self.interval
+        return f"{self.k}/{self.n} = {self.rate:.2f} [95 % CI {lo:.2f}, {hi:.2f}]"
+
+
+def compare_rates(a: Rate, b: Rate, alpha: float = 0.05) -> dict:
+    """``{"difference", "p_value", "significant"}``: Fisher's exact test of ``a.rate`` against ``b.rate``."""
+    p = fisher_exact(a.k, a.n, b.k, b.n)
+    return {"difference": a.rate - b.rate, "p_value": p, "significant": p < alpha}

@@ -1,0 +1,100 @@
+"""Wilson intervals, Fisher's exact test and the bootstrap (longctx.evals.stats): hand-checked values and
+invariants."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from longctx.evals.stats import Rate, bootstrap_diff, compare_rates, fisher_exact, wilson_interval
+
+
+def test_wilson_matches_hand_worked_values():
+    # 12/15: p = 0.8, z = 1.96: centre 0.7388, half-width 0.1907 (worked by hand from the formula)
+    lo, hi = wilson_interval(12, 15)
+    assert lo == pytest.approx(0.5481, abs=1e-4) and hi == pytest.approx(0.9295, abs=1e-4)
+    # 0/10 and 10/10 are not zero-width: 1 - 0.7225 = 0.2775 = z^2 / (n + z^2)
+    assert wilson_interval(0, 10) == (0.0, pytest.approx(0.2775, abs=1e-4))
+    assert wilson_interval(10, 10) == (pytest.approx(0.7225, abs=1e-4), 1.0)
+    # 2/2, the "U shape"'s ends: the interval still reaches down to 0.34
+    assert wilson_interval(2, 2)[0] == pytest.approx(0.3424, abs=1e-4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 500), data=st.data())
+def test_wilson_contains_the_rate_stays_in_0_1_and_is_symmetric(n, data):
+    k = data.draw(st.integers(0, n))
+    lo, hi = wilson_interval(k, n)
+    assert 0.0 <= lo <= k / n <= hi <= 1.0
+    lo2, hi2 = wilson_interval(n - k, n)
+    assert lo2 == pytest.approx(1 - hi, abs=1e-12) and hi2 == pytest.approx(1 - lo, abs=1e-12)
+    if n <= 250:  # more trials at the same rate: a narrower interval
+        lo4, hi4 = wilson_interval(2 * k, 2 * n)
+        assert hi4 - lo4 < hi - lo
+
+
+def _fisher_by_enumeration(k1, n1, k2, n2):
+    """Every table with the same margins, probabilities from binomial coefficients (no logs)."""
+    c = k1 + k2
+    probs = {a: math.comb(n1, a) * math.comb(n2, c - a) / math.comb(n1 + n2, c)
+             for a in range(max(0, c - n2), min(n1, c) + 1)}
+    return sum(p for p in probs.values() if p <= probs[k1] * (1 + 1e-7))
+
+
+def test_fisher_matches_hand_worked_tables():
+    # the lady tasting tea: 3 of 4 against 1 of 4, two-sided p = 34/70
+    assert fisher_exact(3, 4, 1, 4) == pytest.approx(34 / 70, rel=1e-12)
+    # 2 of 6 against 4 of 6 (H2O against one random seed in the old record): far from significant
+    assert fisher_exact(2, 6, 4, 6) == pytest.approx(0.5671, abs=1e-4)
+    # 20/20 against 10/20: p = 2 * C(20,10)... = 3.8e-4
+    assert fisher_exact(20, 20, 10, 20) == pytest.approx(_fisher_by_enumeration(20, 20, 10, 20), rel=1e-9)
+    assert fisher_exact(20, 20, 10, 20) < 1e-3
+    assert fisher_exact(5, 10, 5, 10) == pytest.approx(1.0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(n1=st.integers(1, 40), n2=st.integers(1, 40), data=st.data())
+def test_fisher_invariants(n1, n2, data):
+    k1, k2 = data.draw(st.integers(0, n1)), data.draw(st.integers(0, n2))
+    p = fisher_exact(k1, n1, k2, n2)
+    assert 0.0 < p <= 1.0
+    assert p == pytest.approx(_fisher_by_enumeration(k1, n1, k2, n2), rel=1e-6)
+    assert p == pytest.approx(fisher_exact(k2, n2, k1, n1), rel=1e-9), "groups swapped"
+    assert p == pytest.approx(fisher_exact(n1 - k1, n1, n2 - k2, n2), rel=1e-9), "successes <-> failures"
+
+
+def test_bootstrap_separates_shifted_groups_and_not_equal_ones():
+    a = [-1.0, -1.2, -0.9, -1.1, -1.05, -0.95, -1.0, -1.15]
+    b = [x - 3.0 for x in a]
+    out = bootstrap_diff(a, b, seed=1)
+    assert out["diff"] == pytest.approx(3.0) and out["low"] > 2.5 and out["high"] < 3.5
+    assert out["p_value"] == pytest.approx(1e-4) and out["n_a"] == 8
+    same = bootstrap_diff(a, list(reversed(a)), seed=1)
+    assert same["low"] < 0 < same["high"] and same["p_value"] > 0.5
+    assert bootstrap_diff(a, b, seed=1) == out, "seeded: the same resamples"
+
+
+def test_rate_and_comparison():
+    r = Rate.of([True] * 12 + [False] * 3)
+    assert (r.k, r.n, r.rate) == (12, 15, 0.8)
+    assert str(r) == "12/15 = 0.80 [95 % CI 0.55, 0.93]"
+    c = compare_rates(Rate(20, 20), Rate(10, 20))
+    assert c["significant"] and c["difference"] == 0.5
+    assert not compare_rates(Rate(2, 6), Rate(4, 6))["significant"]
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: wilson_interval(3, 2), "0 <= k <= n"),
+    (lambda: wilson_interval(1.5, 4), "whole counts"),
+    (lambda: wilson_interval(0, 0), "n >= 1"),
+    (lambda: fisher_exact(1, 2, -1, 3), "0 <= k <= n"),
+    (lambda: Rate.of([]), "no trials"),
+    (lambda: bootstrap_diff([1.0], [2.0, 3.0]), "at least 2 values"),
+    (lambda: bootstrap_diff([1.0, float("nan")], [2.0, 3.0]), "finite"),
+])  # fmt: skip
+def test_bad_input_is_a_clear_error(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
