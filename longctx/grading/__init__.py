@@ -13,14 +13,15 @@ AssertionError with a message when it does not.
 - ``answer_kind="value"``: the checked name is itself the answer (``mlp_weight_mib``, a number the learner
   derives). A failure never reveals the expected value to within the tolerance: not directly, not as an
   exact ratio, not as an exact offset. It says the answer, the unit, the direction, a coarse factor
-  ("too large, by 10 % to 50 %", "about 2x too small", "roughly 1000x too large") and the hint of a classic
-  slip ("a factor of 1000: a unit slip?", "MiB and MB mixed up?"), each named only in a band at least four
-  tolerance widths wide. The message checks itself: the expected values it is consistent with must span
-  more than the tolerance (for an integer: at least three integers), or it says less, down to the
-  direction alone. Arithmetic on its numbers (answer x factor, answer + offset, ...) therefore cannot
-  recover the expected value: whatever it lands on, some other expected value more than 2.5 tolerance
-  widths away would have produced the very same message. (An answer that is exactly a coarse factor off
-  lands on the expected value when divided by that factor: it is the slip the factor names.)
+  ("too large, by 10 % to 50 %", "about 2x too small", "roughly 1000x too large", for integers "by 1 to
+  3") and the classic slip of that factor ("about 1000x: a unit slip?"). The words come from cutting the
+  number line, for the learner's answer, into regions that depend only on the answer and the tolerance,
+  each at least six tolerance widths wide (an integer region: at least three integers); a narrower region
+  is merged with a neighbour and named more coarsely, down to the direction alone (_coarse.py).
+  Arithmetic on a message's numbers (answer x factor, answer + offset, a percentage) therefore cannot
+  recover the expected value: whatever it lands on, expected values more than the tolerance away give
+  the very same message. (An answer exactly a coarse factor off does land on the expected value when
+  divided by that factor: that is the slip the message names, and undoing it is the fix.)
 - ``answer_kind="function"``: the answer is what the learner's function returned on inputs the test chose
   (``tensor_bytes((2, 3), 4)``). The message shows everything: the answer, the expected value, their
   ratio and offset, the slip hint. Hidden tests call the function on other inputs, so the expected result

@@ -2,7 +2,17 @@
 message that teaches when it does not; see the package docstring for the policy on what a message shows."""
 
 from longctx.grading import _messages as msg
-from longctx.grading._plain import LIST, Reject, close, plain_float, plain_integer, plain_nested, plain_scalar, static_type_from, describe
+from longctx.grading._plain import (
+    LIST,
+    Reject,
+    close,
+    describe,
+    plain_float,
+    plain_integer,
+    plain_nested,
+    plain_scalar,
+    static_type_from,
+)
 
 ANSWER_KINDS = ("value", "function")
 _KIND_HELP = ("answer_kind='value' (the checked name is itself the answer: a failure never reveals the expected "
