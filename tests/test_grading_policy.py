@@ -204,7 +204,7 @@ def test_the_attack_recovers_function_messages_which_show_the_expected_value():
 
 
 @pytest.mark.parametrize("got, expected, words", [
-    (117.440512, 112.0, ["got 117.441 MiB", "too large, by less than 10 %", "mixing MiB and MB"]),
+    (117.440512, 112.0, ["got 117.441 MiB", "too large, by less than 10 %", "MiB and MB mixed up"]),
     (112e3, 112.0, ["roughly 1000x too large", "unit slip (ms vs s"]),
     (56.0, 112.0, ["about 2x too small", "factor of 2"]),
     (-112.0, 112.0, ["wrong sign", "the sign is flipped"]),

@@ -22,7 +22,7 @@ _WORDS = ["{w}, by less than 10 %", "{w}, by 10 % to 50 %", "about 2x {w}", "abo
           "about 8x {w}", "roughly 10x {w}", "roughly 100x {w}", "roughly 1000x {w}"] + \
     [f"roughly 10^{k}x {{w}}" for k in (4, 5, 6, 7, 8, 9, 10, 11)] + ["roughly 10^12x {w} or more"]
 _SLIPS = {
-    0: "a few per cent is what mixing MiB and MB (2^20/10^6 = 1.049) or GiB and GB (2^30/10^9 = 1.074) gives",
+    0: "a few per cent off: MiB and MB mixed up (2^20/10^6 = 1.049), or GiB and GB (2^30/10^9 = 1.074)?",
     2: "a factor of 2: the causal-mask halving of attention FLOPs, K and V counted once instead of twice, "
        "2 bytes per fp16 value, or 2 FLOPs per multiply-add?",
     3: "a factor of 3: query heads vs KV heads (grouped-query attention)?",
