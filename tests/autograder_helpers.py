@@ -32,14 +32,14 @@ def toy_solution_notebook():
         new_code_cell("def kv_bytes(n_tokens):\n    ### BEGIN SOLUTION\n    return 2 * n_tokens\n    ### END SOLUTION",
                       metadata=_meta("kv_bytes", solution=True)),
         new_code_cell("from longctx.grading import check_number\n"
-                      "check_number('kv bytes for 3 tokens', kv_bytes(3), 6, unit='bytes')\n"
+                      "check_number('kv bytes for 3 tokens', kv_bytes(3), 6, answer_kind='function', unit='bytes')\n"
                       "### BEGIN HIDDEN TESTS\n"
-                      "check_number('kv bytes for 1000 tokens', kv_bytes(1000), 2000, unit='bytes')\n"
+                      "check_number('kv bytes for 1000 tokens', kv_bytes(1000), 2000, answer_kind='function', unit='bytes')\n"
                       "### END HIDDEN TESTS",
                       metadata=_meta("test_kv_bytes", grade=True, locked=True, points=2)),
         new_code_cell("### BEGIN SOLUTION\nanswer_b = 42\n### END SOLUTION",
                       metadata=_meta("answer_b", solution=True)),
-        new_code_cell("from longctx.grading import check_integer\ncheck_integer('answer b', answer_b, 42)",
+        new_code_cell("from longctx.grading import check_integer\ncheck_integer('answer b', answer_b, 42, answer_kind='value')",
                       metadata=_meta("test_answer_b", grade=True, locked=True, points=3)),
     ]
     nb = new_notebook(cells=cells)

@@ -41,9 +41,9 @@ def source_notebook():
         new_code_cell("def kv_bytes(n_tokens):\n    ### BEGIN SOLUTION\n    return 2 * n_tokens\n    ### END SOLUTION",
                       metadata=h._meta("kv_bytes", solution=True)),
         new_code_cell("from longctx.grading import check_number\n"
-                      "check_number('kv bytes for 3 tokens', kv_bytes(3), 6, unit='bytes')\n"
+                      "check_number('kv bytes for 3 tokens', kv_bytes(3), 6, answer_kind='function', unit='bytes')\n"
                       "### BEGIN HIDDEN TESTS\n"
-                      "check_number('kv bytes for 1000 tokens', kv_bytes(1000), 2000, unit='bytes')\n"
+                      "check_number('kv bytes for 1000 tokens', kv_bytes(1000), 2000, answer_kind='function', unit='bytes')\n"
                       "### END HIDDEN TESTS",
                       metadata=h._meta("test_kv_bytes", grade=True, locked=True, points=2)),
         new_markdown_cell("**Explain** why the KV cache grows linearly with the context.",
