@@ -43,7 +43,7 @@ def test_ideal_factors_are_exactly_the_roofline(seqs, names):
     model, gpu = names
     hw = get_hardware(gpu)
     cost = step_cost(model, seqs)  # the same conventions as the cost model (causal, "matmul")
-    t = CostModelExecutor(model, gpu, CostFactors.ideal()).step_time_s(seqs)
+    t = CostModelExecutor(model, gpu, CostFactors.ideal(), form="batch").step_time_s(seqs)
     expect = max(cost.flops / hw.peak_flops_per_s, cost.bytes / hw.memory_bandwidth_bytes_per_s)
     assert t == pytest.approx(expect, rel=1e-9)
 

@@ -67,8 +67,8 @@ def _rows(rec: dict, section: str) -> list[dict]:
 
 
 def _roofline_s(gpu: str, sequences) -> float:
-    """A step's roofline time: the cost model with efficiency 1 and no overhead."""
-    return CostModelExecutor(LLAMA3_8B, gpu, CostFactors.ideal()).step_time_s(sequences)
+    """A step's roofline time: the whole-batch cost model with efficiency 1 and no overhead."""
+    return CostModelExecutor(LLAMA3_8B, gpu, CostFactors.ideal(), form="batch").step_time_s(sequences)
 
 
 def predicted_prefill_curve(gpu="h200", prompt_tokens=8192, chunk_sizes=(128, 256, 512, 1024, 2048, 4096, 8192)):

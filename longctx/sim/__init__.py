@@ -6,9 +6,13 @@
     res = simulate(wl, ChunkedPrefillScheduler(token_budget=1024), model="llama-3-8b", hardware="h100")
     res.metrics.itl.p(99), res.to_dict()["ttft_s"]["p50"]
 
-- ``cost_model``: ``CostModelExecutor`` (``longctx.flops``' FLOPs and bytes on a roofline), ``CostFactors``.
+- ``cost_model``: ``CostModelExecutor`` (per-operator roofline by default, or the whole-batch one),
+  ``CostFactors`` (defaults fitted on published H100 profiles where measured, assumed elsewhere).
+- ``operators``: the linear part operator by operator (QKV, O, gate+up, down, small per-token ops).
+- ``profiles``: Vidur's published H100 operator timings, as shipped (``load_profiles``).
+- ``calibration``: ``fit_profiles`` (H100 factors from those profiles, with their error per model and
+  token range, ``leave_one_model_out``) and ``calibrate`` (the step factors from measured steps).
 - ``recording``: ``RecordingExecutor`` keeps a real engine's steps as ``MeasuredStep``\\ s.
-- ``calibration``: ``calibrate`` fits the cost model's factors to measured steps.
 - ``workload``: ``make_workload`` with Poisson / gamma arrivals; ``Fixed``, ``Uniform``, ``LogNormal``, ``Trace``.
 - ``run``: ``simulate`` -> ``SimResult``; ``build_sim_engine``; ``kv_pool_blocks``.
 - ``exercise1``: the source's Exercise 1 (16 decodes + a 12K prompt) on any engine.
@@ -16,12 +20,13 @@
 """
 
 from longctx.sim.calibration import Calibration, calibrate
-from longctx.sim.cost_model import CostFactors, CostModelExecutor
+from longctx.sim.cost_model import COST_FORMS, CostFactors, CostModelExecutor
 from longctx.sim.recording import MeasuredStep, RecordingExecutor
 from longctx.sim.run import SimResult, build_sim_engine, kv_pool_blocks, simulate
 from longctx.sim.workload import Fixed, LogNormal, Request, Trace, Uniform, arrival_times, make_workload
 
 __all__ = [
+    "COST_FORMS",
     "Calibration",
     "CostFactors",
     "CostModelExecutor",

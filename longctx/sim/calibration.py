@@ -1,123 +1,232 @@
-"""Fitting the cost model's five factors to measured step times (weighted least squares; no scipy).
+"""Calibration: the cost model's factors fitted on measurements, with the fit's error stated.
 
-Model: ``t = o + p * entries + max(a_lin * linear_s + a_att * attention_s, a_mem * memory_s)`` with
-``a = 1 / efficiency >= 1`` and ``o, p >= 0``, so the fitted model never beats the roofline. The max is
-handled by alternating: assign each step to its current bound, solve a weighted least squares (weights
-1/t, so the fit minimises relative error), repeat from three starting assignments, keep the best.
+Two kinds of measurement:
+
+- **Published H100 operator profiles** (Vidur's, ``longctx.sim.profiles``): ``fit_profiles`` fits the
+  operator form's GEMM factors (``compute_efficiency``, ``memory_efficiency``, ``serial_fraction``,
+  ``kernel_overhead_s``) on every profiled GEMM, and the small ops' ``elementwise_efficiency`` and
+  ``elementwise_overhead_s`` on every profiled norm, RoPE, activation and residual add (the embedding, one
+  lookup per step, is left out). Each point counts by its relative error. ``profile_errors`` compares the
+  modelled ``linear_time_s`` with the measured linear time, per model, TP degree and token range;
+  ``leave_one_model_out`` fits on all models but one and reports the error on that one. The simulator's
+  H100 defaults (``longctx.sim.cost_model.FITTED_H100``) are ``fit_profiles()``'s result.
+- **Measured engine steps** (``longctx.sim.recording``): ``calibrate`` (``longctx.sim.step_fit``) fits
+  the five step factors, e.g. to the real engine on this CPU or to a GPU record.
+
+The GEMM fit: for a fixed serial fraction the time is linear in ``(kernel_overhead_s, 1/ce, 1/me)`` once
+each point's bound is known, so bounds and a bounded least squares alternate (as in ``step_fit``); the
+serial fraction is searched on a grid, then refined. numpy only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from longctx.sim.cost_model import FACTOR_NAMES, CostFactors, CostModelExecutor
-from longctx.sim.recording import MeasuredStep
+from longctx.sim.cost_model import GEMM_TILE_TOKENS, CostFactors
+from longctx.sim.operators import layers_time_s
+from longctx.sim.profiles import GEMM_OPS, SMALL_OPS, ProfiledModel, load_profiles
+from longctx.sim.step_fit import Calibration, bounded_lstsq, calibrate
+from longctx.specs import HardwareSpec, get_hardware
+
+GOLDEN = (5 ** 0.5 - 1) / 2
+TOKEN_RANGES = ((1, 63), (64, 512), (513, 4096))
+_GEMM_OF_OP = dict(zip(GEMM_OPS, ("qkv", "o", "gate_up", "down"), strict=True))
+WEIGHT_BYTES = ACT_BYTES = 2.0  # Vidur profiles bf16/fp16 models
 
 
 @dataclass(frozen=True)
-class Calibration:
-    """Result of ``calibrate``: the fitted factors and how well they fit (relative errors)."""
+class ProfileFit:
+    """``fit_profiles``' result: ``factors`` (the fitted fields set, the rest ``CostFactors()``'s) and the
+    per-operator relative errors of the fit (root mean square, worst) over its points."""
 
     factors: CostFactors
-    median_abs_rel_error: float
-    max_abs_rel_error: float
-    num_steps: int
-    clipped: tuple[str, ...]  # efficiencies the fit wanted above 1 (the hardware spec's peak is too low)
+    models: tuple[str, ...]
+    num_gemm_points: int
+    num_small_points: int
+    gemm_rms_rel_error: float
+    small_rms_rel_error: float
+    clipped: tuple[str, ...]  # efficiencies the fit wanted above 1
 
 
-def _fit_branch(x_cols: np.ndarray, y: np.ndarray, lower: np.ndarray, fixed: dict[int, float]) -> np.ndarray:
-    """Least squares for y ~ X @ theta with theta >= lower (active set: clamp, re-solve)."""
-    k = x_cols.shape[1]
-    theta = np.zeros(k)
-    clamp = dict(fixed)
+@dataclass(frozen=True)
+class ProfileError:
+    """Linear-time error of one model at one TP degree over one token range: ``predicted / measured - 1``."""
+
+    model: str
+    tp: int
+    low_tokens: int
+    high_tokens: int
+    num_points: int
+    median_abs_error: float
+    worst_error: float  # signed, the largest |error|
+    worst_at_tokens: int
+    over_15_percent: tuple[int, ...]  # token counts where |error| > 15 %
+
+
+def _points(models: Sequence[ProfiledModel]):
+    """Arrays over every profiled GEMM point ``(n, k, m, seconds)`` and small-op point ``(bytes, seconds)``."""
+    g, s = [], []
+    for pm in models:
+        for tp in pm.tp_degrees:
+            ns = pm.num_tokens[tp]
+            dims = pm.shape.gemm_dims(tp)
+            for op in GEMM_OPS:
+                k, m = dims[_GEMM_OF_OP[op]]
+                g += [(n, k, m, t) for n, t in zip(ns, pm.op_s(tp, op), strict=True)]
+            per_token = _small_bytes_per_token(pm, tp)
+            for op in SMALL_OPS:
+                if not pm.op_s(tp, op):
+                    continue  # phi-2's parallel block has no post-attention norm
+                s += [(n * per_token[op], t) for n, t in zip(ns, pm.op_s(tp, op), strict=True)]
+    return np.array(g, dtype=float), np.array(s, dtype=float)
+
+
+def _small_bytes_per_token(pm: ProfiledModel, tp: int) -> dict[str, float]:
+    sh, b = pm.shape, ACT_BYTES
+    return {"input_layernorm": 2 * sh.d_model * b, "post_attention_layernorm": 2 * sh.d_model * b,
+            "attn_rope": 2 * (sh.num_heads + sh.num_kv_heads) * sh.head_dim / tp * b,
+            "mlp_act": (3 if sh.gated_mlp else 2) * sh.intermediate_size / tp * b, "add": 3 * sh.d_model * b}
+
+
+def _bounded_normal(gram: np.ndarray, rhs: np.ndarray, lower: np.ndarray) -> np.ndarray:
+    """Least squares from its normal equations ``gram @ theta = rhs`` with ``theta >= lower`` (active set)."""
+    k = len(rhs)
+    clamp: dict[int, float] = {}
     for _ in range(k + 1):
         free = [j for j in range(k) if j not in clamp]
-        resid = y - sum((x_cols[:, j] * v for j, v in clamp.items()), np.zeros_like(y))
-        sol = np.zeros(k)
+        sol = np.array([clamp.get(j, 0.0) for j in range(k)])
         if free:
-            sol_free, *_ = np.linalg.lstsq(x_cols[:, free], resid, rcond=None)
-            sol[free] = sol_free
-        for j, v in clamp.items():
-            sol[j] = v
+            held = list(clamp)
+            r = rhs[free] - (gram[np.ix_(free, held)] @ sol[held] if held else 0.0)
+            sol[free] = np.linalg.lstsq(gram[np.ix_(free, free)], r, rcond=None)[0]
         bad = [j for j in free if sol[j] < lower[j]]
         if not bad:
-            theta = sol
-            break
+            return sol
         worst = min(bad, key=lambda j: sol[j] - lower[j])
         clamp[worst] = lower[worst]
-        theta = np.maximum(sol, lower)
-    return theta
+    return np.maximum(sol, lower)
 
 
-def _columns(executor: CostModelExecutor, steps: list[MeasuredStep]) -> np.ndarray:
-    """Regressors per step: ``[1, entries, linear_s, attention_s, memory_s]`` (ideal times), ``[n, 5]``."""
-    feats = [executor.features(s.sequences) for s in steps]
-    return np.array([[1.0, f.num_sequences, f.linear_s, f.attention_s, f.memory_s] for f in feats])
+def _fit_gemms(pts: np.ndarray, hw: HardwareSpec, tile: int, serial: float, iterations: int = 30):
+    """Best ``(theta = [kernel_overhead_s, 1/ce, 1/me], loss)`` for one serial fraction."""
+    n, k, m, y = pts.T
+    w = 1.0 / y
+    c = 2.0 * np.ceil(n / tile) * tile * k * m / hw.peak_flops_per_s * w  # weighted: relative errors
+    mem = (WEIGHT_BYTES * k * m + ACT_BYTES * n * (k + m)) / hw.memory_bandwidth_bytes_per_s * w
+    lower, ones = np.array([0.0, 1.0, 1.0]), np.ones_like(y)
 
+    def rows(theta):
+        cb = theta[1] * c >= theta[2] * mem
+        return np.c_[w, c * np.where(cb, 1.0, serial), mem * np.where(cb, serial, 1.0)]
 
-def _predict(theta: np.ndarray, cols: np.ndarray) -> np.ndarray:
-    """``o + p*entries + max(a_lin*linear_s + a_att*attention_s, a_mem*memory_s)`` per step."""
-    compute = theta[2] * cols[:, 2] + theta[3] * cols[:, 3]
-    return theta[0] + theta[1] * cols[:, 1] + np.maximum(compute, theta[4] * cols[:, 4])
-
-
-def _alternate(cols, y, start_bound, theta0, fixed, iterations) -> tuple[np.ndarray, float]:
-    """From one assignment of steps to bounds: solve, reassign, repeat; the best (theta, loss) seen."""
-    w, lower = 1.0 / y, np.array([0.0, 0.0, 1.0, 1.0, 1.0])
-    best, best_loss, compute_bound = theta0, np.inf, start_bound
-    for _ in range(iterations):
-        cb = compute_bound.astype(float)
-        x = cols * np.c_[np.ones_like(cb), np.ones_like(cb), cb, cb, 1 - cb]  # [n, 5]: the bound's terms only
-        fx = dict(fixed)  # a bound with no steps leaves its factors undetermined: keep the current values
-        for j in (2, 3, 4):
-            if not np.any(x[:, j] > 0):
-                fx.setdefault(j, theta0[j])
-        theta = _fit_branch(x * w[:, None], y * w, lower, fx)
-        loss = float(np.sum(((_predict(theta, cols) - y) * w) ** 2))
-        if loss < best_loss - 1e-15:
-            best, best_loss = theta, loss
-        new_bound = theta[2] * cols[:, 2] + theta[3] * cols[:, 3] >= theta[4] * cols[:, 4]
-        if np.array_equal(new_bound, compute_bound):
-            break
-        compute_bound = new_bound
+    best, best_loss = None, np.inf
+    for start in (np.array([0.0, 1.3, 1.1]), np.array([0.0, 1.0, 1e-9]), np.array([0.0, 1e-9, 1.0])):
+        theta = start
+        for _ in range(iterations):
+            x = rows(theta)
+            new = _bounded_normal(x.T @ x, x.T @ ones, lower)
+            loss = float(np.sum((rows(new) @ new - 1.0) ** 2))
+            if loss < best_loss - 1e-15:
+                best, best_loss = new, loss
+            if np.allclose(new, theta, rtol=1e-12, atol=0):
+                break
+            theta = new
     return best, best_loss
 
 
-def calibrate(
-    executor: CostModelExecutor,
-    steps: Sequence[MeasuredStep],
-    fit: Iterable[str] = FACTOR_NAMES,
-    iterations: int = 30,
-) -> Calibration:
-    """Fit ``executor``'s factors to measured steps (module docstring); returns a ``Calibration`` (use
-    ``.factors``). Factors not in ``fit`` keep ``executor.factors``' values."""
-    fit = tuple(fit)
-    for name in fit:
-        if name not in FACTOR_NAMES:
-            raise ValueError(f"unknown factor {name!r}; allowed: {', '.join(FACTOR_NAMES)}")
-    steps = list(steps)
-    if len(steps) < 2:
-        raise ValueError(f"calibrate needs at least 2 measured steps, got {len(steps)}")
-    y = np.array([s.duration_s for s in steps], dtype=float)
-    if np.any(y <= 0):
-        raise ValueError("measured step durations must be > 0")
-    cols = _columns(executor, steps)
-    k0 = executor.factors
-    cur = np.array([k0.step_overhead_s, k0.per_sequence_overhead_s, 1 / k0.compute_efficiency,
-                    1 / k0.attention_efficiency, 1 / k0.memory_efficiency])
-    fixed = {j: cur[j] for j, name in enumerate(FACTOR_NAMES) if name not in fit}
-    best, best_loss = cur, float(np.sum(((_predict(cur, cols) - y) / y) ** 2))
-    starts = [cur[2] * cols[:, 2] + cur[3] * cols[:, 3] >= cur[4] * cols[:, 4],  # the current model's bounds
-              np.ones(len(y), bool), np.zeros(len(y), bool)]  # all compute-bound, all memory-bound
-    for start in starts:
-        theta, loss = _alternate(cols, y, start, cur, fixed, iterations)
-        if loss < best_loss - 1e-15:
-            best, best_loss = theta, loss
-    rel = np.abs(_predict(best, cols) - y) / y
-    values = [float(best[0]), float(best[1]), float(1 / best[2]), float(1 / best[3]), float(1 / best[4])]
-    factors = replace(k0, **{n: v for n, v in zip(FACTOR_NAMES, values, strict=True) if n in fit})
-    clipped = tuple(n for j, n in enumerate(FACTOR_NAMES) if j >= 2 and n in fit and best[j] <= 1.0 + 1e-12)
-    return Calibration(factors, float(np.median(rel)), float(np.max(rel)), len(steps), clipped)
+def fit_profiles(models: Sequence[str] | None = None, hardware: HardwareSpec | str = "h100",
+                 tile_tokens: int = GEMM_TILE_TOKENS) -> ProfileFit:
+    """Fit the operator form's GEMM and small-op factors on the profiles of ``models`` (default: all
+    shipped) for ``hardware``'s datasheet peak and bandwidth; ``tile_tokens`` is held (module docstring)."""
+    table = load_profiles()
+    names = tuple(table) if models is None else tuple(models)
+    unknown = [x for x in names if x not in table]
+    if unknown or not names:
+        raise ValueError(f"unknown profiled models {unknown}; allowed: {', '.join(table)}")
+    hw = get_hardware(hardware)
+    gpts, spts = _points([table[x] for x in names])
+    grid = np.linspace(0.0, 1.0, 11)
+    losses = [_fit_gemms(gpts, hw, tile_tokens, s)[1] for s in grid]
+    i = int(np.argmin(losses))
+    lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
+
+    def loss_of(serial: float) -> float:
+        return _fit_gemms(gpts, hw, tile_tokens, serial)[1]
+
+    a, b = hi - GOLDEN * (hi - lo), lo + GOLDEN * (hi - lo)
+    fa, fb = loss_of(a), loss_of(b)
+    for _ in range(16):  # golden-section refinement of the serial fraction: one new fit per step
+        if fa <= fb:
+            hi, b, fb = b, a, fa
+            a = hi - GOLDEN * (hi - lo)
+            fa = loss_of(a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + GOLDEN * (hi - lo)
+            fb = loss_of(b)
+    serial = round(float((lo + hi) / 2), 4)
+    theta, loss = _fit_gemms(gpts, hw, tile_tokens, serial)
+    bts, ys = spts.T
+    sx = np.c_[np.ones_like(bts), bts / hw.memory_bandwidth_bytes_per_s] / ys[:, None]
+    s_theta = bounded_lstsq(sx, np.ones_like(ys), np.array([0.0, 1.0]), {})
+    factors = replace(CostFactors(), compute_efficiency=_sig(1 / theta[1]), memory_efficiency=_sig(1 / theta[2]),
+                      serial_fraction=serial, kernel_overhead_s=_sig(theta[0]),
+                      elementwise_efficiency=_sig(1 / s_theta[1]), elementwise_overhead_s=_sig(s_theta[0]),
+                      gemm_tile_tokens=tile_tokens)
+    clipped = tuple(name for name, v in (("compute_efficiency", theta[1]), ("memory_efficiency", theta[2]),
+                                         ("elementwise_efficiency", s_theta[1])) if v <= 1 + 1e-12)
+    return ProfileFit(factors, names, len(gpts), len(spts), float(np.sqrt(loss / len(gpts))),
+                      float(np.sqrt(np.mean((sx @ s_theta - 1) ** 2))), clipped)
+
+
+def _sig(x: float, digits: int = 4) -> float:
+    return float(f"{float(x):.{digits}g}")
+
+
+def linear_time_points(model: str, tp: int = 1, factors: CostFactors | None = None,
+                       hardware: HardwareSpec | str = "h100") -> list[tuple[int, float, float]]:
+    """``(num_tokens, measured_s, predicted_s)`` of a profiled model's linear time at every token count."""
+    pm = load_profiles().get(model)
+    if pm is None:
+        raise ValueError(f"unknown profiled model {model!r}; allowed: {', '.join(load_profiles())}")
+    k, hw = factors or CostFactors(), get_hardware(hardware)
+    measured = pm.linear_time_s(tp)
+    sh = pm.shape  # its own op set: LayerShape counts its norms; two residual adds in both
+    return [(n, meas, layers_time_s(sh, n, k, hw.peak_flops_per_s, hw.memory_bandwidth_bytes_per_s,
+                                    WEIGHT_BYTES, ACT_BYTES, tp))
+            for n, meas in zip(pm.num_tokens[tp], measured, strict=True)]
+
+
+def profile_errors(factors: CostFactors | None = None, models: Sequence[str] | None = None,
+                   tps: Sequence[int] | None = None, ranges=TOKEN_RANGES) -> list[ProfileError]:
+    """``ProfileError`` rows of ``factors`` (default ``CostFactors()``) per model, TP degree and token range."""
+    table = load_profiles()
+    out = []
+    for name in models or tuple(table):
+        for tp in tps or table[name].tp_degrees:
+            if tp not in table[name].num_tokens:
+                continue
+            pts = linear_time_points(name, tp, factors)
+            for lo, hi in ranges:
+                sel = [(n, p / m - 1) for n, m, p in pts if lo <= n <= hi]
+                if not sel:
+                    continue
+                errs = np.array([e for _, e in sel])
+                w = int(np.argmax(np.abs(errs)))
+                out.append(ProfileError(name, tp, lo, hi, len(sel), float(np.median(np.abs(errs))), float(errs[w]),
+                                        sel[w][0], tuple(n for n, e in sel if abs(e) > 0.15)))
+    return out
+
+
+def leave_one_model_out(tps: Sequence[int] | None = None, ranges=TOKEN_RANGES) -> dict[str, tuple[ProfileFit, list[ProfileError]]]:
+    """For each profiled model: the fit on all the others and its errors on the one left out."""
+    names = tuple(load_profiles())
+    return {held: (fit := fit_profiles([x for x in names if x != held]),
+                   profile_errors(fit.factors, [held], tps, ranges)) for held in names}
+
+
+__all__ = ["Calibration", "ProfileError", "ProfileFit", "TOKEN_RANGES", "calibrate", "fit_profiles",
+           "leave_one_model_out", "linear_time_points", "profile_errors"]

@@ -1,41 +1,66 @@
 """A cost-model executor: how long one engine iteration would take on a GPU, from FLOPs and bytes.
 
 One iteration runs a batch of entries, each ``(new_tokens, cached_tokens)``: a prefill chunk of C tokens
-after S cached tokens, or a decode (C = 1). Its FLOPs and bytes are ``longctx.flops.step_cost``'s (the
-same conventions, explicit: ``params`` and ``attention``; KV bytes are what the paged pool holds per token,
-``longctx.kv.quant.pool_bytes_per_token``, quantization scales included, as the engine's cache stores
-them: equal to ``step_cost``'s element bytes for fp32/fp16/bf16, a little more for fp8/int8/int4);
-its time is the roofline time of the whole
-batch with efficiency factors, plus fixed overheads::
+after S cached tokens, or a decode (C = 1). The batch's ``T = sum(C)`` new tokens go through the weights
+together. Two forms price it (``form=``):
+
+``"operator"`` (the default): every weight matrix of every layer on its own roofline, as a GPU runs it
+(``longctx.sim.operators``: fused QKV, O, gate+up, down, each with compute and memory efficiency, tile
+quantization and a kernel overhead), plus the small per-token ops, the embedding and the LM head (one
+logit row per entry), and the attention of each entry::
+
+    linear_s    = L * (sum of the 4 GEMMs over T tokens + small ops) + embedding + LM head (E rows)
+    attention_s = max(attention_flops / (peak * attention_efficiency), KV bytes / (bandwidth * memory_efficiency))
+    step_s      = step_overhead_s + per_sequence_overhead_s * E + linear_s + attention_s
+
+  ``linear_time_s(n, tp)`` is ``linear_s`` without the LM head: what Vidur's H100 profiles measure. The
+  attention term is the course's FLOPs and KV bytes on a roofline, *not* measured by those profiles.
+
+``"batch"`` (the earlier, whole-batch form, which lessons teach as "the roofline"): one roofline for the
+whole step::
 
     compute_s = linear_flops / (peak * compute_efficiency) + attention_flops / (peak * attention_efficiency)
     memory_s  = (weight + KV read + KV write bytes) / (bandwidth * memory_efficiency)
-    step_s    = step_overhead_s + per_sequence_overhead_s * entries + max(compute_s, memory_s)
+    step_s    = step_overhead_s + per_sequence_overhead_s * E + max(compute_s, memory_s)
 
-Efficiencies are in (0, 1] and overheads >= 0, so no step beats the roofline: a decode step never takes
-less than the weights' bytes over the bandwidth, a prefill never exceeds peak FLOP/s.
-``longctx.sim.calibration.calibrate`` fits the five factors to measured steps (``longctx.sim.recording``).
-Pure Python: no torch.
+FLOPs and bytes follow ``longctx.flops.step_cost`` (``params`` and ``attention`` explicit); KV bytes are
+what the paged pool holds per token, ``longctx.kv.quant.pool_bytes_per_token``, scales included. With
+efficiencies in (0, 1] and overheads >= 0 no step beats the roofline.
+
+Defaults (``CostFactors()``): the GEMM, small-op and tile factors are **fitted** on Vidur's published H100
+profiles (``longctx.sim.calibration.fit_profiles``; Vidur, MIT); attention efficiency and the step and
+per-sequence overheads are **assumed** (no published measurement). ``CostFactors.assumed()`` holds the
+earlier assumed factors, the ``"batch"`` form's default. Pure Python: no torch.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from longctx import flops
 from longctx.engine.executor import ExecutionResult, Executor
 from longctx.kv.quant import pool_bytes_per_token
-from longctx.specs import HardwareSpec, ModelSpec, get_hardware, get_model
+from longctx.sim.operators import LayerShape, check_tp, gemm_time_s, layers_time_s
+from longctx.specs import HardwareSpec, ModelSpec, dtype_bytes, get_hardware, get_model
 
-# Assumed (not measured) defaults for a tuned GPU engine: kernels reach a fraction of datasheet peak
-# and each iteration pays a fixed launch/scheduling cost. Calibrate against measurements to replace them.
-DEFAULT_COMPUTE_EFFICIENCY = 0.6
-DEFAULT_ATTENTION_EFFICIENCY = 0.5
-DEFAULT_MEMORY_EFFICIENCY = 0.8
-DEFAULT_STEP_OVERHEAD_S = 1e-3
-DEFAULT_PER_SEQUENCE_OVERHEAD_S = 5e-6
+COST_FORMS = ("operator", "batch")
+# Fitted on Vidur's H100 profiles (5 models, TP 1/2/4/8, 1 ... 4,096 tokens) by
+# longctx.sim.calibration.fit_profiles(); tests/test_sim_calibration.py refits and compares.
+FITTED_H100 = {
+    "compute_efficiency": 0.7589,
+    "memory_efficiency": 1.0,
+    "serial_fraction": 0.3341,
+    "kernel_overhead_s": 5.9e-06,
+    "elementwise_efficiency": 0.77,
+    "elementwise_overhead_s": 2.0e-06,
+}
+GEMM_TILE_TOKENS = 128  # rows of a GEMM tile (chosen by the fit among 1, 64, 128, 256: the lowest error)
+# Assumed (not measured): attention kernels, the engine's per-step and per-sequence overheads.
+ASSUMED = {"attention_efficiency": 0.5, "step_overhead_s": 1e-3, "per_sequence_overhead_s": 5e-6}
+# The earlier assumed whole-batch factors (the "batch" form's default).
+ASSUMED_BATCH = {"compute_efficiency": 0.6, "memory_efficiency": 0.8, **ASSUMED}
 
 FACTOR_NAMES = (
     "step_overhead_s",
@@ -44,45 +69,94 @@ FACTOR_NAMES = (
     "attention_efficiency",
     "memory_efficiency",
 )
+EFFICIENCIES = ("compute_efficiency", "attention_efficiency", "memory_efficiency", "elementwise_efficiency")
+SECONDS = ("step_overhead_s", "per_sequence_overhead_s", "kernel_overhead_s", "elementwise_overhead_s")
 
 
 @dataclass(frozen=True)
 class CostFactors:
-    """Efficiency factors (fraction of datasheet peak, in (0, 1]) and overheads (seconds, >= 0)."""
+    """Efficiencies (fraction of datasheet peak, in (0, 1]), overheads (seconds, >= 0), the GEMM
+    ``serial_fraction`` (in [0, 1]: 0 = compute and memory overlap perfectly) and ``gemm_tile_tokens``.
 
-    compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY
-    attention_efficiency: float = DEFAULT_ATTENTION_EFFICIENCY
-    memory_efficiency: float = DEFAULT_MEMORY_EFFICIENCY
-    step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S
-    per_sequence_overhead_s: float = DEFAULT_PER_SEQUENCE_OVERHEAD_S
+    The first five apply to both forms; the rest only to ``form="operator"`` (``longctx.sim.operators``).
+    Defaults: fitted H100 values (``FITTED_H100``) and assumed ones (``ASSUMED``); see the module docstring.
+    """
+
+    compute_efficiency: float = FITTED_H100["compute_efficiency"]
+    attention_efficiency: float = ASSUMED["attention_efficiency"]
+    memory_efficiency: float = FITTED_H100["memory_efficiency"]
+    step_overhead_s: float = ASSUMED["step_overhead_s"]
+    per_sequence_overhead_s: float = ASSUMED["per_sequence_overhead_s"]
+    serial_fraction: float = FITTED_H100["serial_fraction"]
+    kernel_overhead_s: float = FITTED_H100["kernel_overhead_s"]
+    elementwise_efficiency: float = FITTED_H100["elementwise_efficiency"]
+    elementwise_overhead_s: float = FITTED_H100["elementwise_overhead_s"]
+    gemm_tile_tokens: int = GEMM_TILE_TOKENS
 
     def __post_init__(self) -> None:
-        for name in ("compute_efficiency", "attention_efficiency", "memory_efficiency"):
+        for name in EFFICIENCIES:
             v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and 0 < v <= 1):
+            if isinstance(v, bool) or not (isinstance(v, (int, float)) and 0 < v <= 1):
                 raise ValueError(f"{name} must be in (0, 1] (fraction of the datasheet peak), got {v!r}")
-        for name in ("step_overhead_s", "per_sequence_overhead_s"):
+        for name in SECONDS:
             v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+            if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"{name} must be a finite number of seconds >= 0, got {v!r}")
+        s = self.serial_fraction
+        if isinstance(s, bool) or not (isinstance(s, (int, float)) and 0 <= s <= 1):
+            raise ValueError(f"serial_fraction must be in [0, 1] (0: compute and memory overlap), got {s!r}")
+        t = self.gemm_tile_tokens
+        if isinstance(t, bool) or not isinstance(t, int) or t < 1:
+            raise ValueError(f"gemm_tile_tokens must be a positive integer (1: no tile rounding), got {t!r}")
 
     @classmethod
     def ideal(cls) -> CostFactors:
-        """The bare roofline: full efficiency, no overhead."""
-        return cls(1.0, 1.0, 1.0, 0.0, 0.0)
+        """The bare roofline: full efficiency, no overhead, perfect overlap, no tile rounding."""
+        return cls(1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1)
+
+    @classmethod
+    def assumed(cls) -> CostFactors:
+        """The earlier assumed factors (60 % of peak for matmuls, 50 % attention, 80 % bandwidth, 1 ms per
+        step, 5 us per sequence): the ``"batch"`` form's default."""
+        return cls(**ASSUMED_BATCH)
+
+    def sources(self) -> dict[str, str]:
+        """Each factor's provenance: ``"fitted (Vidur H100 profiles)"``, ``"assumed"`` or ``"given"``."""
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name in FITTED_H100 and v == FITTED_H100[f.name] or f.name == "gemm_tile_tokens" and v == GEMM_TILE_TOKENS:
+                out[f.name] = "fitted (Vidur H100 profiles)"
+            elif v == ASSUMED.get(f.name, ASSUMED_BATCH.get(f.name)):
+                out[f.name] = "assumed"
+            else:
+                out[f.name] = "given"
+        return out
+
+    def describe(self) -> str:
+        """One line per provenance, e.g. ``fitted (Vidur H100 profiles): compute_efficiency=0.759, ...``."""
+        groups: dict[str, list[str]] = {}
+        for name, src in self.sources().items():
+            groups.setdefault(src, []).append(f"{name}={getattr(self, name):.4g}")
+        return "; ".join(f"{src}: {', '.join(items)}" for src, items in groups.items())
 
 
 @dataclass(frozen=True)
 class StepBreakdown:
-    """Where one step's modelled time goes (seconds)."""
+    """Where one step's modelled time goes (seconds): ``time_s = overhead_s + work_s``.
+
+    ``compute_s`` and ``memory_s``: the step's compute and memory terms (``"batch"``: the two sides of its
+    one roofline, ``work_s = max``; ``"operator"``: sums over its operators of each side).
+    """
 
     compute_s: float
     memory_s: float
     overhead_s: float
+    work_s: float
 
     @property
     def time_s(self) -> float:
-        return self.overhead_s + max(self.compute_s, self.memory_s)
+        return self.overhead_s + self.work_s
 
     @property
     def bound(self) -> str:
@@ -91,7 +165,7 @@ class StepBreakdown:
 
 @dataclass(frozen=True)
 class StepFeatures:
-    """Ideal (efficiency 1) times of one step's parts: what ``calibrate`` regresses on."""
+    """Ideal (efficiency 1) times of one step's parts in the ``"batch"`` form: what ``calibrate`` regresses on."""
 
     linear_s: float
     attention_s: float
@@ -104,14 +178,18 @@ class CostModelExecutor(Executor):
 
     Args:
         model, hardware: registry names or specs (``longctx.specs``).
-        factors: ``CostFactors`` (defaults: assumed GPU values; see ``longctx.sim.calibration``).
+        factors: ``CostFactors`` (default: ``CostFactors()``, fitted H100 values, for ``"operator"``;
+            ``CostFactors.assumed()`` for ``"batch"``).
         weight_dtype, kv_dtype: storage dtypes of the weights and the KV cache (bytes moved; KV bytes per
-            token are ``quant.pool_bytes_per_token``, scales included).
+            token are ``quant.pool_bytes_per_token``, scales included). Activations move in fp32 with fp32
+            weights, else in bf16.
         attention: ``"causal"`` (FlashAttention convention) or ``"full"``.
-        params: the linear-FLOP convention of ``longctx.flops`` (``"matmul"``, the course's, or ``"all"``).
+        params: the linear-FLOP convention of ``longctx.flops`` (``"matmul"``, the course's, or ``"all"``;
+            the ``"operator"`` form always counts the matrices it times, which is ``"matmul"``).
         kv_compression_ratio: KV pruning modelled as a press would do it in the engine: when a prefill
             ends, ``floor(ratio * T)`` of its ``T`` cached tokens are evicted (their blocks freed, later
             steps read fewer KV bytes). The press's own scoring time is not charged. 0: no pruning.
+        form: ``"operator"`` (default) or ``"batch"`` (module docstring).
     """
 
     def __init__(
@@ -124,16 +202,25 @@ class CostModelExecutor(Executor):
         attention: str = "causal",
         params: str = "matmul",
         kv_compression_ratio: float = 0.0,
+        form: str = "operator",
     ) -> None:
         if not 0.0 <= float(kv_compression_ratio) < 1.0:
             raise ValueError(f"kv_compression_ratio must be in [0, 1), got {kv_compression_ratio!r}")
-        self.kv_compression_ratio = float(kv_compression_ratio)
         if attention not in flops.ATTENTION_KINDS:
             raise ValueError(f"attention must be one of {', '.join(flops.ATTENTION_KINDS)}; got {attention!r}")
+        if form not in COST_FORMS:
+            raise ValueError(f"form must be one of {', '.join(COST_FORMS)}; got {form!r}")
+        self.kv_compression_ratio = float(kv_compression_ratio)
+        self.form = form
         self.model = m = get_model(model)
         self.hardware = get_hardware(hardware)
-        self.factors = factors if factors is not None else CostFactors()
+        if factors is None:
+            factors = CostFactors() if form == "operator" else CostFactors.assumed()
+        self.factors = factors
         self.weight_dtype, self.kv_dtype, self.attention, self.params = weight_dtype, kv_dtype, attention, params
+        self.shape = LayerShape.from_model(m)
+        self.weight_elem_bytes = dtype_bytes(weight_dtype)
+        self.act_elem_bytes = 4.0 if str(weight_dtype).lower() == "fp32" else 2.0
         # flops.step_cost's terms, per unit: linear in tokens, in logit rows (one per entry) and in pairs.
         self._linear_flops_per_token = flops.linear_flops(m, 1, params, logit_tokens=0)
         self._linear_flops_per_entry = (flops.linear_flops(m, 1, params, logit_tokens=1)
@@ -141,16 +228,58 @@ class CostModelExecutor(Executor):
         self._attention_flops_per_pair = flops.attention_flops(m, 1, "full")  # one (query, key) pair
         self.weight_bytes = flops.step_cost(m, [], attention, params, weight_dtype, kv_dtype).weight_bytes
         self.kv_bytes_per_token = pool_bytes_per_token(m, kv_dtype)  # scales included (fp8/int8/int4)
+        self._layers_cache: dict[tuple[int, int], float] = {}  # (tokens, tp) -> seconds (operator form)
+        self._head_cache: dict[int, float] = {}  # logit rows -> LM head seconds
+
+    # ---- the linear part, operator by operator ----
+    def _gemm_s(self, n: int, k: float, m: float) -> float:
+        hw = self.hardware
+        return gemm_time_s(n, k, m, self.factors, hw.peak_flops_per_s, hw.memory_bandwidth_bytes_per_s,
+                           self.weight_elem_bytes, self.act_elem_bytes)
+
+    def _layers_s(self, n: int, tp: int) -> float:
+        """All layers' GEMMs and small ops, plus the embedding, for ``n`` tokens on one of ``tp`` GPUs."""
+        key = (n, tp)
+        t = self._layers_cache.get(key)
+        if t is None:
+            hw = self.hardware
+            t = self._layers_cache[key] = layers_time_s(self.shape, n, self.factors, hw.peak_flops_per_s,
+                                                        hw.memory_bandwidth_bytes_per_s, self.weight_elem_bytes,
+                                                        self.act_elem_bytes, tp)
+        return t
+
+    def _lm_head_s(self, rows: int) -> float:
+        t = self._head_cache.get(rows)
+        if t is None:
+            v = self.shape.vocab_size
+            t = self._head_cache[rows] = self._gemm_s(rows, self.shape.d_model, v) if v and rows else 0.0
+        return t
+
+    def linear_time_s(self, num_tokens: int, tp: int = 1) -> float:
+        """Modelled seconds of one step's weight operators and per-token ops for ``num_tokens`` new tokens
+        on one of ``tp`` GPUs: no attention, no LM head, no step overhead; what Vidur's profiles measure.
+        The ``"batch"`` form: ``max(2 n N_layers / (peak ce), N_layers b / (bandwidth me)) / tp``."""
+        n = flops.check_token_count("num_tokens", num_tokens)
+        tp = check_tp(tp)
+        if self.form == "operator":
+            return self._layers_s(n, tp)
+        k, hw, lin = self.factors, self.hardware, flops.linear_params(self.model, "matmul")
+        return max(2 * n * lin / (hw.peak_flops_per_s * k.compute_efficiency),
+                   lin * self.weight_elem_bytes / (hw.memory_bandwidth_bytes_per_s * k.memory_efficiency)) / tp
 
     # ---- the cost of a list of (new_tokens, cached_tokens) ----
-    def features(self, sequences: Iterable[tuple[int, int]]) -> StepFeatures:
-        """Ideal compute and memory times of a step (``flops.step_cost``'s FLOPs and bytes over the roofline)."""
+    def _totals(self, sequences: Iterable[tuple[int, int]]) -> tuple[int, int, int, int]:
         tokens = pairs = cached = n = 0
         for c, s in sequences:
             tokens += c
             cached += s
             pairs += s + 1 if c == 1 else flops.attention_pairs(c, s, self.attention)  # a decode: S + 1 keys
             n += 1
+        return tokens, pairs, cached, n
+
+    def features(self, sequences: Iterable[tuple[int, int]]) -> StepFeatures:
+        """Ideal compute and memory times of a step (``flops.step_cost``'s FLOPs and bytes over the roofline)."""
+        tokens, pairs, cached, n = self._totals(sequences)
         peak = self.hardware.peak_flops_per_s
         num_bytes = self.weight_bytes + (cached + tokens) * self.kv_bytes_per_token
         return StepFeatures(
@@ -161,16 +290,29 @@ class CostModelExecutor(Executor):
         )
 
     def breakdown(self, sequences: Iterable[tuple[int, int]]) -> StepBreakdown:
-        f, k = self.features(sequences), self.factors
-        return StepBreakdown(
-            compute_s=f.linear_s / k.compute_efficiency + f.attention_s / k.attention_efficiency,
-            memory_s=f.memory_s / k.memory_efficiency,
-            overhead_s=k.step_overhead_s + k.per_sequence_overhead_s * f.num_sequences,
-        )
+        """The step's modelled time and its parts (``StepBreakdown``)."""
+        k = self.factors
+        if self.form == "batch":
+            f = self.features(sequences)
+            compute_s = f.linear_s / k.compute_efficiency + f.attention_s / k.attention_efficiency
+            memory_s = f.memory_s / k.memory_efficiency
+            overhead_s = k.step_overhead_s + k.per_sequence_overhead_s * f.num_sequences
+            return StepBreakdown(compute_s, memory_s, overhead_s, max(compute_s, memory_s))
+        from longctx.sim.step_terms import operator_breakdown
+
+        return operator_breakdown(self, sequences)
 
     def step_time_s(self, sequences: Iterable[tuple[int, int]]) -> float:
         """Modelled seconds of one step over ``(new_tokens, cached_tokens)`` pairs."""
-        return self.breakdown(sequences).time_s
+        if self.form == "batch":
+            return self.breakdown(sequences).time_s
+        tokens, pairs, cached, n = self._totals(sequences)
+        k, hw = self.factors, self.hardware
+        attention = max(pairs * self._attention_flops_per_pair / (hw.peak_flops_per_s * k.attention_efficiency),
+                        (cached + tokens) * self.kv_bytes_per_token / (hw.memory_bandwidth_bytes_per_s
+                                                                       * k.memory_efficiency))
+        return (k.step_overhead_s + k.per_sequence_overhead_s * n + self._layers_s(tokens, 1)
+                + self._lm_head_s(n) + attention)
 
     # ---- the Executor protocol ----
     def execute(self, batch) -> ExecutionResult:
@@ -189,7 +331,7 @@ class CostModelExecutor(Executor):
 
     def with_factors(self, factors: CostFactors) -> CostModelExecutor:
         return CostModelExecutor(self.model, self.hardware, factors, self.weight_dtype, self.kv_dtype,
-                                 self.attention, self.params, self.kv_compression_ratio)
+                                 self.attention, self.params, self.kv_compression_ratio, self.form)
 
     def __repr__(self) -> str:
-        return f"CostModelExecutor({self.model.name}, {self.hardware.name}, {self.factors})"
+        return f"CostModelExecutor({self.model.name}, {self.hardware.name}, form={self.form!r}, {self.factors})"

@@ -1,0 +1,143 @@
+"""The linear part of a step, operator by operator: each weight matrix and each small per-token op.
+
+One layer runs four GEMMs over the step's ``n`` new tokens (fused as the profiles fuse them) and a few
+small per-token ops. At tensor parallelism ``tp`` each GPU holds a slice of every matrix, as Megatron
+splits them and as Vidur's profiles measure them: QKV and gate+up by output columns, O and down by input
+rows (the all-reduces are not included). Per GPU, with ``d = d_model``, ``hd = head_dim``::
+
+    GEMM      k (inputs)         m (outputs)                  FLOPs           bytes
+    qkv       d                  (H_q + 2 H_kv) hd / tp       2 n k m         b_w k m + b_a n (k + m)
+    o         H_q hd / tp        d
+    gate_up   d                  (2 if gated else 1) d_ff / tp
+    down      d_ff / tp          d
+    lm_head   d                  vocab / tp                   (rows: logit rows, not n)
+
+    small op (per token)     bytes moved per token
+    norm (x norms/layer)     2 d b_a                    read x, write x
+    rope                     2 (H_q + H_kv) hd / tp b_a  rotate q and k in place
+    activation               (3 if gated else 2) d_ff / tp b_a
+    residual add (x 2)       3 d b_a                    read two, write one
+    embedding (per step)     2 d b_a                    gather rows, write them
+
+Time of one GEMM (``CostFactors``: efficiencies ``ce``, ``me``; ``serial_fraction`` s; ``gemm_tile_tokens``
+T; ``kernel_overhead_s`` o)::
+
+    compute_s = 2 * ceil(n / T) * T * k * m / (peak * ce)       # tensor cores compute whole tiles of T rows
+    memory_s  = bytes / (bandwidth * me)
+    time_s    = o + max(compute_s, memory_s) + s * min(compute_s, memory_s)
+
+s = 0 is the ideal roofline (compute and memory overlap perfectly); s = 1 is no overlap. Near the ridge
+point real GEMMs lose efficiency: both terms matter there, which is what s > 0 expresses. A small op costs
+``elementwise_overhead_s + bytes / (bandwidth * elementwise_efficiency)``. Pure Python: no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from longctx.specs import ModelSpec, get_model
+
+GEMMS = ("qkv", "o", "gate_up", "down")
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """What the operator costs need of a model: layer shapes, layer count, MLP kind, norms per layer.
+
+    ``intermediate_size`` may be fractional for a model known only by its parameter count (``from_model``).
+    """
+
+    name: str
+    num_layers: int
+    d_model: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: float
+    gated_mlp: bool = True
+    vocab_size: int = 0  # 0: no LM head (unknown vocabulary)
+    norms_per_layer: int = 2
+
+    def __post_init__(self) -> None:
+        for f in ("num_layers", "d_model", "num_heads", "num_kv_heads", "head_dim"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"LayerShape {self.name!r}: {f} must be a positive integer, got {v!r}")
+        if not self.intermediate_size > 0:
+            raise ValueError(f"LayerShape {self.name!r}: intermediate_size must be > 0, got {self.intermediate_size!r}")
+        if self.vocab_size < 0 or self.norms_per_layer not in (1, 2):
+            raise ValueError(f"LayerShape {self.name!r}: vocab_size must be >= 0 and norms_per_layer 1 or 2")
+
+    @classmethod
+    def from_model(cls, model: ModelSpec | str) -> LayerShape:
+        """A registry model's layer shape (Llama layout: gated MLP, two RMSNorms per layer).
+
+        A model known only by ``num_params`` (the source's teaching 7B) gets the ``d_ff`` that makes its
+        layers' matrices hold all of ``num_params``: ``d_ff = (N / L - d (2 H_q + 2 H_kv) hd) / (3 d)``
+        (12,341 for the teaching 7B), and no LM head, as ``longctx.flops`` counts it.
+        """
+        m = get_model(model)
+        ff, vocab = m.intermediate_size, m.vocab_size or 0
+        if ff is None or m.vocab_size is None:
+            attn = m.d_model * (2 * m.num_heads + 2 * m.num_kv_heads) * m.head_dim
+            ff, vocab = (m.num_params / m.num_layers - attn) / (3 * m.d_model), 0
+        return cls(m.name, m.num_layers, m.d_model, m.num_heads, m.num_kv_heads, m.head_dim, ff,
+                   vocab_size=vocab)
+
+    def gemm_dims(self, tp: int = 1) -> dict[str, tuple[float, float]]:
+        """``{gemm: (k, m)}`` of one layer on one of ``tp`` GPUs (module docstring's table)."""
+        hd, d = self.head_dim, self.d_model
+        up = (2 if self.gated_mlp else 1) * self.intermediate_size
+        return {"qkv": (d, (self.num_heads + 2 * self.num_kv_heads) * hd / tp), "o": (self.num_heads * hd / tp, d),
+                "gate_up": (d, up / tp), "down": (self.intermediate_size / tp, d)}
+
+    def small_op_bytes_per_token(self, act_bytes: float, tp: int = 1) -> float:
+        """Bytes per token of one layer's small ops on one GPU: norms, RoPE, activation, two residual adds."""
+        d, hd = self.d_model, self.head_dim
+        norms = self.norms_per_layer * 2 * d
+        rope = 2 * (self.num_heads + self.num_kv_heads) * hd / tp
+        act = (3 if self.gated_mlp else 2) * self.intermediate_size / tp
+        return (norms + rope + act + 2 * 3 * d) * act_bytes
+
+    @property
+    def small_ops_per_layer(self) -> int:
+        """Kernels of a layer's small ops: the norms, RoPE, the activation and two residual adds."""
+        return self.norms_per_layer + 4
+
+
+def check_tp(tp: object) -> int:
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise ValueError(f"tp (tensor-parallel degree) must be a positive integer, got {tp!r}")
+    return tp
+
+
+def gemm_time_s(n: int, k: float, m: float, factors, peak: float, bandwidth: float,
+                weight_bytes: float, act_bytes: float) -> float:
+    """One GEMM of ``n`` token rows through a ``k x m`` weight (module docstring's formula), in seconds."""
+    tile = factors.gemm_tile_tokens
+    compute_s = 2.0 * math.ceil(n / tile) * tile * k * m / (peak * factors.compute_efficiency)
+    memory_s = (weight_bytes * k * m + act_bytes * n * (k + m)) / (bandwidth * factors.memory_efficiency)
+    hi, lo = (compute_s, memory_s) if compute_s >= memory_s else (memory_s, compute_s)
+    return factors.kernel_overhead_s + hi + factors.serial_fraction * lo
+
+
+def gemm_ideal_s(n: int, k: float, m: float, tile: int, peak: float, bandwidth: float,
+                 weight_bytes: float, act_bytes: float) -> tuple[float, float]:
+    """``(compute_s, memory_s)`` of one GEMM at efficiency 1: what a fit scales by ``1 / efficiency``."""
+    return (2.0 * math.ceil(n / tile) * tile * k * m / peak,
+            (weight_bytes * k * m + act_bytes * n * (k + m)) / bandwidth)
+
+
+def layers_time_s(shape: LayerShape, n: int, factors, peak: float, bandwidth: float, weight_bytes: float = 2.0,
+                  act_bytes: float = 2.0, tp: int = 1) -> float:
+    """Linear time of ``n`` tokens on one of ``tp`` GPUs: ``L * (4 GEMMs + small ops) + embedding``, seconds.
+
+    No LM head and no attention: what Vidur's profiles measure (``longctx.sim.profiles``).
+    """
+    gemms = sum(gemm_time_s(n, k, m, factors, peak, bandwidth, weight_bytes, act_bytes)
+                for k, m in shape.gemm_dims(tp).values())
+    ebw = bandwidth * factors.elementwise_efficiency
+    small = shape.small_ops_per_layer * factors.elementwise_overhead_s + n * shape.small_op_bytes_per_token(act_bytes, tp) / ebw
+    embedding = factors.elementwise_overhead_s + n * 2 * shape.d_model * act_bytes / ebw
+    return shape.num_layers * (gemms + small) + embedding
