@@ -19,7 +19,7 @@ M = "longctx:"
 
 
 def _tokenizer():
-    from tests.model_fixtures import our_tokenizer
+    from model_fixtures import our_tokenizer
 
     return our_tokenizer()
 
