@@ -23,8 +23,9 @@ def server():
 
 
 def _greedy(ids, max_tokens):
-    from longctx.engine import generate
     from model_fixtures import our_model, our_tokenizer
+
+    from longctx.engine import generate
 
     return generate(our_model(), ids, max_tokens, eos_token_id=our_tokenizer().eos_token_id)
 
