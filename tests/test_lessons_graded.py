@@ -14,7 +14,9 @@ the student's cells, the checker's verdict in each test cell), so a failure name
 - test_untouched_narrative_cells_run_cleanly — the released lesson before anything is answered: no cell
   that is neither an exercise nor a test raises or writes to stderr (was tests/test_lesson_cells.py);
 - test_solution_cells_run_without_error — every non-test cell of the solution runs (was nbval --nbval-lax
-  over solutions/), and a cell marked NBVAL_CHECK_OUTPUT prints what its committed output shows.
+  over solutions/), and a cell marked NBVAL_CHECK_OUTPUT prints what its committed output shows;
+- test_solution_test_cells_pass_silently — a passing test cell prints nothing (the checker's printout is
+  the test cell's output).
 
 Where the sandbox cannot run (no root or bubblewrap) the same notebooks are executed with nbconvert
 instead, outside any sandbox (the course's own notebooks, not student code): the cell checks still run and
@@ -197,6 +199,16 @@ def test_solution_cells_run_without_error(lesson_runs, lesson):
             if want != got:
                 problems.append(f"cell {index} ({CHECK_OUTPUT_MARK}) printed {got!r}, committed {want!r}")
     assert not problems, f"solution {lesson}:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_solution_test_cells_pass_silently(lesson_runs, lesson):
+    """A passing test cell prints nothing (the learner guide: silence means the visible tests passed)."""
+    _needs_grades(lesson_runs)
+    nb = _executed(lesson_runs, "solution", lesson)
+    loud = [f"cell {index}: {comparable_outputs(cell)!r:.300}" for index, cell in enumerate(nb.cells)
+            if cell.cell_type == "code" and _role(cell) == "test" and cell.get("outputs")]
+    assert not loud, f"solution {lesson}: test cells with output:\n" + "\n".join(loud)
 
 
 def comparable_outputs(cell) -> list[tuple[str, str]]:
