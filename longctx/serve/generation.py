@@ -24,7 +24,15 @@ from longctx.engine.admission import PoolTooSmall, check_fits_pool
 from longctx.engine.sampling import SamplingParams
 from longctx.serve.async_engine import AsyncEngine, Overloaded, RequestHandle
 from longctx.serve.detok import IncrementalDetokenizer
-from longctx.serve.protocol import APIError, GenerationRequest, chunk, error_body, full_response, new_id, usage_chunk
+from longctx.serve.protocol import (
+    APIError,
+    GenerationRequest,
+    chunk,
+    error_body,
+    full_response,
+    new_id,
+    usage_chunk,
+)
 
 DEFAULT_CHAT_MAX_TOKENS = 256  # chat requests without max_tokens: at most this many (and what fits)
 DISCONNECT_POLL_S = 0.1
