@@ -37,16 +37,28 @@ def release_roles(release_dir: str, lesson: str) -> dict:
     return _CACHE[key]
 
 
+def _flagged(meta):
+    return any(meta.get(k) for k in ("grade", "solution", "locked", "task"))
+
+
 def restore_roles(nb, roles: dict):
-    """Give every cell the lesson's role for its grade_id (or none); returns the notebook."""
-    for cell in nb.cells:
-        meta = cell.get("metadata", {}).get("nbgrader")
+    """Give every cell the lesson's role for its grade_id (or none); returns the notebook.
+
+    One cell per grade_id: a cell that claims a role (grade, solution, locked or task) comes before one
+    that does not (as nbgrader's DeduplicateIds sees them), then the first; the others become plain cells.
+    """
+    metas = [cell.get("metadata", {}).get("nbgrader") for cell in nb.cells]
+    claimed = {m.get("grade_id") for m in metas if isinstance(m, dict) and _flagged(m)}
+    taken = set()
+    for cell, meta in zip(nb.cells, metas, strict=True):
         if meta is None:
             continue
-        role = roles.get(meta.get("grade_id")) if isinstance(meta, dict) else None
-        if role is None:
+        gid = meta.get("grade_id") if isinstance(meta, dict) else None
+        role = roles.get(gid)
+        if role is None or gid in taken or (gid in claimed and not _flagged(meta)):
             del cell.metadata["nbgrader"]
             continue
+        taken.add(gid)
         restored = {k: v for k, v in role.items() if k != "cell_type"}
         if "checksum" in meta and "checksum" not in restored:
             restored["checksum"] = meta["checksum"]

@@ -1,7 +1,8 @@
 """What the executor keeps of a cell's outputs, and how it writes them (inside the sandbox).
 
 Every output message is measured whole (`content_size`: its data, MIME keys, metadata, names and texts
-all count), against a cap per cell and a cap for the whole notebook; beyond a cap the output is dropped,
+all count; what is kept counts as its ASCII-escaped JSON, an upper bound of its bytes on disk), against
+a cap per cell and a cap for the whole notebook; beyond a cap the output is dropped,
 a note says so once per cell, and an error keeps only its (short) name and message, once per cell.
 Output metadata is dropped, and display-id updates are ignored (one small update could otherwise
 rewrite every earlier output that shares its id). The outputs of each executed cell are appended to
@@ -60,10 +61,15 @@ class OutputCaps:
         if kind not in OUTPUT_KINDS:
             return msg
         content = msg.get("content") if isinstance(msg.get("content"), dict) else {}
-        limit = max(self.cell_cap, self.notebook_cap)
-        size = content_size(content, limit)
-        msg = dict(msg, content=_kept_content(kind, content))
         used = self.cell_chars.get(cell_index, 0)
+        room = min(self.cell_cap - used, self.notebook_cap - self.total_chars)
+        size = content_size(content, max(self.cell_cap, self.notebook_cap))
+        msg = dict(msg, content=_kept_content(kind, content))
+        if size <= room:  # what it will take on disk: escapes included (bounded by the caps, so cheap)
+            try:
+                size = max(size, len(json.dumps(msg["content"])))
+            except (TypeError, ValueError):
+                size = room + 1
         over_cell = used + size > self.cell_cap
         over_notebook = self.total_chars + size > self.notebook_cap
         if not over_cell and not over_notebook:

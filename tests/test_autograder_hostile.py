@@ -291,7 +291,7 @@ def graded(tmp_path_factory):
     protected = [os.path.join(root, d) for d in ("solutions", "lessons", "longctx")] + \
         [os.path.join(ag, f) for f in h.GRADER_FILES]
     before = h.snapshot(protected)
-    result = h.grade(root, "--jobs", "2", "--cell-timeout-s", "10", "--call-timeout-s", "3", "--wall-s", "300",
+    result = h.grade(root, "--jobs", "2", "--cell-timeout-s", "20", "--call-timeout-s", "3", "--wall-s", "300",
                      "--memory-gib", "2", "--max-processes", "128", "--timings", os.path.join(str(root), "t.json"),
                      timeout=1500)
     grades, rows = h.read_grades(root)
