@@ -31,8 +31,9 @@ $(SETUP): requirements.txt pyproject.toml
 	$(PY) -m longctx fetch-model
 	@touch $@
 
+# The learner's JupyterLab: binder/learner/ hides nbgrader's instructor tools and the news pop-up (Binder: binder/start).
 lab: $(SETUP)
-	$(VENV)/bin/jupyter lab --no-browser --port=$(PORT) --ServerApp.root_dir=lessons $(if $(filter 0,$(shell id -u)),--allow-root)
+	JUPYTER_CONFIG_PATH="$(CURDIR)/binder/learner" $(VENV)/bin/jupyter lab --no-browser --port=$(PORT) --ServerApp.root_dir=lessons $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # Without root or bubblewrap the autograder's sandbox tests are skipped (with the reason), not failed;
 # likewise the browser tests without Chromium (check_browser.sh installs Debian's chromium with apt).

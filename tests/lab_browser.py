@@ -74,27 +74,39 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def make_lab_command(port: int, root_dir: Path) -> list[str]:
-    """The command `make lab PORT=port` runs, with its root folder replaced by `root_dir`."""
+def make_lab_command(port: int, root_dir: Path) -> tuple[dict[str, str], list[str]]:
+    """(environment assignments, argv) of the command `make lab PORT=port` runs, with its root folder
+    replaced by `root_dir` (`NAME=value` words before the program are its environment, as in a shell)."""
     dry = subprocess.run(["make", "-n", "-s", "-o", ".venv/.longctx-setup", "lab", f"PORT={port}"], cwd=ROOT,
                          capture_output=True, text=True, check=True)
     lines = [line for line in dry.stdout.splitlines() if re.search(r"\bjupyter\b.*\blab\b", line)]
     if len(lines) != 1:
         raise RuntimeError(f"cannot find the jupyter lab command in `make -n lab`:\n{dry.stdout}")
     argv = shlex.split(lines[0])
+    env = {}
+    while argv and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", argv[0]):
+        name, _, value = argv.pop(0).partition("=")
+        env[name] = value
     roots = [i for i, arg in enumerate(argv) if arg.startswith("--ServerApp.root_dir=")]
     if len(roots) != 1:
         raise RuntimeError(f"`make lab` no longer passes one --ServerApp.root_dir: {argv}")
     argv[roots[0]] = f"--ServerApp.root_dir={root_dir}"
     if not os.path.isabs(argv[0]):
         argv[0] = str(ROOT / argv[0])
-    return argv
+    return env, argv
+
+
+def formgrade_command(port: int) -> list[str]:
+    """The instructor's lab, as autograder/formgrade.sh starts it (on the repository), on `port`."""
+    return [str(ROOT / "autograder" / "formgrade.sh"), f"--port={port}"]
 
 
 class LabServer:
-    """JupyterLab as `make lab` starts it, serving `root_dir`; a context manager that stops it and its kernels."""
+    """JupyterLab as `make lab` starts it, serving `root_dir`; a context manager that stops it and its kernels.
+    With `instructor=True`, the instructor's lab instead (autograder/formgrade.sh, serving the repository)."""
 
-    def __init__(self, root_dir: Path, state_dir: Path, start_timeout_s: float = 120.0):
+    def __init__(self, root_dir: Path, state_dir: Path, start_timeout_s: float = 120.0, instructor: bool = False):
+        self.instructor = instructor
         self.root_dir = Path(root_dir)
         self.state_dir = Path(state_dir)
         self.start_timeout_s = start_timeout_s
@@ -111,16 +123,20 @@ class LabServer:
         runtime = self.state_dir / "runtime"
         settings = self.state_dir / "settings"
         runtime.mkdir(parents=True, exist_ok=True)
-        # A learner answers JupyterLab's "fetch news?" toast once; this machine has no network anyway.
-        notification = settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
-        notification.parent.mkdir(parents=True, exist_ok=True)
-        notification.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+        # Fresh settings, as a learner's first visit: what the lab shows comes from the course's own
+        # configuration (binder/learner/ for `make lab`), not from settings a test wrote.
         env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(runtime), JUPYTERLAB_SETTINGS_DIR=str(settings),
                    JUPYTERLAB_WORKSPACES_DIR=str(self.state_dir / "workspaces"),
                    PATH=f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
                    HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONDONTWRITEBYTECODE="1")
         env.pop("JUPYTER_TOKEN", None)  # the token is the one JupyterLab makes up, as with `make lab`
-        self.argv = make_lab_command(self.port, self.root_dir)
+        env.pop("JUPYTER_CONFIG_PATH", None)
+        if self.instructor:
+            self.argv = formgrade_command(self.port)
+            self.root_dir = ROOT
+        else:
+            make_env, self.argv = make_lab_command(self.port, self.root_dir)
+            env.update(make_env)
         self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
                                      stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT,
                                      start_new_session=True)
@@ -344,6 +360,53 @@ class NotebookPage:
         buttons = dialog.locator(".jp-Dialog-footer button")
         buttons.last.click()
         dialog.wait_for(state="detached", timeout=30_000)
+
+
+class LabPage:
+    """The JupyterLab window itself, apart from any notebook: its menus, sidebars and pop-ups."""
+
+    NEWS = "official Jupyter news"
+
+    def __init__(self, page, lab: LabServer):
+        self.page = page
+        self.lab = lab
+
+    def open(self, timeout_s: float = 120.0) -> LabPage:
+        workspace = f"lab-{time.monotonic_ns()}"
+        self.page.goto(f"{self.lab.base_url}/lab/workspaces/{workspace}?token={self.lab.token}")
+        self.page.locator("#jp-main-dock-panel").wait_for(timeout=timeout_s * 1000)
+        self.page.locator(".lm-MenuBar-item").first.wait_for(timeout=timeout_s * 1000)
+        self.page.wait_for_timeout(3000)  # plugins that start late (news, sidebars) have had their chance
+        return self
+
+    def menu_bar(self) -> list[str]:
+        return [t.strip() for t in self.page.locator(".lm-MenuBar-item").all_inner_texts()]
+
+    def menu_items(self, menu: str) -> list[str]:
+        """The labels of the items a learner sees in menu `menu` of the menu bar (then closes it)."""
+        self.page.locator(".lm-MenuBar-item", has_text=re.compile(rf"^{re.escape(menu)}$")).first.click()
+        items = self.page.locator(".lm-Menu:not(.lm-mod-hidden) .lm-Menu-item:not(.lm-mod-hidden) .lm-Menu-itemLabel")
+        items.first.wait_for(timeout=10_000)
+        labels = [t.strip() for t in items.all_inner_texts() if t.strip()]
+        self.page.keyboard.press("Escape")
+        return labels
+
+    def has_panel(self, panel_id: str) -> bool:
+        return self.page.locator(f"#{panel_id}").count() > 0
+
+    def side_tabs(self) -> list[str]:
+        """The titles (tooltips) of the sidebar tabs, left and right."""
+        tabs = self.page.locator(".jp-SideBar .lm-TabBar-tab")
+        return [tabs.nth(i).get_attribute("title") or tabs.nth(i).inner_text() for i in range(tabs.count())]
+
+    def toasts(self) -> list[str]:
+        return self.page.locator(".Toastify__toast").all_inner_texts()
+
+    def screenshot(self, name: str) -> Path:
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        path = SCREENSHOTS / f"{name}.png"
+        self.page.screenshot(path=str(path))
+        return path
 
 
 def nbgrader_role(cell) -> str:

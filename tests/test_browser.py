@@ -30,6 +30,11 @@ What is covered:
   success.
 - test_solution_notebook_runs_to_the_end — solutions/00_start_here, opened in the browser and run with
   the Run menu's "Run All Cells": every code cell executes, none errors.
+- test_learner_lab_has_no_instructor_tools — `make lab`'s JupyterLab (its configuration is binder/learner/,
+  as on Binder), with fresh settings: no "Create Assignment" sidebar, no Formgrader or Course List in the
+  Nbgrader menu, no news pop-up; a lesson's toolbar still has nbgrader's Validate button.
+  test_instructor_lab_keeps_them — autograder/formgrade.sh's JupyterLab has the sidebar and the Formgrader.
+  Screenshots: learner-lab.png, instructor-lab.png.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import pytest
 from lab_browser import (
     CHROMIUM_ARGS,
     ROOT,
+    LabPage,
     LabServer,
     NotebookPage,
     browser_missing_reason,
@@ -281,3 +287,35 @@ def test_solution_notebook_runs_to_the_end(lab, page):
         not_run = [i for i in code if not saved.cells[i].get("execution_count")]
         failed = {i: _error_text(saved.cells[i]) for i in code if _errors(saved.cells[i])}
         assert not not_run and not failed, f"solution {SOLUTION_LESSON}: not run {not_run}, failed {failed}"
+
+
+CREATE_ASSIGNMENT_PANEL = "nbgrader-create_assignemnt"   # (sic) the id nbgrader 0.9 gives its sidebar panel
+INSTRUCTOR_ITEMS = ("Formgrader", "Course List", "Create Assignment")
+
+
+@pytest.mark.skipif(SOLUTION_LESSON not in LESSONS, reason=f"{SOLUTION_LESSON} is not released")
+def test_learner_lab_has_no_instructor_tools(lab, page):
+    window = LabPage(page, lab).open()
+    window.screenshot("learner-lab")
+    assert not window.has_panel(CREATE_ASSIGNMENT_PANEL), window.side_tabs()
+    assert not any("Create Assignment" in tab for tab in window.side_tabs()), window.side_tabs()
+    if "Nbgrader" in window.menu_bar():
+        items = window.menu_items("Nbgrader")
+        assert not [item for item in items if item.startswith(INSTRUCTOR_ITEMS)], items
+    assert not [t for t in window.toasts() if LabPage.NEWS in t], window.toasts()
+    notebook = NotebookPage(page, lab, f"{SOLUTION_LESSON}/{SOLUTION_LESSON}.ipynb").open()
+    assert notebook.panel.locator('.jp-Toolbar jp-button[aria-label="Validate"]').count() == 1
+    assert not [t for t in window.toasts() if LabPage.NEWS in t], window.toasts()
+
+
+def test_instructor_lab_keeps_them(tmp_path, browser):
+    with LabServer(ROOT, tmp_path / "state", instructor=True) as instructor:
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        try:
+            window = LabPage(context.new_page(), instructor).open()
+            window.screenshot("instructor-lab")
+            assert window.has_panel(CREATE_ASSIGNMENT_PANEL), window.side_tabs()
+            items = window.menu_items("Nbgrader")
+            assert "Formgrader" in items, items
+        finally:
+            context.close()
