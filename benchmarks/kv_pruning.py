@@ -35,14 +35,22 @@ Usage (one CPU thread, in the background)::
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from niah_grid import RECORDED, load_gate, now, open_record, provenance, trial_seed, wait_for_quiet, write_record
+from niah_grid import (
+    RECORDED,
+    load_gate,
+    now,
+    open_record,
+    provenance,
+    trial_seed,
+    wait_for_quiet,
+    write_record,
+)
 
 PRESSES = ("streaming_llm", "snapkv", "h2o", "knorm", "random")
 RATIOS = "0.25,0.5,0.68,0.8,0.9"
