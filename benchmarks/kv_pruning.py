@@ -10,8 +10,10 @@ recorded):
               ratio question-aware; SnapKV and H2O question-agnostic too; StreamingLLM with 32 sinks; H2O
               with kvpress's per-query normalisation (``h2o_mean``); and the causal account of SnapKV's
               losses: SnapKV with the needle's tokens force-kept at the same budget
-              (``snapkv_force_needle``), and random pruning plus exactly SnapKV's choice of needle tokens
-              (``random_snapkv_needle``). Rows carry per-token answer log-probabilities, the model's top
+              (``snapkv_force_needle``), and transplants of exactly SnapKV's choice of needle tokens (per
+              layer and KV head) into presses that otherwise decide: random (``random_snapkv_needle``),
+              random with token 0 kept (``random_sink_snapkv_needle``, against its control
+              ``random_sink``: random alone loses the attention sink) and key norm (``knorm_snapkv_needle``). Rows carry per-token answer log-probabilities, the model's top
               token at each answer position, and how many needle tokens each layer's KV heads kept; the
               full per-token retention maps of the first trials go to ``kv_pruning_retention.json``.
               Needle depths are checked against every window edge (StreamingLLM's 4- and 32-sink recent
@@ -35,14 +37,22 @@ Usage (one CPU thread, in the background)::
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from niah_grid import RECORDED, load_gate, now, open_record, provenance, trial_seed, wait_for_quiet, write_record
+from niah_grid import (
+    RECORDED,
+    load_gate,
+    now,
+    open_record,
+    provenance,
+    trial_seed,
+    wait_for_quiet,
+    write_record,
+)
 
 PRESSES = ("streaming_llm", "snapkv", "h2o", "knorm", "random")
 RATIOS = "0.25,0.5,0.68,0.8,0.9"
@@ -80,8 +90,12 @@ class Config:
             return make_press("h2o", r, normalization="mean")
         if self.name == "snapkv_force_needle":
             return ForcedPress(make_press("snapkv", r), needle)
-        if self.name == "random_snapkv_needle":
-            return ForcedPress(make_press("random", r, seed=seed), needle, donor=make_press("snapkv", r))
+        if self.name == "random_sink":  # random with token 0, the attention sink, kept in every head
+            return ForcedPress(make_press("random", r, seed=seed), [0])
+        if self.name in ("random_snapkv_needle", "random_sink_snapkv_needle", "knorm_snapkv_needle"):
+            base = {"random_snapkv_needle": make_press("random", r, seed=seed), "knorm_snapkv_needle": make_press("knorm", r),
+                    "random_sink_snapkv_needle": ForcedPress(make_press("random", r, seed=seed), [0])}[self.name]
+            return ForcedPress(base, needle, donor=make_press("snapkv", r))
         return make_press(self.name, r, **({"seed": seed} if self.name == "random" else self.options))
 
 
@@ -97,7 +111,9 @@ def niah_configs(presses, ratios) -> list[Config]:
             if name == "h2o":
                 out.append(Config("h2o_mean", r))
             if name == "snapkv":
-                out += [Config("snapkv_force_needle", r), Config("random_snapkv_needle", r)]
+                out += [Config("snapkv_force_needle", r), Config("random_snapkv_needle", r),
+                        Config("random_sink", r), Config("random_sink_snapkv_needle", r),
+                        Config("knorm_snapkv_needle", r)]
     return out
 
 

@@ -276,3 +276,15 @@ def test_contract_of_forced_presses(T, ratio, seed, data):
         assert torch.all(head[1:] > head[:-1])
         if donor is None:
             assert positions <= set(head.tolist())
+
+
+def test_a_transplant_onto_a_sink_keeping_random_press_keeps_both():
+    gen = torch.Generator().manual_seed(2)
+    keys = torch.randn(3, 80, 8, generator=gen)
+    inp = PressInput(keys, keys.clone())
+    needle, donor = list(range(30, 50)), KnormPress(0.7)
+    press = ForcedPress(ForcedPress(RandomPress(0.7, seed=5), [0]), needle, donor=donor)
+    keep, donor_keep = press.keep_indices(inp), donor.keep_indices(inp)
+    for h in range(3):
+        assert 0 in keep[h].tolist(), "the sink is kept in every head"
+        assert set(keep[h].tolist()) & set(needle) == set(donor_keep[h].tolist()) & set(needle)

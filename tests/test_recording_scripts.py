@@ -80,7 +80,8 @@ def test_the_pruning_sweep_covers_every_point_and_the_interventions():
         for name in kv_pruning.PRESSES:
             assert f"{name} {r:g}" in labels
         for extra in ("snapkv {r:g} agnostic", "h2o {r:g} agnostic", "h2o_mean {r:g}", "streaming_llm {r:g} n_sink=32",
-                      "snapkv_force_needle {r:g}", "random_snapkv_needle {r:g}"):
+                      "snapkv_force_needle {r:g}", "random_snapkv_needle {r:g}", "random_sink {r:g}",
+                      "random_sink_snapkv_needle {r:g}", "knorm_snapkv_needle {r:g}"):
             assert extra.format(r=r) in labels
     needle = range(100, 127)
     force = next(c for c in configs if c.name == "snapkv_force_needle").press(seed=3, needle=needle)
@@ -88,3 +89,5 @@ def test_the_pruning_sweep_covers_every_point_and_the_interventions():
     transplant = next(c for c in configs if c.name == "random_snapkv_needle").press(seed=3, needle=needle)
     assert transplant.base.seed == 3 and transplant.donor.name == "snapkv"
     assert next(c for c in configs if c.name == "h2o_mean").press(0).normalization == "mean"
+    sink = next(c for c in configs if c.name == "random_sink_snapkv_needle").press(seed=3, needle=needle)
+    assert sink.base.positions == [0] and sink.base.base.seed == 3 and sink.donor.name == "snapkv"

@@ -13,14 +13,21 @@ a kept key keeps its original position; later tokens keep theirs too.
 
 Presses (``PRESSES``, by CLI name):
 - ``streaming_llm``: StreamingLLM (Xiao et al. 2023, arXiv 2309.17453): ``n_sink`` first tokens (4, as in
-  the paper) and the most recent ones.
+  the paper) and the most recent ones. The paper re-assigns positions inside the cache (a kept token's
+  position is its slot); here every kept key keeps its original position.
 - ``snapkv``: SnapKV (Li et al. 2024, arXiv 2404.14469): attention of the last ``window_size`` prompt
   queries (the observation window, always kept), averaged over the window and the query heads of each
-  GQA group, smoothed by 1-D average pooling (``kernel_size``).
+  GQA group, smoothed by 1-D average pooling (``kernel_size``). Averaging over the GQA group is kvpress's
+  choice (SnapKV's own code repeats K/V to every query head and selects per query head; its issue #22
+  asks how groups are handled). Pooling here runs over all ``T`` keys, the window's own included, and
+  averages only real neighbours at the ends (``count_include_pad=False``); SnapKV and kvpress pool over
+  the keys before the window, with zero padding counted at the ends.
 - ``h2o``: H2O (Zhang et al. 2023, arXiv 2306.14048): attention accumulated over every prompt query
-  ("heavy hitters"), plus a recent window of ``recent_fraction`` of the kept budget.
-- ``random`` (seeded) and ``knorm`` (keys with a small L2 norm matter more: Devoto et al. 2024,
-  arXiv 2406.11430): baselines.
+  ("heavy hitters"), plus a recent window of ``recent_fraction`` of the kept budget. One-shot: it prunes
+  once after the prefill, where the paper evicts greedily, one token per decoding step. ``normalization``
+  ``"mean"`` divides each key's sum by the queries that see it, as kvpress's ObservedAttentionPress does.
+- ``random`` (one seeded generator per press, fresh draws per layer and prompt) and ``knorm`` (keys with
+  a small L2 norm matter more: Devoto et al. 2024, arXiv 2406.11430): baselines.
 """
 
 from __future__ import annotations
