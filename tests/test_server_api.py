@@ -204,7 +204,7 @@ def test_other_error_cases(server):
 
 
 def test_kv_pool_too_small_is_400_and_full_queue_is_503(tokenizer):
-    with Server(tokenizer, num_blocks=4, max_waiting=1, step_s=0.02) as s:
+    with Server(tokenizer, num_blocks=4, max_waiting=1, step_s=0.1) as s:  # A holds the pool ~5.5 s: room to queue B, then C
         big = {"model": MODEL, "prompt": "hello", "max_tokens": 100}  # 101 tokens > 4 x 16 slots
         err = _assert_openai_error(httpx.post(s.url + "/v1/completions", json=big), 400, "max_tokens")
         assert err["code"] == "kv_cache_too_small"
