@@ -11,7 +11,7 @@ The grader gives every task a time limit and restarts this worker if it overruns
 would take minutes to render costs its author their feedback, never the rest of the class).
 
 nbgrader's `autograde` runs with its Execute step replaced by `ReplayVerdicts`: the outputs of the
-student's cells come from the sandbox (ctl_dir/executed.ipynb) and the outputs of each test cell are
+student's cells come from the sandbox (ctl_dir/outputs.jsonl) and the outputs of each test cell are
 the verdict of the checker process (ctl_dir/verdicts.json): nothing else, so a test cell scores exactly
 when its checker passed it. nbgrader's gradebook, feedback and export then work as usual.
 """

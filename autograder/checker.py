@@ -227,6 +227,8 @@ def run_check(conn, spec):
 
 
 # What the fork server imports once, before any student data exists, so that each child starts warm
-# ("__main__": the grader's own script, which each child would otherwise run again at its start).
-PRELOAD = ["__main__", "checker", "staging", "nbformat", "numpy", "longctx.grading", "longctx.specs", "longctx.memory",
-           "longctx.flops", "longctx.roofline", "longctx.stall", "longctx.engine.policy_checks"]
+# ("pipeline": what grade.py imports, which each child runs again at its start; "forkwarm", last:
+# freezes the garbage collector's view of all of it, see forkwarm.py).
+PRELOAD = ["checker", "staging", "pipeline", "bookkeeper_client", "numpy", "longctx.grading", "longctx.specs",
+           "longctx.memory", "longctx.flops", "longctx.roofline", "longctx.stall", "longctx.engine.policy_checks",
+           "forkwarm"]

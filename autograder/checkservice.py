@@ -18,6 +18,7 @@ import time
 import checker
 import plaindata
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 MAX_LINE_BYTES = 3 * plaindata.MAX_TEXT_BYTES  # one relayed answer, JSON-escaped
 CHECKER_MEMORY_BYTES = 2 * 2**30                # per checker child, beyond the preloaded library
 
@@ -136,7 +137,13 @@ def _failed(ename, evalue, infra=False):
 
 
 def start_checker_server(root):
-    """The fork server every checker child comes from; started before any submission is read."""
+    """The fork server every checker child comes from; started before any submission is read.
+
+    The server is a fresh interpreter (`python -c ...`) that does not use the grader's sys.path (CPython
+    3.11 sends it but ignores it), and it skips a preload module it cannot import without a word: it gets
+    the grader's folder and the course root through PYTHONPATH, so that checker.PRELOAD (this folder's
+    modules, the course's own longctx) is really loaded there, once.
+    """
     import multiprocessing
     from multiprocessing import forkserver
 
@@ -144,5 +151,13 @@ def start_checker_server(root):
         sys.path.insert(0, root)
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(checker.PRELOAD)
-    forkserver.ensure_running()
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([HERE, root] + ([before] if before else []))
+    try:
+        forkserver.ensure_running()
+    finally:
+        if before is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = before
     return ctx

@@ -124,8 +124,9 @@ def main(argv=None):
     lesson_info = register_lessons(bookkeeper.make_api(config), root, work, sorted({lesson for *_, lesson in found}))
     if lesson_info is None:
         return 1
-    keeper, feedback_keeper = Bookkeeper(root, work), Bookkeeper(root, work)  # the second starts when first needed
-    threading.Thread(target=lambda: keeper.ask({"op": "noop"}, 120), daemon=True).start()  # starts it now
+    keeper, feedback_keeper = Bookkeeper(root, work), Bookkeeper(root, work)
+    for k in (keeper, feedback_keeper):  # start both now, while the first sandboxes run
+        threading.Thread(target=lambda k=k: k.ask({"op": "noop"}, 120), daemon=True).start()
     run = Run(root, work, config, ctx, limits_from(args), lesson_info, host if host.kind else None,
               extra_read_only_paths())
     jobs = [Job(student, lesson, folder=folder, ctl_dir=os.path.join(work, "jobs", student, lesson, "ctl"))

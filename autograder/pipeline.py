@@ -140,8 +140,10 @@ class Run:
         try:
             if not parent.poll(VALIDATE_TIMEOUT_S):
                 return f"checking the notebook took longer than {VALIDATE_TIMEOUT_S:g} s"
-            return str(parent.recv())
-        except (EOFError, OSError):
+            reason, cpu_s = parent.recv()
+            job.timings["validate_cpu_s"] = float(cpu_s)
+            return str(reason)
+        except (EOFError, OSError, ValueError, TypeError):
             return "the notebook's check stopped unexpectedly (too large or too complex)"
         finally:
             if proc.is_alive():
@@ -155,11 +157,13 @@ class Run:
             shutil.rmtree(os.path.dirname(job.ctl_dir), ignore_errors=True)
             job.staged_dir, notes = stage(self.root, self.work, job.folder or job.student, job.student, job.lesson)
             job.notes += notes
+            t_check = time.monotonic()
             problem = self.validate(job)
+            job.timings["validate_s"] = time.monotonic() - t_check
             with self.lock:  # nbgrader's preprocessors share the gradebook
                 test_cells = prepare(job, self.config, self.work, self.lesson_info[job.lesson], problem)
             job.timings["prepare_s"] = time.monotonic() - t0
-            job.timings["prepare_cpu_s"] = time.thread_time() - cpu0
+            job.timings["prepare_cpu_s"] = time.thread_time() - cpu0 + job.timings.get("validate_cpu_s", 0.0)
             self._sandboxed(job, test_cells)
             with open(os.path.join(job.ctl_dir, "verdicts.json"), "w") as fh:
                 json.dump({str(k): v for k, v in job.verdicts.items()}, fh)

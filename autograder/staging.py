@@ -184,14 +184,17 @@ def read_notebook(path, max_cells=None):
 
 def validate_entry(conn, path, max_cells, limits):
     """A validator child's entry point (limited, with a time limit in the parent): writes the notebook back
-    clean and valid, and sends "" or the reason it cannot be used."""
+    clean and valid, and sends ("" or the reason it cannot be used, its CPU seconds)."""
+    import time
+
     import cgroups
     import nbformat
 
     try:
         cgroups.limit_process(limits)
         nbformat.write(read_notebook(path, max_cells), path)
-        conn.send("")
+        reason = ""
     except BaseException as exc:  # noqa: BLE001  (MemoryError included: the reason goes to the report)
-        conn.send(f"{type(exc).__name__}: {clean(exc)[:200]}")
+        reason = f"{type(exc).__name__}: {clean(exc)[:200]}"
+    conn.send((reason, time.process_time()))
     conn.close()

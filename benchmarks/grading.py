@@ -1,6 +1,6 @@
 """The grader's own cost per submission, beyond the notebook's execution, and its throughput with -j.
 
-    python benchmarks/grading.py [--lesson 00_start_here] [--submissions 8] [--jobs 1 2]
+    python benchmarks/grading.py [--lesson 00_start_here] [--submissions 8] [--jobs 1 2] [--compare REV]
 
 Builds a temporary copy of the course with one lesson, submits its solution N times, runs
 `autograder/grade.py --jobs J --timings ...` for each J, and prints, per submission (mean over N):
@@ -16,7 +16,9 @@ Builds a temporary copy of the course with one lesson, submits its solution N ti
 and the run's wall time and throughput (submissions per minute); then the same parts in CPU seconds
 (measured by each process itself: executor, kernel start, checker children plus the kernel's answers,
 staging/prepare thread, bookkeeping worker), which do not depend on how loaded the machine is.
-Needs root and bubblewrap (as `make grade`).
+Needs root and bubblewrap (as `make grade`). `--compare REV` also grades the same submissions with the
+grader of git revision REV (its autograder/ only; the same library and lesson), alternating the two runs
+for each -j, and prints each part's ratio (this tree / REV): the way to show a change's cost per submission.
 
 The machine's load average is printed with each run: on a shared machine, wall times are noisy;
 compare runs made at the same load, or the CPU table.
@@ -46,14 +48,13 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GRADER_FILES = sorted(os.path.basename(p) for p in glob.glob(os.path.join(REPO, "autograder", "*.py")))
 
 
-def make_course(tmp: str, lesson: str) -> str:
+def make_course(tmp: str, lesson: str, grader_dir: str = os.path.join(REPO, "autograder")) -> str:
     root = os.path.join(tmp, "course")
     os.makedirs(os.path.join(root, "autograder"))
-    for name in GRADER_FILES:
-        shutil.copy(os.path.join(REPO, "autograder", name), os.path.join(root, "autograder", name))
+    for path in glob.glob(os.path.join(grader_dir, "*.py")):
+        shutil.copy(path, os.path.join(root, "autograder", os.path.basename(path)))
     shutil.copytree(os.path.join(REPO, "longctx"), os.path.join(root, "longctx"),
                     ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(os.path.join(REPO, "solutions", lesson), os.path.join(root, "solutions", lesson))
@@ -118,31 +119,54 @@ def summarize(result: dict) -> dict:
     return parts
 
 
+def grader_of(rev: str, tmp: str) -> str:
+    """The autograder/ folder of git revision `rev`, extracted under tmp."""
+    dest = os.path.join(tmp, "grader-" + rev.replace("/", "_"))
+    os.makedirs(dest)
+    archive = subprocess.run(["git", "-C", REPO, "archive", rev, "autograder"], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", dest], input=archive.stdout, check=True)
+    return os.path.join(dest, "autograder")
+
+
+WALLS = ["notebook", "kernel", "sandbox", "checks", "prepare", "gradebook", "feedback", "overhead", "wall_per_sub",
+         "per_min"]
+CPUS = ["nb_cpu", "kernel_cpu", "executor_cpu", "checks_cpu", "prepare_cpu", "gradebook_cpu", "feedback_cpu",
+        "overhead_cpu"]
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--lesson", default="00_start_here")
     p.add_argument("--submissions", type=int, default=8)
     p.add_argument("--jobs", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--compare", default="", help="also grade with the grader of this git revision")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="grading-bench-") as tmp:
-        root = make_course(tmp, args.lesson)
-        submit(root, args.lesson, args.submissions)
-        results = [run(root, j) for j in args.jobs]
-    walls = ["notebook", "kernel", "sandbox", "checks", "prepare", "gradebook", "feedback", "overhead",
-             "wall_per_sub", "per_min"]
-    cpus = ["nb_cpu", "kernel_cpu", "executor_cpu", "checks_cpu", "prepare_cpu", "gradebook_cpu", "feedback_cpu",
-            "overhead_cpu"]
+        graders = [("tree", os.path.join(REPO, "autograder"))]
+        if args.compare:
+            graders.insert(0, (args.compare[:10], grader_of(args.compare, tmp)))
+        roots = {}
+        for name, folder in graders:
+            roots[name] = make_course(os.path.join(tmp, name), args.lesson, folder)
+            submit(roots[name], args.lesson, args.submissions)
+        results = [(name, run(roots[name], j)) for j in args.jobs for name, _ in graders]
     print(f"lesson {args.lesson}, {args.submissions} submissions, {os.cpu_count()} cores; means per submission")
     print("wall seconds (per_min = submissions graded per minute):")
-    print(f"{'jobs':>4} {'load':>5} " + " ".join(f"{c:>12}" for c in walls) + f" {'run wall s':>11}")
-    summaries = [(r, summarize(r)) for r in results]
-    for result, s in summaries:
-        print(f"{result['jobs']:>4} {result['load']:>5.1f} " + " ".join(f"{s[c]:>12.2f}" for c in walls)
+    print(f"{'grader':>10} {'jobs':>4} {'load':>5} " + " ".join(f"{c:>12}" for c in WALLS) + f" {'run wall s':>11}")
+    summaries = [(name, result, summarize(result)) for name, result in results]
+    for name, result, s in summaries:
+        print(f"{name:>10} {result['jobs']:>4} {result['load']:>5.1f} " + " ".join(f"{s[c]:>12.2f}" for c in WALLS)
               + f" {result['wall_s']:>11.1f}")
     print("CPU seconds (independent of the machine's load; nb_cpu = the student's cells):")
-    print(f"{'jobs':>4} " + " ".join(f"{c:>13}" for c in cpus))
-    for result, s in summaries:
-        print(f"{result['jobs']:>4} " + " ".join(f"{s[c]:>13.2f}" for c in cpus))
+    print(f"{'grader':>10} {'jobs':>4} " + " ".join(f"{c:>13}" for c in CPUS))
+    for name, result, s in summaries:
+        print(f"{name:>10} {result['jobs']:>4} " + " ".join(f"{s[c]:>13.2f}" for c in CPUS))
+    if args.compare:
+        print(f"ratio tree / {args.compare[:10]} (overhead per submission):")
+        for j in args.jobs:
+            old, new = [s for name, r, s in summaries if r["jobs"] == j]
+            print(f"  -j {j}: wall overhead {new['overhead'] / old['overhead']:.2f}, "
+                  f"CPU overhead {new['overhead_cpu'] / old['overhead_cpu']:.2f}")
 
 
 if __name__ == "__main__":
