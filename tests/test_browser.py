@@ -302,6 +302,7 @@ def test_learner_lab_has_no_instructor_tools(lab, page):
     if "Nbgrader" in window.menu_bar():
         items = window.menu_items("Nbgrader")
         assert not [item for item in items if item.startswith(INSTRUCTOR_ITEMS)], items
+        assert "Assignment List" in items, items   # a learner's tool (on a JupyterHub)
     assert not [t for t in window.toasts() if LabPage.NEWS in t], window.toasts()
     notebook = NotebookPage(page, lab, f"{SOLUTION_LESSON}/{SOLUTION_LESSON}.ipynb").open()
     assert notebook.panel.locator('.jp-Toolbar jp-button[aria-label="Validate"]').count() == 1
