@@ -5,8 +5,11 @@
   `tests.model_fixtures`: a second module name is a second cache, and the model would load twice
   (`test_one_import_path_for_helpers` in tests/test_test_setup.py fails if that comes back).
 - Fixtures `smollm2`, `smollm2_tokenizer` and `hf_reference` wrap the cached loaders of
-  `model_fixtures`; under pytest-xdist each worker process loads them at most once. Tests that need the
-  transformers reference share the xdist group "transformers", so only one worker pays its ~30 s load.
+  `model_fixtures`; under pytest-xdist each worker process loads them at most once.
+- pytest-xdist runs with `--dist loadfile` (pyproject.toml): a module's tests share one worker, so what a
+  module builds once for all its tests (a course graded in the sandbox, a server, a JupyterLab and a
+  browser, a release) is built once. (`--dist loadgroup` would allow cross-module groups, but with pytest
+  9.2 and xdist 3.8.0 its xdist_group marks were not applied: tests of one group ran on both workers.)
 """
 
 from __future__ import annotations
@@ -46,16 +49,3 @@ def hf_reference():
     """(transformers LlamaForCausalLM, its tokenizer) read from the same GGUF: the independent reference."""
     return model_fixtures.hf_reference()
 
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`--dist loadgroup`), a test module's tests share one worker unless they name a group.
-
-    Most modules build something once for all their tests (a course copy graded in the sandbox, a server, a
-    JupyterLab and a browser, a release): split across two workers, each would build it. Tests that share an
-    expensive cross-module fixture (the transformers reference, the graded lessons) name their group with
-    `@pytest.mark.xdist_group(...)`.
-    """
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else item.nodeid))

@@ -49,8 +49,7 @@ LESSONS = [lesson for lesson in ALL_LESSONS if not _only or lesson in _only]
 SANDBOX_PROBLEMS = sandbox.check()
 CHECK_OUTPUT_MARK = "NBVAL_CHECK_OUTPUT"
 
-pytestmark = [pytest.mark.slow, pytest.mark.notebooks, pytest.mark.xdist_group("lessons"),
-              pytest.mark.timeout(2700)]  # the fixture's grading run is charged to the first test
+pytestmark = [pytest.mark.slow, pytest.mark.notebooks, pytest.mark.timeout(2700)]  # the fixture's grading run is charged to the first test
 
 
 @dataclass

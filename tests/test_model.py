@@ -141,7 +141,6 @@ def test_config_and_tokenizer_from_the_gguf(smollm2, smollm2_tokenizer):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("transformers")
 def test_tokenizer_matches_transformers(hf_reference, smollm2_tokenizer):
     _, hf_tok = hf_reference
     tok = smollm2_tokenizer
@@ -171,7 +170,6 @@ def hf_greedy(model, ids: list[int], steps: int) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("transformers")
 def test_logits_match_transformers_within_1e_3(hf_reference, smollm2, smollm2_tokenizer):
     from longctx.engine.exactness import chunked_prefill_logits
 
@@ -189,7 +187,6 @@ def test_logits_match_transformers_within_1e_3(hf_reference, smollm2, smollm2_to
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("transformers")
 def test_greedy_tokens_match_transformers_for_64_steps(hf_reference, smollm2, smollm2_tokenizer):
     from longctx.engine.llm import generate
 

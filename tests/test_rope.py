@@ -158,7 +158,6 @@ def test_cos_sin_match_transformers_rotary_embedding(scaling):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("transformers")
 def test_model_with_yarn_matches_transformers_with_yarn(hf_reference, smollm2):
     """SmolLM2 with YaRN x2: our logits equal transformers' LlamaForCausalLM given the same rope_parameters."""
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding

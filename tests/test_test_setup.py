@@ -37,4 +37,4 @@ def test_fast_target_deselects_the_slow_tests_and_durations_are_shown():
     target = makefile[makefile.index("\ntest-fast:"):].split("\n\n")[0]
     assert '-m "not slow and not notebooks"' in target
     pyproject = (ROOT / "pyproject.toml").read_text()
-    assert "--durations=25" in pyproject and "--dist loadgroup" in pyproject
+    assert "--durations=25" in pyproject and "--dist loadfile" in pyproject
