@@ -53,7 +53,7 @@ def lesson_notebook():
         new_code_cell("def total(xs):\n    ### BEGIN SOLUTION\n    return sum(xs)\n    ### END SOLUTION",
                       metadata=m("total", solution=True)),
         new_code_cell("from longctx.grading import check_integer\n"
-                      "check_integer('total of 0..2999', total(list(range(3000))), 4498500)",
+                      "check_integer('total of 0..2999', total(list(range(3000))), 4498500, answer_kind='function')",
                       metadata=m("test_total", grade=True, locked=True, points=2)),
         # nbgrader's manually graded *code* answer: unlocked, real points, its source kept by OverwriteCells
         new_code_cell("### BEGIN SOLUTION\nexplanation = 'a sum'\n### END SOLUTION",
@@ -62,7 +62,7 @@ def lesson_notebook():
         new_code_cell("import resource\nfrom longctx.grading import check_integer\n"
                       "print('CHECKER_RLIMIT_CPU', resource.getrlimit(resource.RLIMIT_CPU)[0])\n"
                       "print('CHECKER_CGROUP', open('/proc/self/cgroup').read().replace(chr(10), ' '))\n"
-                      "check_integer('answer c', answer_c, 7)",
+                      "check_integer('answer c', answer_c, 7, answer_kind='value')",
                       metadata=m("test_answer_c", grade=True, locked=True, points=1)),
     ]
     nb = new_notebook(cells=cells)
