@@ -137,7 +137,7 @@ def _detect_v2(mount, proc_cgroup, env):
     return CgroupHost(None, problem=(
         f"cgroup v2: the grader's cgroup ({own or '?'}) has other processes, so it cannot hand memory, pids and "
         "cpu limits to a cgroup per submission. Run the grader alone in a delegated scope: `sudo systemd-run "
-        "--scope -p Delegate=yes --same-dir -- .venv/bin/python autograder/grade.py`, or set "
+        "--scope -p Delegate=yes -- .venv/bin/python autograder/grade.py`, or set "
         "LONGCTX_GRADER_CGROUP to an empty cgroup delegated to it"))
 
 
