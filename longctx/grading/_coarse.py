@@ -11,6 +11,8 @@ tolerance, never on the expected value, so whatever a message says, it says it f
 values wider than the tolerance: no arithmetic on it can recover the expected value.
 """
 
+import functools
+
 from longctx.grading._plain import FLOAT
 
 INF = FLOAT("inf")
@@ -100,20 +102,9 @@ def _side_regions(regions, rel, abs_, integer, outward):
         regions[a:b + 1] = [(regions[a][0], regions[b][1], _merge(regions[a][2], regions[b][2]))]
 
 
-_CACHE = {}
-
-
+@functools.lru_cache(maxsize=64)  # a test probing many expected values for one answer builds them once
 def regions(got, rel, abs_, integer):
     """Regions of expected values outside the passing zone of `got` (got != 0), sorted, as (lo, hi, label)."""
-    key = (got, rel, abs_, integer)
-    if key not in _CACHE:
-        if len(_CACHE) > 64:
-            _CACHE.clear()
-        _CACHE[key] = _regions(got, rel, abs_, integer)
-    return _CACHE[key]
-
-
-def _regions(got, rel, abs_, integer):
     mag = got if got > 0.0 else -got
     out = [((lo * got, hi * got) if got > 0.0 else (hi * got, lo * got)) + (label,)
            for lo, hi, label in _t_regions(rel, (0.5 if integer else abs_) / mag)]
@@ -123,7 +114,7 @@ def _regions(got, rel, abs_, integer):
     out = sorted((r for r in out if r[0] < r[1] and not (integer and _integers(r) == 0)), key=lambda r: r[0])
     below = [r for r in out if r[1] <= got]
     above = [r for r in out if r[0] >= got]
-    return _side_regions(below, rel, abs_, integer, -1) + _side_regions(above, rel, abs_, integer, 1)
+    return tuple(_side_regions(below, rel, abs_, integer, -1) + _side_regions(above, rel, abs_, integer, 1))
 
 
 def _locate(regions_, expected):
