@@ -23,16 +23,28 @@ for each -j, and prints each part's ratio (this tree / REV): the way to show a c
 The machine's load average is printed with each run: on a shared machine, wall times are noisy;
 compare runs made at the same load, or the CPU table.
 
-Recorded 2026-12-01 (2 cores shared with ~6 other busy sessions, load average ~6; lesson 00, 6 submissions):
+Recorded 2026-12-02, issue 23's grader against the one before it (`--compare 64be9d8`, lesson 00,
+6 submissions, 2 cores shared with other sessions; the two graders alternate for each -j; load average
+at each run's start in the table):
 
-    wall s   notebook kernel sandbox checks prepare gradebook feedback overhead  per sub  per min
-    -j 1       1.75    0.84    0.83   0.17    0.13     0.39     0.36     2.72     5.26    11.4
-    -j 2       2.58    1.12    1.06   0.28    0.17     0.44     0.44     3.52     3.42    17.5
-    CPU s    nb_cpu  kernel executor checks prepare gradebook feedback overhead_cpu
-    -j 1       1.09    0.29    0.33   0.10    0.03     0.13     0.17     1.05
-    -j 2       1.13    0.30    0.35   0.11    0.04     0.14     0.16     1.10
+    grader   jobs load notebook kernel sandbox checks prepare gradebook feedback overhead per sub per min
+    64be9d8    1   0.7    2.72    1.13    1.08   0.30    0.10     0.40     0.44     3.45    7.21    8.32
+    tree       1   1.0    2.60    1.00    1.07   0.20    0.18     0.43     0.50     3.37    7.11    8.44
+    64be9d8    2   1.3    6.13    2.78    2.57   0.68    0.43     1.15     1.20     8.80    7.55    7.95
+    tree       2   4.2    5.93    2.53    2.37   0.34    0.71     1.23     1.56     8.74    7.65    7.84
+    CPU s    jobs nb_cpu kernel executor checks prepare gradebook feedback overhead_cpu
+    64be9d8    1   2.83   0.79    0.89   0.31    0.09     0.38     0.43     2.89
+    tree       1   2.64   0.67    0.83   0.17    0.11     0.36     0.45     2.59
+    64be9d8    2   2.77   0.79    0.95   0.27    0.09     0.39     0.49     2.99
+    tree       2   2.80   0.79    0.92   0.18    0.12     0.34     0.53     2.88
+    ratio tree / 64be9d8: -j 1 wall overhead 0.98, CPU 0.89; -j 2 wall overhead 0.99, CPU 0.96
 
-(gradebook and feedback run in the bookkeeping worker, pipelined with the next sandboxes.)
+(prepare now includes the notebook's check in a child process; checks got cheaper because the fork
+server really preloads the grader's modules now. Not in the table: the second bookkeeping worker's
+start, about 2.5 s of CPU once per run, in parallel with the first sandboxes; the run's wall time did not
+change: 42.7 s against 43.3 s at -j 1, 45.9 s against 45.3 s at -j 2.)
+
+(gradebook and feedback run in two bookkeeping workers, pipelined with the next sandboxes.)
 """
 
 from __future__ import annotations
