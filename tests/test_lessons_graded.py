@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import autograder_helpers as h
 import nbformat
 import pytest
+from lab_browser import nbgrader_role
 
 sys.path.insert(0, os.path.join(h.REPO, "autograder"))
 import sandbox  # noqa: E402
@@ -60,15 +61,6 @@ class LessonRuns:
     rows: dict = field(default_factory=dict)       # (variant, lesson) -> grades.csv row
     states: dict = field(default_factory=dict)     # (variant, lesson) -> how its execution ended
     log: str = ""
-
-
-def _role(cell) -> str:
-    meta = cell.metadata.get("nbgrader", {})
-    if meta.get("grade") and not meta.get("solution"):
-        return "test"
-    if meta.get("solution"):
-        return "exercise"
-    return "narrative"
 
 
 @pytest.fixture(scope="session")
@@ -178,7 +170,7 @@ def test_untouched_narrative_cells_run_cleanly(lesson_runs, lesson):
     nb = _executed(lesson_runs, "untouched", lesson)
     problems = []
     for index, cell in enumerate(nb.cells):
-        if cell.cell_type != "code" or _role(cell) != "narrative":
+        if cell.cell_type != "code" or nbgrader_role(cell) != "":
             continue
         problems += [f"cell {index} raised {e}" for e in _errors(cell)]
         if _stderr(cell):
@@ -193,7 +185,7 @@ def test_solution_cells_run_without_error(lesson_runs, lesson):
     committed = nbformat.read(os.path.join(h.REPO, "solutions", lesson, f"{lesson}.ipynb"), as_version=4)
     problems = []
     for index, cell in enumerate(nb.cells):
-        if cell.cell_type != "code" or (lesson_runs.graded and _role(cell) == "test"):
+        if cell.cell_type != "code" or (lesson_runs.graded and nbgrader_role(cell) == "test"):
             continue
         problems += [f"cell {index} raised {e}" for e in _errors(cell)]
         if CHECK_OUTPUT_MARK in cell.source and index < len(committed.cells):
@@ -209,7 +201,7 @@ def test_solution_test_cells_pass_silently(lesson_runs, lesson):
     _needs_grades(lesson_runs)
     nb = _executed(lesson_runs, "solution", lesson)
     loud = [f"cell {index}: {comparable_outputs(cell)!r:.300}" for index, cell in enumerate(nb.cells)
-            if cell.cell_type == "code" and _role(cell) == "test" and cell.get("outputs")]
+            if cell.cell_type == "code" and nbgrader_role(cell) == "test" and cell.get("outputs")]
     assert not loud, f"solution {lesson}: test cells with output:\n" + "\n".join(loud)
 
 
