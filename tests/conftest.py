@@ -10,6 +10,10 @@
   module builds once for all its tests (a course graded in the sandbox, a server, a JupyterLab and a
   browser, a release) is built once. (`--dist loadgroup` would allow cross-module groups, but with pytest
   9.2 and xdist 3.8.0 its xdist_group marks were not applied: tests of one group ran on both workers.)
+- The longest modules start first (`LONGEST_FIRST`, with `--no-loadscope-reorder` in pyproject.toml; xdist's
+  default orders modules by their number of tests). The lessons' grading run (about 9 minutes on a
+  quiet 2-core machine) then starts at once on one worker, while the other takes the browser and the
+  hostile grading run. Each worker starts with two modules, so a short module sits between the two longest.
 """
 
 from __future__ import annotations
@@ -31,6 +35,17 @@ if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
 import model_fixtures  # noqa: E402
+
+# module file names, longest first (measured: tests/test_lessons_graded.py ~540 s, test_browser.py ~300 s,
+# test_autograder_hostile.py ~200 s, test_autograder_security.py ~60 s on a quiet 2-core machine)
+LONGEST_FIRST = ("test_lessons_graded.py", "test_test_setup.py", "test_browser.py", "test_autograder_hostile.py",
+                 "test_autograder_security.py", "test_server_model.py", "test_rope.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Stable reorder: the modules of LONGEST_FIRST in that order, then every other module as collected."""
+    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 @pytest.fixture(scope="session")
