@@ -10,10 +10,12 @@
   module builds once for all its tests (a course graded in the sandbox, a server, a JupyterLab and a
   browser, a release) is built once. (`--dist loadgroup` would allow cross-module groups, but with pytest
   9.2 and xdist 3.8.0 its xdist_group marks were not applied: tests of one group ran on both workers.)
-- The longest modules start first (`LONGEST_FIRST`, with `--no-loadscope-reorder` in pyproject.toml; xdist's
-  default orders modules by their number of tests). The lessons' grading run (about 9 minutes on a
-  quiet 2-core machine) then starts at once on one worker, while the other takes the browser and the
-  hostile grading run. Each worker starts with two modules, so a short module sits between the two longest.
+- `START_FIRST` sets which modules start first (with `--no-loadscope-reorder` in pyproject.toml; xdist's
+  default orders modules by their number of tests). On a quiet 2-core machine the lessons' grading run takes
+  about 540 s, the browser tests 300 s, the hostile grading run 200 s and the security run 60 s. The grading
+  run starts at once on one worker; the other worker takes the browser and hostile runs. Each worker is
+  handed two modules at the start, so the short test_test_setup.py comes second: worker one gets it, and
+  the browser module goes to worker two.
 """
 
 from __future__ import annotations
@@ -36,15 +38,13 @@ if TESTS not in sys.path:
 
 import model_fixtures  # noqa: E402
 
-# module file names, longest first (measured: tests/test_lessons_graded.py ~540 s, test_browser.py ~300 s,
-# test_autograder_hostile.py ~200 s, test_autograder_security.py ~60 s on a quiet 2-core machine)
-LONGEST_FIRST = ("test_lessons_graded.py", "test_test_setup.py", "test_browser.py", "test_autograder_hostile.py",
+START_FIRST = ("test_lessons_graded.py", "test_test_setup.py", "test_browser.py", "test_autograder_hostile.py",
                  "test_autograder_security.py", "test_server_model.py", "test_rope.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Stable reorder: the modules of LONGEST_FIRST in that order, then every other module as collected."""
-    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
+    """Stable reorder: the modules of START_FIRST in that order, then every other module as collected."""
+    rank = {name: index for index, name in enumerate(START_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
