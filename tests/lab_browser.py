@@ -222,6 +222,10 @@ class NotebookPage:
         self.page.goto(f"{self.lab.base_url}/lab/workspaces/{workspace}/tree/{self.relpath}?token={self.lab.token}")
         self.page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell", timeout=timeout_s * 1000)
         self.wait_idle(timeout_s)
+        # The kernel connected and idle, as the status bar says ("Python 3 (ipykernel) | Idle"): under load
+        # the execution indicator could read idle before, and a Run All sent then ran nothing.
+        self.page.locator(".jp-StatusBar-Widget", has_text=re.compile(r"\|\s*Idle")).first.wait_for(
+            timeout=timeout_s * 1000)
         return self
 
     # -- what is on the screen -------------------------------------------------------------------
