@@ -2,8 +2,8 @@
 
 The arithmetic is the engine's paged block manager's (``longctx.kv.block_manager``), not the textbook's:
 
-1. ``bytes_per_token = quant.pool_bytes_per_token(model, kv_dtype)``: what the pool really holds per
-   token, quantization scales included; ``block_bytes = block_size * bytes_per_token``.
+1. ``bytes_per_token``: what the pool really holds per token, quantization scales included, for the scale
+   layout ``kv_scales`` (see below); ``block_bytes = block_size * bytes_per_token``.
 2. The pool is whole blocks: ``pool_blocks = floor(pool_bytes / block_bytes)``.
 3. Prefix caching shares only *full* blocks: ``shared_blocks = shared_prefix // block_size`` are stored
    once; every user stores its tail, the partial prefix block included:
@@ -12,7 +12,20 @@ The arithmetic is the engine's paged block manager's (``longctx.kv.block_manager
 4. ``blocks = shared_blocks + users * per_user_blocks``; ``fits = blocks <= pool_blocks``;
    ``max_users = floor((pool_blocks - shared_blocks) / per_user_blocks)`` (0 if the prefix alone overflows).
 
-Capstone (Llama-3-8B, fp8 KV, 64 users x 8,192 tokens, 2,048-token shared prefix, 48 GiB pool, 16-token blocks):
+Scale layouts (``kv_scales``; only quantized formats have scales, fp16 numbers of 2 bytes each):
+
+- ``"per-tensor"``: one scale per layer for all keys (and one for all values), kept with the layer's
+  parameters, not in the pool: 0 bytes per token. This is how vLLM's FP8 KV cache stores them
+  (``k_scale`` / ``v_scale`` of each attention layer; its per-head variant, ``num_kv_heads`` scales per
+  layer, is also outside the pool) and how SGLang does; see
+  https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache/.
+- ``"per-vector"``: one scale per key (value) vector of one head, written with the token (our fp8).
+- ``"per-group"``: one scale per ``quant.GROUP_SIZE`` = 32 numbers of a vector (our int8 and int4).
+- ``None`` (the default): what this course's engine stores for ``kv_dtype`` (``quant.pool_bytes_per_token``,
+  which ``PagedKVCache`` allocates).
+
+Capstone (Llama-3-8B, fp8 KV, 64 users x 8,192 tokens, 2,048-token shared prefix, 48 GiB pool, 16-token blocks,
+our per-vector scales):
 
 - bytes/token = 2 x 32 layers x 8 KV heads x (128 codes + 2 scale bytes) = 66,560 B (65 KiB: 1,024 B of
   scales on top of the textbook 65,536); block = 16 x 66,560 = 1,064,960 B.
@@ -22,6 +35,10 @@ Capstone (Llama-3-8B, fp8 KV, 64 users x 8,192 tokens, 2,048-token shared prefix
 - max users = floor((48,395 - 128) / 384) = 125.
 - textbook number (no blocks, no scales, whole prefix shared once): 24.125 GiB
   (``memory.kv_pool_bytes(..., block_size=None)``), the source's "~24.1 GiB".
+- with ``kv_scales="per-tensor"`` (vLLM's layout): 65,536 B per token, 1 MiB blocks, 49,152 of them;
+  24,704 blocks = 24.125 GiB, exactly the textbook number (6,144 and 2,048 are multiples of 16, so block
+  rounding costs nothing here), and max users = floor((49,152 - 128) / 384) = 127, the source's number.
+  All of the 0.377 GiB between 24.502 and 24.125 GiB is our per-vector scales.
 
 Pure Python (no torch). Units: bytes (ints); ``memory.GiB = 2**30``.
 """
@@ -36,6 +53,8 @@ from longctx import memory
 from longctx.kv import quant
 from longctx.specs import ModelSpec, get_model
 
+KV_SCALES = ("per-tensor", "per-vector", "per-group")  # the layouts ``kv_scales`` accepts (None: the engine's)
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -44,11 +63,13 @@ class Plan:
     ``headroom_bytes = pool_blocks * block_bytes - bytes`` is negative when the plan does not fit (it is
     then the shortfall). ``naive_bytes`` is the textbook number for comparison: element bytes only, no
     block rounding, the whole prefix stored once. ``scale_bytes_per_token`` is the part of
-    ``bytes_per_token`` that is quantization scales.
+    ``bytes_per_token`` that is quantization scales; ``kv_scales`` the scale layout they follow (None for a
+    plain format, which has none).
     """
 
     model: str
     kv_dtype: str
+    kv_scales: str | None
     users: int
     context: int
     shared_prefix: int
@@ -84,13 +105,16 @@ class Plan:
 
     def rows(self) -> list[tuple[str, str]]:
         """(label, value) rows of the human-readable table."""
-        scales = (f"incl. {self.scale_bytes_per_token:,} B of scales" if self.scale_bytes_per_token
-                  else "no scales")
+        if self.scale_bytes_per_token:
+            scales = f"incl. {self.scale_bytes_per_token:,} B of {self.kv_scales} scales"
+        else:
+            scales = "scales kept per tensor, outside the pool" if self.kv_scales else "no scales"
         prefix = (f"{self.shared_prefix:,} tokens -> {self.shared_blocks:,} full blocks stored once"
                   if self.shared_prefix else "none")
         headroom = "headroom" if self.headroom_bytes >= 0 else "shortfall"
         return [
-            ("model / KV dtype", f"{self.model} / {self.kv_dtype}"),
+            ("model / KV dtype", f"{self.model} / {self.kv_dtype}"
+                                 + (f" ({self.kv_scales} scales)" if self.kv_scales else "")),
             ("users x context", f"{self.users:,} x {self.context:,} tokens"),
             ("shared prefix", prefix),
             ("KV per token", f"{self.bytes_per_token:,} B ({scales})"),
@@ -119,6 +143,46 @@ def _pool_size(pool_gib: float | None, pool_bytes: float | None) -> int:
     return math.floor(value * memory.GiB) if name == "pool_gib" else math.floor(value)
 
 
+def scale_layout(kv_dtype: str, kv_scales: str | None = None) -> str | None:
+    """The scale layout a plan of ``kv_dtype`` uses: ``kv_scales`` checked, or the engine's own when None
+    (``"per-vector"`` for fp8, ``"per-group"`` for int8 / int4); None for a plain format (fp32, fp16, bf16),
+    which has no scales (``"per-tensor"`` is accepted there too: it stores nothing per token either)."""
+    fmt = quant.get_format(kv_dtype)
+    if kv_scales is not None:
+        key = str(kv_scales).lower()
+        if key not in KV_SCALES:
+            raise ValueError(f"unknown kv_scales {kv_scales!r}; allowed: {', '.join(KV_SCALES)} (or None: the engine's)")
+        if not fmt.quantized:
+            if key != "per-tensor":
+                raise ValueError(f"{fmt.name} stores plain numbers, no scales: kv_scales={key!r} applies to the "
+                                 f"quantized formats only ({', '.join(n for n, f in quant.FORMATS.items() if f.quantized)})")
+            return None
+        return key
+    if not fmt.quantized:
+        return None
+    return "per-vector" if fmt.group_size is None else "per-group"
+
+
+def bytes_per_token(model: ModelSpec | str, kv_dtype: str, kv_scales: str | None = None) -> int:
+    """Bytes one token takes in a paged pool of ``kv_dtype`` with scale layout ``kv_scales`` (see the module
+    docstring): ``2 x L x H_kv x (code bytes + scales per vector x 2)``, with 0 scales per vector for
+    ``"per-tensor"``, 1 for ``"per-vector"``, ``head_dim / 32`` for ``"per-group"``. With ``kv_scales=None``
+    this is ``quant.pool_bytes_per_token``, what the engine's pool allocates."""
+    m = get_model(model)
+    fmt = quant.get_format(kv_dtype)
+    layout = scale_layout(fmt.name, kv_scales)
+    if layout is None or layout == "per-tensor":
+        scales = 0
+    elif layout == "per-vector":
+        scales = 1
+    else:
+        if m.head_dim % quant.GROUP_SIZE:
+            raise ValueError(f"per-group scales take one scale per {quant.GROUP_SIZE} numbers, which does not divide "
+                             f"{m.name}'s head_dim={m.head_dim}; use per-vector or per-tensor")
+        scales = m.head_dim // quant.GROUP_SIZE
+    return 2 * m.num_layers * m.num_kv_heads * (fmt.code_bytes(m.head_dim) + scales * quant.SCALE_BYTES)
+
+
 def _whole_blocks(pool: int, block_size: int, bytes_per_token: int) -> int:
     blocks = pool // (block_size * bytes_per_token)
     if blocks < 1:
@@ -131,11 +195,11 @@ def _whole_blocks(pool: int, block_size: int, bytes_per_token: int) -> int:
 
 
 def pool_blocks(model: ModelSpec | str, kv_dtype: str, block_size: int = 16, pool_gib: float | None = None,
-                pool_bytes: float | None = None) -> int:
+                pool_bytes: float | None = None, kv_scales: str | None = None) -> int:
     """Whole blocks of ``block_size`` tokens of ``kv_dtype`` in a pool of ``pool_gib`` GiB or ``pool_bytes``
     bytes (exactly one): ``plan(...).pool_blocks`` without the users (the simulator sizes its pool with it)."""
     block_size = memory.check_token_count("block_size", block_size, allow_zero=False)
-    return _whole_blocks(_pool_size(pool_gib, pool_bytes), block_size, quant.pool_bytes_per_token(model, kv_dtype))
+    return _whole_blocks(_pool_size(pool_gib, pool_bytes), block_size, bytes_per_token(model, kv_dtype, kv_scales))
 
 
 def plan(
@@ -147,10 +211,13 @@ def plan(
     block_size: int = 16,
     pool_gib: float | None = None,
     pool_bytes: float | None = None,
+    kv_scales: str | None = None,
 ) -> Plan:
     """Plan a paged KV pool for ``users`` requests of ``context`` KV tokens each (prompt + output), the
     first ``shared_prefix`` of them common to all, in blocks of ``block_size`` tokens, in a pool of
-    ``pool_gib`` GiB or ``pool_bytes`` bytes (exactly one). Raises ``ValueError`` on bad input."""
+    ``pool_gib`` GiB or ``pool_bytes`` bytes (exactly one), with quantization scales stored as ``kv_scales``
+    says (``"per-tensor"``, ``"per-vector"``, ``"per-group"``; None: as this course's engine stores them).
+    Raises ``ValueError`` on bad input."""
     m = get_model(model)
     fmt = quant.get_format(kv_dtype)
     if isinstance(users, bool) or not hasattr(users, "__index__") or int(users) < 1:
@@ -166,7 +233,8 @@ def plan(
     block_size = memory.check_token_count("block_size", block_size, allow_zero=False)
     pool = _pool_size(pool_gib, pool_bytes)
 
-    bpt = quant.pool_bytes_per_token(m, fmt.name)  # raises if the format's groups do not divide head_dim
+    layout = scale_layout(fmt.name, kv_scales)
+    bpt = bytes_per_token(m, fmt.name, layout)  # raises if per-group scales do not divide head_dim
     block_bytes = block_size * bpt
     pool_blocks = _whole_blocks(pool, block_size, bpt)
     shared_blocks = shared_prefix // block_size
@@ -177,6 +245,7 @@ def plan(
     return Plan(
         model=m.name,
         kv_dtype=fmt.name,
+        kv_scales=layout,
         users=users,
         context=context,
         shared_prefix=shared_prefix,
