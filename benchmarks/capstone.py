@@ -10,9 +10,15 @@ tokens in a 48 GiB KV pool at H100 scale in the simulator. Each section writes
                read over the cache: accuracy and answer log-probability per KV dtype.
 - ``prefix``   a 2,048-token shared system prompt: the engine's TTFT for the first request (cold) and the
                next ones (the cache hit), blocks shared, and greedy outputs with and without the cache.
-- ``sim``      Llama-2-7B / Llama-3-8B x bf16 / fp8 x no prefix cache / 2K shared prefix on an H100 with a
-               48 GiB pool: 64 users of 8,192 tokens, TTFT / ITL / throughput / preemptions, and the most users
-               each configuration serves against the planner's ``max_users``.
+- ``sim``      the capstone's load test (``longctx.sim.loadtest``): Llama-2-7B / Llama-3-8B x bf16 / fp8 x no
+               prefix cache / 2K shared prefix on a simulated H100 with a 48 GiB pool, 64 users of 7,168 + 1,024
+               tokens arriving within 2 s, so that all 64 are resident at once where the pool holds them: per
+               configuration the most requests running in one step (``peak_running``), peak blocks against
+               the plan, preemptions, TTFT and ITL percentiles, and the verdict; then what same-step prefix
+               sharing changes (``same_step``).
+
+Every section refuses to start when the one-minute load average exceeds the cores it uses (``niah_grid.load_gate``:
+``--threads`` for the model sections, 1 for ``bytes`` and ``sim``); ``--force`` records anyway, marked unusable.
 
 Usage::
 
@@ -29,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from niah_grid import RECORDED, provenance
+from niah_grid import RECORDED, load_gate, provenance
 
 DTYPES = ("fp32", "bf16", "fp8", "int8", "int4")
 CHUNK = 512
@@ -180,50 +186,45 @@ def run_prefix(out, meta, model, tok, system_tokens=2048, max_tokens=16, **_):
     return _write(out, {"meta": meta, "rows": rows})
 
 
-SIM_PROMPT, SIM_OUTPUT, SIM_PREFIX = 7_936, 256, 2_048  # 8,192 KV tokens per user at the end
+CONFIGS = [(m, kv, c) for m in ("llama-2-7b", "llama-3-8b") for kv in ("bf16", "fp8") for c in (False, True)]
 
 
-def _sim(model, kv, caching, work, budget):
-    from longctx.engine import ChunkedPrefillScheduler
-    from longctx.sim.run import simulate
+def _same_step_tests() -> dict:
+    """The traffics of the same-step sharing intervention (name -> ``LoadTest``)."""
+    from dataclasses import replace
 
-    return simulate(work, ChunkedPrefillScheduler(budget), model, "h100", pool_gib=48, kv_dtype=kv,
-                    prefix_caching=caching, shared_prefix_tokens=SIM_PREFIX if caching else 0, max_model_len=8_192)
+    from longctx.sim.loadtest import CAPSTONE
+
+    return {"capstone": CAPSTONE, "capstone_at_t0": replace(CAPSTONE, arrival_window_s=0.0),
+            "chat_at_t0": replace(CAPSTONE, prompt_tokens=2_048 + 128, output_tokens=256, arrival_window_s=0.0)}
 
 
 def run_sim(out, meta, **_):
-    """Every configuration under 64 users (all at t=0, and Poisson at 4 requests/s) with a 512-token budget,
-    then its capacity: 200 users at t=0 with an 8,192-token budget (about one prompt admitted per step), the
-    most requests that ever ran in one step, against the planner's ``max_users``."""
-    from longctx.plan import plan
-    from longctx.sim.workload import Request, make_workload
+    """The load test (``longctx.sim.loadtest.CAPSTONE``) for every configuration, then the same-step sharing
+    intervention: Llama-3-8B fp8 with the prefix cache, blocks registered when scheduled (ours, vLLM's) or
+    only after the step computed them, for the capstone's arrivals, for all 64 at t = 0, and for a chat
+    burst (64 x the 2,048-token system prompt + 128 own tokens, 256 outputs, all at t = 0)."""
+    from longctx.sim.loadtest import CAPSTONE, describe, run_load_test
 
     rows = []
-    for model in ("llama-2-7b", "llama-3-8b"):
-        for kv in ("bf16", "fp8"):
-            for caching in (False, True):
-                p = plan(model, kv, 64, SIM_PROMPT + SIM_OUTPUT, SIM_PREFIX if caching else 0, pool_gib=48)
-                row = {"model": model, "kv_dtype": kv, "prefix_caching": caching, "pool_blocks": p.pool_blocks,
-                       "plan_fits_64": p.fits, "plan_max_users": p.max_users, "plan_gib_64": p.bytes / 2**30}
-                for arrivals, work in (("t0", [Request(0.0, SIM_PROMPT, SIM_OUTPUT) for _ in range(64)]),
-                                       ("poisson", make_workload(64, 4.0, SIM_PROMPT, SIM_OUTPUT, seed=0))):
-                    r = _sim(model, kv, caching, work, 512)
-                    m = r.metrics
-                    row[arrivals] = {
-                        "preemptions": r.num_preemptions, "ttft_p50_s": m.ttft.median, "ttft_p99_s": m.ttft.p(99),
-                        "itl_p50_ms": 1e3 * m.itl.median, "itl_p99_ms": 1e3 * m.itl.p(99),
-                        "output_tok_s": m.output_throughput, "prefix_hit_tokens": r.prefix_hit_tokens,
-                        "evictions": r.num_evictions, "peak_used_blocks": r.peak_used_blocks,
-                        "max_requests_in_a_step": max(len(s.seq_ids) for s in r.steps), "wall_s": r.wall_s}
-                r = _sim(model, kv, caching, [Request(0.0, SIM_PROMPT, SIM_OUTPUT) for _ in range(200)], 8_192)
-                row["capacity"] = {"max_requests_in_a_step": max(len(s.seq_ids) for s in r.steps),
-                                   "preemptions": r.num_preemptions, "peak_used_blocks": r.peak_used_blocks,
-                                   "wall_s": r.wall_s}
-                rows.append(row)
-                print(json.dumps(row), file=sys.stderr, flush=True)
-    return _write(out, {"meta": {**meta, "hardware": "h100 (simulated)", "pool_gib": 48,
-                                 "prompt_tokens": SIM_PROMPT, "output_tokens": SIM_OUTPUT,
-                                 "shared_prefix_tokens": SIM_PREFIX}, "rows": rows})
+    for model, kv, caching in CONFIGS:
+        row = run_load_test(model, kv, caching)
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+    same_step = []
+    for name, test in _same_step_tests().items():
+        for sharing in (True, False):
+            r = run_load_test("llama-3-8b", "fp8", True, test, same_step_sharing=sharing)
+            same_step.append({"traffic": name, "test": describe(test), **r})
+    meta = {**meta, "model": "none: the simulator (longctx.sim cost model, virtual clock)",
+            "hardware": "h100 (simulated)", "load_test": describe(CAPSTONE), "n": len(rows),
+            "kv_scales": "the engine's (fp8: one fp16 scale per vector; bf16: none)",
+            "passes_when": "peak_running >= users, no preemption, TTFT P99 <= ttft_p99_s and ITL P99 <= itl_p99_s",
+            "why_these_lengths": ("64 arrivals in 2 s and 1,024 output tokens: prefilling the 64 prompts takes a few "
+                                  "seconds at a budget of 8,192 tokens, decoding 1,024 tokens about 20 s, so every user "
+                                  "is still decoding when the last one starts: all 64 resident at once if the pool "
+                                  "holds them")}
+    return _write(out, {"meta": meta, "rows": rows, "same_step": same_step})
 
 
 SECTIONS = {"bytes": run_bytes, "quality": run_quality, "niah": run_niah, "prefix": run_prefix, "sim": run_sim}
@@ -232,14 +233,20 @@ SECTIONS = {"bytes": run_bytes, "quality": run_quality, "niah": run_niah, "prefi
 def _table(section: str, data: dict) -> str:
     rows = data["rows"]
     if section == "sim":
-        lines = [f"{'model':<11} {'kv':>4} {'prefix':>6} {'plan GiB':>8} {'max users':>9} {'served':>6} | "
-                 f"{'t0 preempt':>10} {'TTFT p50/p99 s':>15} {'ITL p99 ms':>10} {'tok/s':>6} | poisson TTFT p99 s"]
+        lines = [f"{'model':<11} {'kv':>4} {'prefix':>6} {'plan':>5} {'peak run':>8} {'all 64 s':>8} "
+                 f"{'blocks peak/plan/pool':>22} {'preempt':>7} {'TTFT p50/p99 s':>14} {'ITL p50/p99 ms':>14}  verdict"]
         for r in rows:
-            t, q = r["t0"], r["poisson"]
-            lines.append(f"{r['model']:<11} {r['kv_dtype']:>4} {str(r['prefix_caching']):>6} {r['plan_gib_64']:>8.2f} "
-                         f"{r['plan_max_users']:>9} {r['capacity']['max_requests_in_a_step']:>6} | "
-                         f"{t['preemptions']:>10} {t['ttft_p50_s']:>7.2f}/{t['ttft_p99_s']:<7.2f} "
-                         f"{t['itl_p99_ms']:>10.1f} {t['output_tok_s']:>6.0f} | {q['ttft_p99_s']:.2f}")
+            lines.append(f"{r['model']:<11} {r['kv_dtype']:>4} {'2K' if r['prefix_caching'] else '-':>6} "
+                         f"{r['plan_max_users']:>5} {r['peak_running']:>8} {r['seconds_all_running']:>8.1f} "
+                         f"{r['peak_used_blocks']:>7}/{r['planned_blocks']:>6}/{r['pool_blocks']:>6} "
+                         f"{r['preemptions']:>7} {r['ttft_s']['p50']:>6.1f}/{r['ttft_s']['p99']:<6.1f} "
+                         f"{r['itl_ms']['p50']:>6.1f}/{r['itl_ms']['p99']:<6.0f}  "
+                         f"{'PASS' if r['passes'] else 'FAIL: ' + '; '.join(r['failures'])}")
+        lines.append("same-step sharing (llama-3-8b fp8, 2K prefix cached):")
+        for r in data.get("same_step", []):
+            lines.append(f"  {r['traffic']:<15} sharing {'on ' if r['same_step_sharing'] else 'off'}: prefilled "
+                         f"{r['prefill_tokens']:>7,} tokens, {r['prefix_hit_tokens']:>7,} from the cache, peak "
+                         f"{r['peak_used_blocks']:>6} blocks, TTFT p50 {r['ttft_s']['p50']:.3f} s p99 {r['ttft_s']['p99']:.3f} s")
         return "\n".join(lines)
     if section == "niah":
         from collections import defaultdict
@@ -264,6 +271,8 @@ def main(argv=None) -> int:
     ap.add_argument("section", choices=[*SECTIONS, "all"])
     ap.add_argument("--out", type=Path, default=None, help="output JSON (default: the recorded file)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--force", action="store_true",
+                    help="record even when the machine is busy (the record is marked usable: false)")
     args = ap.parse_args(argv)
     import torch
 
@@ -272,7 +281,9 @@ def main(argv=None) -> int:
     model = tok = None
     for section in sections:
         out = args.out or RECORDED / f"capstone_{section}.json"
-        meta = provenance(args.threads)
+        cores = 1 if section in ("bytes", "sim") else args.threads  # the simulator is one Python thread
+        load = load_gate(cores, args.force)
+        meta = {**provenance(cores, usable=load <= cores), "cores_used": cores}
         if model is None and section not in ("bytes", "sim"):
             from longctx.model.tokenizer import load_tokenizer
             from longctx.model.weights import load_model
