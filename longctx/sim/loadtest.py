@@ -7,10 +7,11 @@ nothing about memory. ``LoadTest`` chooses arrivals and lengths so that it does:
   or a batch job starts), each a ``prompt_tokens`` prompt (the ``shared_prefix_tokens`` system prompt, then
   its own tokens) and ``output_tokens`` outputs, so each holds ``prompt + output`` = 8,192 KV tokens at
   the end;
-- prefilling all 64 prompts takes a few seconds with vLLM's default token budget on an H100 (``vllm
-  serve``'s ``max_num_batched_tokens`` = 8,192 on GPUs of 70 GiB or more), while 1,024 output tokens take
-  about 20 s to decode: the last user starts decoding long before the first one finishes, so when the
-  pool is large enough all 64 decode together, at contexts between 7,168 and 8,192 tokens.
+- prefilling all 64 prompts takes 7 to 10 s with vLLM's default token budget on an H100 (``vllm serve``'s
+  ``max_num_batched_tokens`` = 8,192 on GPUs of 70 GiB or more), while the first user's 1,024 output tokens
+  take about 26 s (its early decode steps carry the prefill chunks): the last user starts decoding long
+  before the first one finishes, so when the pool is large enough all 64 decode together for about 17 s, at
+  contexts between 7,168 and 8,192 tokens.
 
 A configuration **passes** when all ``users`` ran in one step (``peak_running >= users``), nothing was
 preempted, and the SLA holds (TTFT P99 <= ``ttft_p99_s``, ITL P99 <= ``itl_p99_s``); ``run_load_test``
