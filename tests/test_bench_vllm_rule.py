@@ -39,3 +39,11 @@ def test_records_without_flags_are_all_text():
     assert rec.text_times_s == [0.1, 0.2]
     with pytest.raises(ValueError, match="chunks"):
         summarize([rec], 1.0, chunks="tokens")
+
+
+def test_the_table_gives_checked_answers_an_interval():
+    from longctx.bench.metrics import format_table
+
+    rec = RequestRecord(0, 0.0, [0.1, 0.2], 0.2, 2, 10, "it is 42", None, 200, "42")
+    table = format_table(summarize([rec], 1.0))
+    assert "1 / 1 (95 % Wilson interval 0.21 to 1.00)" in table

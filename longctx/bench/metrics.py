@@ -213,7 +213,11 @@ def format_table(summary: dict) -> str:
         desc = ", ".join(f"{k.removesuffix('_s')}<={v:g}ms" for k, v in slos.items())
         lines.append(f"{'Goodput (req/s) under ' + desc + ':':<42} {s['goodput']:.3f} ({s['num_good']} good)")
     if s["answers_checked"]:
-        lines.append(f"{'Answers correct:':<42} {s['answers_correct']} / {s['answers_checked']}")
+        from longctx.evals.stats import wilson_interval
+
+        lo, hi = wilson_interval(s["answers_correct"], s["answers_checked"])
+        lines.append(f"{'Answers correct:':<42} {s['answers_correct']} / {s['answers_checked']} "
+                     f"(95 % Wilson interval {lo:.2f} to {hi:.2f})")
     pct = [k for k in s["ttft_ms"] if k.startswith("p")]
     lines.append(f"{'(ms)':<8}" + "".join(f"{h:>10}" for h in ["n", "mean", "median", *pct]))
     for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
