@@ -1,134 +1,150 @@
-"""Monolithic vs chunked prefill as a *client* of `python -m longctx serve` sees them, at two loads.
+"""Monolithic vs chunked prefill as a *client* of `python -m longctx serve` sees them, at two loads, on a quiet
+machine (load-gated, with provenance).
 
-Scenario (``longctx.bench.stall``): ``num_chat`` users stream long chat answers; one second later
-``num_long`` requests with 768-token prompts arrive. For each load and each scheduler, a fresh server is
-started (``ServerProcess``, 127.0.0.1) and the streaming client measures the chat users' TTFT and every
-inter-token gap, and the long requests' TTFT. Goodput counts chat requests meeting TTFT <= 5 s and a worst gap
-<= 1 s. Writes ``longctx/data/recorded/serving_cpu.json`` (with provenance) and prints a table.
+Scenario (``longctx.bench.stall``): ``num_chat`` users stream long chat answers; one second later ``num_long``
+requests with ``--long-prompt-tokens``-token prompts arrive. For each load and each scheduler a fresh server
+is started (``ServerProcess``, 127.0.0.1, ``--threads`` torch threads) and the scenario runs ``--repeats``
+times on it, one after the other (each repeat its own seed: its own story topics and long documents). The
+streaming client times every chunk by vLLM's rule (``longctx.bench.metrics``) and the script keeps, per row,
+the chat users' TTFT and ITL percentiles, each chat user's worst gap, each long request's TTFT, and chat
+goodput: chat requests with TTFT <= ``--slo-ttft-s`` and no gap over ``--slo-itl-s``, with its 95 % Wilson
+interval, and Fisher's exact test of chunked against monolithic at each load.
 
-Usage::
+Load and provenance as in ``niah_grid.py`` (the house pattern, imported from there): the script REFUSES to
+start (exit status 3) when the one-minute load average exceeds ``--threads``, the cores its server uses; it
+pauses before each row while other work loads the machine (the load minus its own threads above
+``--threads``); the record's ``meta`` carries the commit, date, machine, threads, the load at the start and
+before every row, and ``n`` (rows; ``n_chat_requests`` per row). ``--force`` records anyway and marks the
+record ``usable: false`` (dry runs only; the lesson refuses to show such a record as evidence).
 
-    python benchmarks/serving.py [--threads 2] [--token-budget 64] [--out PATH]
+Usage (on a quiet machine: check ``uptime``)::
 
-Recorded on the course machine, 2026-12-01T10:11Z, 2 cores SHARED with other jobs (1-min load average 8.3
-before, 15.0 after: every time below is several times what a quiet machine gives), torch 2.13.0+cpu, 2 threads,
-chunked token budget 64::
+    .venv/bin/python benchmarks/serving.py                    # writes longctx/data/recorded/serving_cpu.json
+    .venv/bin/python benchmarks/serving.py --repeats 1 --out /tmp/s.json --force   # a dry run
 
-    load   scheduler    chat TTFT p50/p99 ms  chat ITL p50/p99 ms  worst gap ms  long TTFT ms  goodput req/s
-    light  monolithic         653/682              201/12700             12700         12505    0.000 (0/2)
-    light  chunked            903/1095             455/1152               1152          9550    0.000 (0/2)
-    heavy  monolithic        3156/3202             341/24243             26809         25232    0.000 (0/6)
-    heavy  chunked           1557/2481             679/2338               2338         17511    0.000 (0/6)
-
-What it shows: on the monolithic server each chat user's worst gap is the whole prefill of the long prompts
-(12.7 s, 26.8 s); chunked prefill cuts it 11x at both loads, at the price of a higher median ITL (every step
-carries a 64-token chunk). On this overloaded machine no chat request met the 1 s worst-gap SLO, so goodput
-is 0 for both; rerun on a quiet machine to see it separate.
+The record shipped with the course and its table are printed by the lesson (08, section 5).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
-import platform
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from niah_grid import RECORDED, load_gate, now, provenance, wait_for_quiet, write_record
+
 LOADS = {"light": {"num_chat": 2, "num_long": 1}, "heavy": {"num_chat": 6, "num_long": 2}}
-SLO_TTFT_S, SLO_ITL_S = 5.0, 1.0  # CPU-sized targets: a first word within 5 s, no pause over 1 s
+SCHEDULERS = ("monolithic", "chunked")
+RECORD_VERSION = 2  # 2: load-gated, vLLM's chunk rule, repeats, Wilson intervals
+
+
+def run_row(load: str, scheduler: str, args, tokenizer) -> dict:
+    from longctx.bench.metrics import SLOs
+    from longctx.bench.stall import run_stall
+    from longctx.evals.stats import wilson_interval
+    from longctx.serve.launch import ServerProcess
+
+    shape = LOADS[load]
+    slos = SLOs(ttft_s=args.slo_ttft_s, itl_s=args.slo_itl_s)
+    ttft, itl, worst, long_ttft, good, errors = [], [], [], [], [], []
+    with ServerProcess(scheduler=scheduler, token_budget=args.token_budget, kv_blocks=args.kv_blocks,
+                       threads=args.threads) as server:
+        for rep in range(args.repeats):
+            r = run_stall(server.base_url, "SmolLM2-135M-Instruct", tokenizer, slos,
+                          chat_max_tokens=args.chat_max_tokens, long_prompt_tokens=args.long_prompt_tokens,
+                          seed=rep, **shape)
+            ttft += r["chat_ttft_s"]
+            itl += r["chat_itl_s"]
+            worst += r["chat_worst_gap_s"]
+            good += r["chat_good"]
+            errors += r["errors"]
+            long_ttft += [None if f is None else f - s
+                          for s, f in zip(r["long_sent_s"], r["long_first_token_s"], strict=True)]
+    import numpy as np
+
+    def pct(values, p):
+        return float(1000 * np.percentile(values, p)) if values else None
+
+    k, n = sum(good), len(good)
+    lo, hi = wilson_interval(k, n) if n else (0.0, 1.0)
+    return {
+        "load": load, **shape, "scheduler": scheduler,
+        "token_budget": args.token_budget if scheduler == "chunked" else None,
+        "repeats": args.repeats, "n_chat_requests": n,
+        "chat_ttft_ms": {"p50": pct(ttft, 50), "p99": pct(ttft, 99)},
+        "chat_itl_ms": {"p50": pct(itl, 50), "p99": pct(itl, 99), "n": len(itl)},
+        "chat_worst_gap_ms": [1000 * w for w in worst],
+        "long_ttft_ms": [None if x is None else 1000 * x for x in long_ttft],
+        "chat_good": k, "chat_completed": n, "chat_good_wilson95": [lo, hi],
+        "errors": errors,
+    }  # fmt: skip
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2, help="the server's torch threads (= the cores it uses)")
     ap.add_argument("--token-budget", type=int, default=64)
-    ap.add_argument("--long-prompt-tokens", type=int, default=768)
-    ap.add_argument("--chat-max-tokens", type=int, default=40)
-    ap.add_argument("--out", type=Path, default=ROOT / "longctx/data/recorded/serving_cpu.json")
+    ap.add_argument("--kv-blocks", type=int, default=512)
+    ap.add_argument("--long-prompt-tokens", type=int, default=1024)
+    ap.add_argument("--chat-max-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3, help="scenario runs per row, on the same server")
+    ap.add_argument("--slo-ttft-s", type=float, default=2.0, help="chat goodput: TTFT bound (s)")
+    ap.add_argument("--slo-itl-s", type=float, default=1.0, help="chat goodput: worst-gap bound (s)")
+    ap.add_argument("--force", action="store_true", help="record despite the load (marks the record unusable)")
+    ap.add_argument("--out", type=Path, default=RECORDED / "serving_cpu.json")
     args = ap.parse_args(argv)
+    if args.repeats < 1:
+        raise SystemExit("--repeats must be >= 1")
+    load_gate(args.threads, args.force)
 
-    import torch
-
-    from longctx.bench.metrics import SLOs
-    from longctx.bench.stall import run_stall
+    from longctx.evals.stats import fisher_exact
     from longctx.model.tokenizer import load_tokenizer
-    from longctx.serve.launch import ServerProcess
 
     tokenizer = load_tokenizer()
-    load_before = os.getloadavg()[0]
+    meta = provenance(args.threads, usable=not args.force)
+    meta.update(
+        benchmark="serving_cpu", record_version=RECORD_VERSION,
+        model="SmolLM2-135M-Instruct on `python -m longctx serve` (fp32 KV, CPU), client longctx.bench",
+        method=(f"longctx.bench.stall, {args.repeats} repeats per row on one server: chat users stream "
+                f"{args.chat_max_tokens}-token answers; 1 s later {args.long_prompt_tokens}-token prompts arrive; "
+                f"client-side timestamps, every chunk with choices timed (vLLM's rule); chat goodput = chat "
+                f"requests with TTFT <= {args.slo_ttft_s} s and worst gap <= {args.slo_itl_s} s"),
+        slo_ttft_s=args.slo_ttft_s, slo_itl_s=args.slo_itl_s, token_budget=args.token_budget,
+        kv_blocks=args.kv_blocks, load_average_1min_before_rows=[],
+    )  # fmt: skip
     rows = []
-    for load, shape in LOADS.items():
-        for scheduler in ("monolithic", "chunked"):
-            with ServerProcess(
-                scheduler=scheduler, token_budget=args.token_budget, kv_blocks=256, threads=args.threads
-            ) as server:
-                r = run_stall(
-                    server.base_url,
-                    "SmolLM2-135M-Instruct",
-                    tokenizer,
-                    SLOs(SLO_TTFT_S, None, SLO_ITL_S),
-                    chat_max_tokens=args.chat_max_tokens,
-                    long_prompt_tokens=args.long_prompt_tokens,
-                    **shape,
-                )
-            chat, long_ = r["chat"], r["long"]
-            rows.append(
-                {
-                    "load": load,
-                    **shape,
-                    "scheduler": scheduler,
-                    "token_budget": args.token_budget if scheduler == "chunked" else None,
-                    "chat_ttft_ms": {k: chat["ttft_ms"][k] for k in ("p50", "p99")},
-                    "chat_itl_ms": {k: chat["itl_ms"][k] for k in ("p50", "p99")},
-                    "chat_worst_gap_ms": 1000 * max(r["chat_worst_gap_s"], default=0.0),
-                    "long_ttft_ms": long_["ttft_ms"]["p50"],
-                    "chat_goodput_rps": chat["goodput"],
-                    "chat_good": chat["num_good"],
-                    "chat_completed": chat["completed"],
-                    "errors": r["errors"],
-                }
-            )
-            print(f"{load:<6} {scheduler:<11} done", file=sys.stderr)
-    result = {
-        "benchmark": "serving_cpu",
-        "model": "SmolLM2-135M-Instruct on longctx serve (fp32, CPU)",
-        "method": (
-            f"longctx.bench.stall: chat users stream {args.chat_max_tokens}-token answers; 1 s later "
-            f"{args.long_prompt_tokens}-token prompts arrive; client-side timestamps; goodput = chat "
-            f"requests with TTFT <= {SLO_TTFT_S} s and worst gap <= {SLO_ITL_S} s per second"
-        ),
-        "provenance": {
-            "cpu_count": os.cpu_count(),
-            "torch_threads": args.threads,
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "load_average_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        },
-        "rows": rows,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    for load in LOADS:
+        for scheduler in SCHEDULERS:
+            before = wait_for_quiet(args.threads, args.force)
+            meta["load_average_1min_before_rows"].append(round(before, 2))
+            row = run_row(load, scheduler, args, tokenizer)
+            row["load_average_1min_start"] = round(before, 2)
+            rows.append(row)
+            print(f"{now()} {load:<6} {scheduler:<11} done (load {before:.2f})", file=sys.stderr, flush=True)
+    for load in LOADS:
+        mono, chunk = (next(r for r in rows if r["load"] == load and r["scheduler"] == s) for s in SCHEDULERS)
+        meta.setdefault("fisher_chunked_vs_monolithic", {})[load] = fisher_exact(
+            chunk["chat_good"], chunk["chat_completed"], mono["chat_good"], mono["chat_completed"])
+    import os
+
+    meta["load_average_1min_end"] = round(os.getloadavg()[0], 2)
+    meta["n_chat_requests"] = sum(r["n_chat_requests"] for r in rows)
+    write_record(args.out, {"meta": meta, "rows": rows})
     print(format_rows(rows))
     return 0
 
 
 def format_rows(rows) -> str:
-    head = (
-        f"{'load':<6} {'scheduler':<11} {'chat TTFT p50/p99 ms':>21} {'chat ITL p50/p99 ms':>20} "
-        f"{'worst gap ms':>13} {'long TTFT ms':>13} {'goodput req/s':>14}"
-    )
-    lines = [head]
+    """The record as a table (the lesson prints the same)."""
+    lines = [f"{'load':<6} {'scheduler':<11} {'chat TTFT p50/p99 ms':>21} {'chat ITL p50/p99 ms':>20} "
+             f"{'worst gap max ms':>17} {'long TTFT med ms':>17} {'chat good':>10}"]
     for r in rows:
+        long_ = sorted(x for x in r["long_ttft_ms"] if x is not None)
+        med = long_[len(long_) // 2] if long_ else float("nan")
         lines.append(
             f"{r['load']:<6} {r['scheduler']:<11} {r['chat_ttft_ms']['p50']:>10.0f}/{r['chat_ttft_ms']['p99']:<10.0f}"
-            f"{r['chat_itl_ms']['p50']:>10.0f}/{r['chat_itl_ms']['p99']:<9.0f} {r['chat_worst_gap_ms']:>13.0f} "
-            f"{r['long_ttft_ms']:>13.0f} {r['chat_goodput_rps']:>8.3f} ({r['chat_good']}/{r['chat_completed']})"
-        )
+            f"{r['chat_itl_ms']['p50']:>10.0f}/{r['chat_itl_ms']['p99']:<9.0f} {max(r['chat_worst_gap_ms']):>17.0f} "
+            f"{med:>17.0f} {r['chat_good']:>4}/{r['chat_completed']:<5}")
     return "\n".join(lines)
 
 

@@ -140,16 +140,21 @@ def test_client_times_a_scripted_stream(monkeypatch):
             {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 5, "total_tokens": 14}},
         ]
     )
-    times = [0.05, 0.40, 0.45, 0.55, 1.25, 1.30, 1.31, 1.32]  # role-only chunk at 0.05 is not a token
+    times = [0.05, 0.40, 0.45, 0.55, 1.25, 1.30, 1.31, 1.32]
     rec = _run_scripted(monkeypatch, list(zip(times, lines, strict=True)))
     assert rec.ok and rec.text == "The sky is blue" and rec.correct is True
-    assert rec.token_times_s == pytest.approx([0.40, 0.45, 0.55, 1.25])
+    # vLLM's rule: every chunk with choices is timed, the role-only and the finish-only ones included
+    assert rec.token_times_s == pytest.approx([0.05, 0.40, 0.45, 0.55, 1.25, 1.30])
+    assert rec.chunk_has_text == [False, True, True, True, True, False]
+    assert rec.text_times_s == pytest.approx([0.40, 0.45, 0.55, 1.25])
     assert rec.output_tokens == 5 and rec.prompt_tokens == 9
     lat = request_latencies(rec.start_s, rec.token_times_s, rec.end_s, rec.output_tokens)
-    assert lat["ttft_s"] == pytest.approx(0.40)
-    assert lat["itl_s"] == pytest.approx([0.05, 0.10, 0.70])
-    assert lat["e2e_s"] == pytest.approx(1.30)  # the finish chunk
-    assert lat["tpot_s"] == pytest.approx((1.30 - 0.40) / 4)
+    assert lat["ttft_s"] == pytest.approx(0.05)
+    assert lat["itl_s"] == pytest.approx([0.35, 0.05, 0.10, 0.70, 0.05])
+    assert lat["e2e_s"] == pytest.approx(1.30)  # the finish chunk; the usage chunk has no choices
+    assert lat["tpot_s"] == pytest.approx((1.30 - 0.05) / 4)
+    text = request_latencies(rec.start_s, rec.text_times_s, rec.end_s, rec.output_tokens)
+    assert text["ttft_s"] == pytest.approx(0.40) and text["itl_s"] == pytest.approx([0.05, 0.10, 0.70])
 
 
 def test_client_records_http_errors_and_stream_errors(monkeypatch):
@@ -160,4 +165,4 @@ def test_client_records_http_errors_and_stream_errors(monkeypatch):
     rec = _run_scripted(monkeypatch, list(zip([0.1, 0.2, 0.3], lines, strict=True)))
     assert not rec.ok and "engine failure" in rec.error
     rec = _run_scripted(monkeypatch, [(0.1, b"data: [DONE]\n\n")])
-    assert not rec.ok and "without a token" in rec.error
+    assert not rec.ok and "without a chunk with choices" in rec.error

@@ -1,9 +1,15 @@
 """A streaming benchmark client for any OpenAI-compatible server (ours, vLLM, SGLang, ...).
 
 Each request is sent with ``"stream": true`` and ``stream_options.include_usage`` and timed chunk by chunk on
-the client's ``time.perf_counter`` clock. Non-200 answers, error events inside the stream, broken
-connections and streams that end without a token are recorded as failures with their message, never
-dropped. Arrivals: a Poisson process at ``rate`` requests/s (seeded; ``inf``: all at once), optionally capped
+the client's ``time.perf_counter`` clock. Which chunks are timed is vLLM's rule (``vllm bench serve``,
+``vllm/benchmarks/lib/endpoint_request_func.py``): every streamed event whose ``choices`` list is non-empty,
+whether or not it carries text (a held-back multi-byte character, an EOS token, a final chunk that only
+carries ``finish_reason``); the usage event (``choices: []``) is not. Each timed chunk also records whether
+it carried text, so the text-only timeline can be compared (``RequestRecord.text_times_s``).
+
+Failures: non-200 answers, broken connections and streams that end without a chunk with choices fail as in
+vLLM; an error event inside a 200 stream (``{"error": ...}``) fails here too, where vLLM's client skips the
+event and counts the request as a success. Failures are recorded with their message, never dropped. Arrivals: a Poisson process at ``rate`` requests/s (seeded; ``inf``: all at once), optionally capped
 at ``concurrency`` requests in flight (vLLM's ``--request-rate`` and ``--max-concurrency``).
 """
 
@@ -82,18 +88,18 @@ async def stream_request(
                 if "error" in event:
                     rec.error = f"stream error: {event['error'].get('message', event['error'])}"
                     break
-                if event.get("choices"):
+                if event.get("choices"):  # vLLM's rule: a chunk with choices is timed, text or not
                     text = _text_of(event["choices"][0])
-                    if text:
-                        rec.token_times_s.append(now)
-                        parts.append(text)
+                    rec.token_times_s.append(now)
+                    rec.chunk_has_text.append(bool(text))
+                    parts.append(text)
                     rec.end_s = now
                 if event.get("usage"):
                     rec.output_tokens = event["usage"].get("completion_tokens")
                     rec.prompt_tokens = event["usage"].get("prompt_tokens", rec.prompt_tokens)
             rec.text = "".join(parts)
             if rec.error is None and not rec.token_times_s:
-                rec.error = "the stream ended without a token"
+                rec.error = "the stream ended without a chunk with choices"
     except (httpx.HTTPError, OSError, ValueError) as exc:
         rec.error = f"{type(exc).__name__}: {exc}"[:300]
     return rec

@@ -1,21 +1,29 @@
 """Serving metrics from what a *client* sees: the time each streamed token arrived.
 
-Definitions follow vLLM's ``benchmark_serving.py`` (``vllm bench serve``), per request, times in seconds from
-the moment the request was sent (``start_s``):
+Definitions are vLLM's (``vllm bench serve``: ``vllm/benchmarks/serve.py`` and
+``vllm/benchmarks/lib/endpoint_request_func.py``; formerly ``benchmarks/benchmark_serving.py`` and
+``backend_request_func.py``), per request, times in seconds from the moment the request was sent
+(``start_s``). A *chunk* is a streamed event with a non-empty ``choices`` list, whatever its text (empty for
+a held-back character, an EOS token, or a final chunk with only ``finish_reason``):
 
-- TTFT = arrival of the first chunk carrying text - start
-- ITL  = gaps between consecutive text-carrying chunks (a list; a one-token answer has none)
-- E2E  = arrival of the last chunk with choices (the one carrying ``finish_reason``) - start
+- TTFT = arrival of the first chunk - start
+- ITL  = gaps between consecutive chunks (a list; a one-chunk answer has none)
+- E2E  = arrival of the last chunk - start
 - TPOT = (E2E - TTFT) / (output_tokens - 1); undefined (None) for one output token (vLLM then leaves it out
   of the TPOT statistics and uses 0 when it checks a TPOT SLO)
-- output_tokens = the server's ``usage.completion_tokens`` when it sends usage, else a tokenizer count of the
-  text, else the number of text chunks.
+- output_tokens = the server's ``usage.completion_tokens`` when it sends usage (as vLLM), else the number of
+  chunks (vLLM then counts the text's tokens with the model's tokenizer; our server always sends usage).
 
 Over a run of ``duration_s`` (first send to last response): request throughput = completed / duration, output
 throughput = output tokens / duration, goodput = requests that completed AND met every SLO / duration
 (DistServe's definition, vLLM's ``--goodput ttft:… tpot:… e2el:…``). We add an ITL SLO that vLLM does not
 have: a request meets it when its *worst* gap is under the bound (a user sees a stall once, not on average).
-Failed requests are counted and listed, never dropped; they never count toward goodput.
+Failed requests are counted and listed, never dropped; they never count toward goodput. (Where we differ from
+vLLM's client: an error event inside a 200 stream fails the request here; vLLM skips it.)
+
+A server that sends its ``finish_reason`` in a chunk of its own (ours does) adds one near-zero gap per request
+to the ITL list under this rule; ``RequestRecord.text_times_s`` gives the text-only timeline (``summarize(...,
+chunks="text")``) so the difference can be measured rather than guessed.
 Percentiles are numpy's linear interpolation (``np.percentile``), as vLLM prints them. Pure Python + numpy.
 """
 
@@ -35,7 +43,7 @@ class RequestRecord:
 
     request_id: int
     start_s: float
-    token_times_s: list[float] = field(default_factory=list)  # arrival of each text-carrying chunk
+    token_times_s: list[float] = field(default_factory=list)  # arrival of each chunk with choices (vLLM's rule)
     end_s: float | None = None  # arrival of the last chunk with choices
     output_tokens: int | None = None  # server usage (or a tokenizer count)
     prompt_tokens: int | None = None
@@ -44,10 +52,17 @@ class RequestRecord:
     status: int | None = None  # HTTP status
     expected: str | None = None  # the right answer, when the workload knows it
     kind: str = ""  # workload class (e.g. "chat", "long-prefill")
+    chunk_has_text: list[bool] = field(default_factory=list)  # per timed chunk: did it carry text?
 
     @property
     def ok(self) -> bool:
         return self.error is None and bool(self.token_times_s)
+
+    @property
+    def text_times_s(self) -> list[float]:
+        """Arrival of the chunks that carried text (a client that times text only; not vLLM's rule)."""
+        flags = self.chunk_has_text or [True] * len(self.token_times_s)
+        return [t for t, has in zip(self.token_times_s, flags, strict=True) if has]
 
     @property
     def correct(self) -> bool | None:
@@ -126,15 +141,23 @@ def summarize(
     duration_s: float | None = None,
     slos: SLOs | None = None,
     percentiles=DEFAULT_PERCENTILES,
+    chunks: str = "choices",
 ) -> dict:
-    """Benchmark summary (plain data, JSON-ready) of a run's records."""
+    """Benchmark summary (plain data, JSON-ready) of a run's records.
+
+    ``chunks``: which arrivals are timed: ``"choices"`` (every chunk with choices: vLLM's rule, the default)
+    or ``"text"`` (only chunks that carried text; a completed request without any has no latencies then).
+    """
+    if chunks not in ("choices", "text"):
+        raise ValueError(f"chunks must be 'choices' (vLLM's rule) or 'text', got {chunks!r}")
     slos = slos or SLOs()
     done = [r for r in records if r.ok]
     failed = [r for r in records if not r.ok]
     if duration_s is None:
         ends = [r.end_s or (r.token_times_s[-1] if r.token_times_s else r.start_s) for r in records]
         duration_s = (max(ends) - min(r.start_s for r in records)) if records else 0.0
-    lats = [request_latencies(r.start_s, r.token_times_s, r.end_s, r.output_tokens) for r in done]
+    timed = [(r, r.token_times_s if chunks == "choices" else r.text_times_s) for r in done]
+    lats = [request_latencies(r.start_s, t, r.end_s, r.output_tokens) for r, t in timed if t]
     ttft = [x["ttft_s"] for x in lats]
     tpot = [x["tpot_s"] for x in lats if x["tpot_s"] is not None]
     itl = [g for x in lats for g in x["itl_s"]]
@@ -156,6 +179,7 @@ def summarize(
         "output_throughput": out_tokens / dur,
         "total_token_throughput": (in_tokens + out_tokens) / dur,
         "slos_ms": {k: (None if v is None else v * 1000.0) for k, v in asdict(slos).items()},
+        "chunks_timed": chunks,
         "num_good": good,
         "goodput": good / dur,
         "answers_checked": len(checked),
@@ -189,7 +213,11 @@ def format_table(summary: dict) -> str:
         desc = ", ".join(f"{k.removesuffix('_s')}<={v:g}ms" for k, v in slos.items())
         lines.append(f"{'Goodput (req/s) under ' + desc + ':':<42} {s['goodput']:.3f} ({s['num_good']} good)")
     if s["answers_checked"]:
-        lines.append(f"{'Answers correct:':<42} {s['answers_correct']} / {s['answers_checked']}")
+        from longctx.evals.stats import wilson_interval
+
+        lo, hi = wilson_interval(s["answers_correct"], s["answers_checked"])
+        lines.append(f"{'Answers correct:':<42} {s['answers_correct']} / {s['answers_checked']} "
+                     f"(95 % Wilson interval {lo:.2f} to {hi:.2f})")
     pct = [k for k in s["ttft_ms"] if k.startswith("p")]
     lines.append(f"{'(ms)':<8}" + "".join(f"{h:>10}" for h in ["n", "mean", "median", *pct]))
     for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):

@@ -62,25 +62,32 @@ def run_stall(base_url: str, model: str, tokenizer, slos: SLOs | None = None, **
     """Run the scenario against a server; returns plain data.
 
     Keys: ``chat`` / ``long`` (summaries of each class, as ``metrics.summarize``), ``chat_gaps``
-    (``[(time_s, gap_s)]`` of every chat token after the first, time from the first send), ``long_sent_s``,
-    ``long_first_token_s`` (None if it failed), ``chat_worst_gap_s`` (per chat user).
+    (``[(time_s, gap_s)]`` of every chat chunk after the first, time from the first send), ``long_sent_s``,
+    ``long_first_token_s`` (None if it failed), and per completed chat user ``chat_worst_gap_s``,
+    ``chat_ttft_s``, ``chat_good`` (met ``slos``); ``chat_itl_s`` pools every chat gap. Chunks are timed by
+    vLLM's rule (``metrics``).
     """
     requests, offsets = stall_requests(tokenizer, **kwargs)
     records, duration_s = run_benchmark(base_url, model, requests, offsets_s=offsets)
     t0 = min(r.start_s for r in records)
     chat = [r for r in records if r.kind == "chat"]
     long_ = [r for r in records if r.kind == "long-prefill"]
-    gaps, worst = [], []
+    gaps, worst, ttft, good = [], [], [], []
     for r in chat:
         if r.ok:
             lat = request_latencies(r.start_s, r.token_times_s, r.end_s, r.output_tokens)
             gaps += [(t - t0, g) for t, g in zip(r.token_times_s[1:], lat["itl_s"], strict=True)]
             worst.append(max(lat["itl_s"], default=0.0))
+            ttft.append(lat["ttft_s"])
+            good.append(bool((slos or SLOs()).met(lat)))
     return {
         "chat": summarize(chat, duration_s, slos),
         "long": summarize(long_, duration_s, slos) if long_ else None,
         "chat_gaps": sorted(gaps),
         "chat_worst_gap_s": worst,
+        "chat_ttft_s": ttft,
+        "chat_itl_s": [g for _, g in gaps],
+        "chat_good": good,
         "long_sent_s": [r.start_s - t0 for r in long_],
         "long_first_token_s": [(r.token_times_s[0] - t0) if r.ok else None for r in long_],
         "errors": [r.error for r in records if not r.ok],
