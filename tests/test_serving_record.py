@@ -53,7 +53,8 @@ def test_the_rows_add_up_and_the_schedulers_separate():
         assert r["chat_good"] <= good  # the worst-gap bound alone already limits the good count
     for load in ("light", "heavy"):
         mono, chunk = (next(r for r in rows if r["load"] == load and r["scheduler"] == s) for s in serving.SCHEDULERS)
-        assert chunk["chat_good"] > mono["chat_good"] and meta["fisher_chunked_vs_monolithic"][load] < 0.05
+        assert chunk["chat_good"] > mono["chat_good"] and chunk["repeats_met"] > mono["repeats_met"]
+        assert 0 <= meta["fisher_over_repeats"][load] <= 1  # over repeats, the independent unit (3 vs 3: p >= 0.1)
         assert max(chunk["chat_worst_gap_ms"]) < min(mono["chat_worst_gap_ms"])
         assert sorted(chunk["long_ttft_ms"])[-1] > sorted(mono["long_ttft_ms"])[-1]  # chunking costs the long prompt
 
@@ -69,7 +70,13 @@ def test_lesson_08_prose_quotes_the_record():
         f"{rows['heavy', 'chunked']['chat_good']}/{rows['heavy', 'chunked']['chat_completed']}",
         f"{rows['light', 'chunked']['chat_itl_ms']['p50']:.0f} against {rows['light', 'monolithic']['chat_itl_ms']['p50']:.0f} ms",
         f"{rows['heavy', 'chunked']['chat_itl_ms']['p50']:.0f} against {rows['heavy', 'monolithic']['chat_itl_ms']['p50']:.0f}",
-        f"p = {_record()['meta']['fisher_chunked_vs_monolithic']['light']:.2g}",
+        f"p = {_record()['meta']['fisher_over_repeats']['light']:.2g}",
     ]
     for text in quoted:
         assert text in prose, f"lesson 08's prose does not quote the record: {text!r}"
+
+
+def test_a_row_started_above_the_cores_makes_the_record_unusable():
+    assert serving.rows_started_quiet([1.29, 1.71, 1.29, 1.61], 2)
+    assert not serving.rows_started_quiet([1.29, 2.4, 1.29], 2), "a row at load 2.4 on 2 threads is not quiet"
+    assert all(load <= _record()["meta"]["torch_threads"] for load in _record()["meta"]["load_average_1min_before_rows"])
