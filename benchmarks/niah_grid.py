@@ -7,6 +7,8 @@ run keeps what it finished; a rerun skips the trials already recorded):
 - ``grid-multikey`` the same on the natural-text haystack with 3 distractor needles.
 - ``beyond``        past the trained 8K: no scaling vs PI (linear) vs NTK-aware vs YaRN, factor 2; every
                     variant answers the same ``--trials`` prompts (default 10 per variant and length).
+- ``depth1``        why a needle right before the question is lost: the depth-1 passkey prompt and variants that
+                    each change one thing (``longctx.evals.depth_probe``), ``--trials`` per length (default 10).
 - ``perplexity``    per-position NLL of ~16K tokens of natural text under each RoPE variant.
 - ``entropy``       attention entropy vs context length for a few layers, plain and with YaRN's factor.
 - ``rescore``       re-score every shipped needle record from its recorded outputs (containment rule).
@@ -163,6 +165,43 @@ def run_trials(path, cells, model, tok, meta, max_tokens, threads, force):
     return data
 
 
+def run_depth_one(path, model, tok, meta, lengths, trials, threads, force):
+    """The ``depth1`` section: every variant of ``depth_one_variants`` on the same trials; resumable."""
+    from tqdm import tqdm
+
+    from longctx.evals.depth_probe import depth_one_variants
+    from longctx.evals.haystack import HaystackBuilder
+    from longctx.evals.niah import NiahRunner
+    from longctx.evals.scoring import SCORING
+    from longctx.evals.stats import Rate
+
+    data = open_record(path, meta)
+    data["meta"].update(scoring=SCORING, trials="independent: own needle value and filler offset per trial; every "
+                        "variant of a trial shares its value and filler")
+    done = {(r["variant"], r["length"], r["seed"]) for r in data["rows"]}
+    builder, runner = HaystackBuilder(tok), NiahRunner(model, tok, max_tokens=max(lengths) + 64)
+    for n, i in tqdm([(n, i) for i in trials for n in lengths], desc=path.stem, file=sys.stderr):
+        seed = trial_seed(n, 1.0, i)
+        todo = {v: p for v, p in depth_one_variants(builder, n, seed).items() if (v, n, seed) not in done}
+        if not todo:
+            continue
+        load = wait_for_quiet(threads, force)
+        for variant, prompt in todo.items():
+            r = runner.score(prompt)
+            data["rows"].append({
+                "variant": variant, "length": n, "tokens": len(prompt.token_ids), "trial": i, "seed": seed,
+                "needle_start": prompt.needle_start, "question_start": prompt.question_start,
+                "answer": prompt.answer, "output": r.output, "correct": r.correct, "exact": r.exact,
+                "answer_logprob": r.answer_logprob, "breaks_at": r.breaks_at, "load_1min": load,
+                "usable": meta["usable"]})  # fmt: skip
+        write_record(path, data)
+    print(f"\n{'variant':<28}" + "".join(f"{n:>30}" for n in lengths))
+    for v in dict.fromkeys(r["variant"] for r in data["rows"]):
+        print(f"{v:<28}" + "".join(f"{str(Rate.of(r['correct'] for r in data['rows'] if r['variant'] == v and r['length'] == n)):>30}"
+                                   for n in lengths))
+    return data
+
+
 def print_table(data) -> None:
     from longctx.evals.stats import Rate
 
@@ -191,7 +230,8 @@ def rescore_shipped() -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("section", choices=["grid-passkey", "grid-multikey", "beyond", "perplexity", "entropy", "rescore"])
+    ap.add_argument("section", choices=["grid-passkey", "grid-multikey", "beyond", "depth1", "perplexity", "entropy",
+                                    "rescore"])
     ap.add_argument("--lengths", default=None, help="comma-separated prompt lengths in tokens")
     ap.add_argument("--depths", default=None, help=f"comma-separated depths in [0, 1] (default {DEPTHS})")
     ap.add_argument("--trials", type=int, default=10, help="independent trials per cell (beyond: per variant)")
@@ -231,6 +271,8 @@ def main(argv=None) -> int:
         cells = [(h, v, n, d, i) for i in trials for h in args.haystacks.split(",") for n in lengths for d in depths
                  for v in variants]  # fmt: skip
         print_table(run_trials(out, cells, model, tok, meta, max(lengths) + 64, args.threads, args.force))
+    elif args.section == "depth1":
+        run_depth_one(out, model, tok, meta, ints(args.lengths or "768,1024"), trials, args.threads, args.force)
     elif args.section == "perplexity":
         from longctx.evals.haystack import natural_text
         from longctx.evals.perplexity import perplexity_by_bucket, token_nll
