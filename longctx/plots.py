@@ -100,11 +100,12 @@ def plot_token_gaps(token_times_s: Sequence[float], ax=None, label: str | None =
 
 def plot_heatmap(values, row_labels: Sequence[str], col_labels: Sequence[str], ax=None, fmt: str = "{:.3g}",
                  colorbar_label: str = "", title: str | None = None, log: bool = True,
-                 vmin: float | None = None, vmax: float | None = None):
+                 vmin: float | None = None, vmax: float | None = None, cell_text=None):
     """A table of numbers as a heatmap with each cell's value written in it (log colour scale by default).
 
-    ``values[i][j]`` belongs to ``row_labels[i]`` and ``col_labels[j]``; ``fmt`` formats the cell text and
-    ``colorbar_label`` names the quantity and its unit. ``vmin``/``vmax`` clip the linear colour scale (the
+    ``values[i][j]`` belongs to ``row_labels[i]`` and ``col_labels[j]``; ``fmt`` formats the cell text (or
+    ``cell_text[i][j]``, when given, is written instead, e.g. ``"7/10"``) and ``colorbar_label`` names the
+    quantity and its unit. ``vmin``/``vmax`` clip the linear colour scale (the
     cell text keeps the true value), e.g. so that one outlier does not wash out the rest.
     """
     import matplotlib.colors as mcolors
@@ -113,6 +114,8 @@ def plot_heatmap(values, row_labels: Sequence[str], col_labels: Sequence[str], a
     data = np.asarray(values, dtype=float)
     if data.shape != (len(row_labels), len(col_labels)):
         raise ValueError(f"values has shape {data.shape}, labels say {(len(row_labels), len(col_labels))}")
+    if cell_text is not None and np.shape(np.asarray(cell_text, dtype=object)) != data.shape:
+        raise ValueError(f"cell_text has shape {np.shape(np.asarray(cell_text, dtype=object))}, values {data.shape}")
     ax = _axes(ax)
     lo, hi = np.nanmin(data), np.nanmax(data)  # NaN cells (not measured) stay blank in the colour map
     norm = mcolors.LogNorm(vmin=lo, vmax=hi) if log and lo > 0 else None
@@ -125,7 +128,8 @@ def plot_heatmap(values, row_labels: Sequence[str], col_labels: Sequence[str], a
         (norm.vmin + norm.vmax) / 2 if norm is not None else (lo + hi) / 2)
     for i in range(data.shape[0]):
         for j in range(data.shape[1]):
-            ax.text(j, i, fmt.format(data[i, j]), ha="center", va="center", fontsize=9,
+            text = fmt.format(data[i, j]) if cell_text is None else str(cell_text[i][j])
+            ax.text(j, i, text, ha="center", va="center", fontsize=9,
                     color="white" if data[i, j] < mid else "black")
     ax.figure.colorbar(image, ax=ax, label=colorbar_label)
     if title:

@@ -163,6 +163,12 @@ def test_heatmap_of_a_partial_grid_clips_its_colours():
     assert image.norm.vmin == -5 and image.norm.vmax == -0.5
     assert [tx.get_text() for tx in ax.texts] == ["-0.5", "-20", "-2", "nan"]
     plt.close(fig)
+    fig, ax = plt.subplots()
+    plot_heatmap(grid, ["a", "b"], ["c", "d"], ax=ax, log=False, cell_text=[["1/2", "0/2"], ["2/2", ""]])
+    assert [tx.get_text() for tx in ax.texts] == ["1/2", "0/2", "2/2", ""]
+    with pytest.raises(ValueError, match="cell_text has shape"):
+        plot_heatmap(grid, ["a", "b"], ["c", "d"], ax=ax, log=False, cell_text=[["1/2"]])
+    plt.close(fig)
 
 
 def test_question_start_is_where_the_question_begins(builder):
