@@ -12,6 +12,8 @@ run keeps what it finished; a rerun skips the trials already recorded):
 - ``perplexity``    per-position NLL of ~16K tokens of natural text under each RoPE variant.
 - ``entropy``       attention entropy vs context length for a few layers, plain and with YaRN's factor.
 - ``rescore``       re-score every shipped needle record from its recorded outputs (containment rule).
+- ``merge``         join records of one section recorded in parallel (e.g. ``beyond --variants none,linear`` in
+                    one process and ``--variants ntk,yarn`` in another): ``merge A.json B.json --out C.json``.
 
 Trials are independent: trial ``i`` of cell (length, depth) uses seed ``trial_seed(length, depth, i)``,
 which draws its own needle value and its own stretch of filler (``longctx.evals.haystack``). A trial is
@@ -202,6 +204,30 @@ def run_depth_one(path, model, tok, meta, lengths, trials, threads, force):
     return data
 
 
+def merge_records(paths: list[Path], out: Path) -> dict:
+    """One record from several of the same section and version: their rows (a trial recorded twice is an error)
+    and every run's provenance; ``usable`` only if every input is."""
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    versions = {d["meta"].get("record_version") for d in parts}
+    if versions != {RECORD_VERSION}:
+        raise SystemExit(f"merge: every input must be a version-{RECORD_VERSION} record, got versions {sorted(map(str, versions))}")
+    key = lambda r: (r.get("haystack"), r.get("rope", r.get("variant")), r["length"], r.get("depth"), r["seed"])  # noqa: E731
+    rows, seen = [], set()
+    for d in parts:
+        for r in d["rows"]:
+            if key(r) in seen:
+                raise SystemExit(f"merge: trial {key(r)} is in more than one input")
+            seen.add(key(r))
+            rows.append(r)
+    runs = [run for d in parts for run in d["meta"].get("runs", [d["meta"]])]
+    first = min(runs, key=lambda run: run["date"])
+    meta = {**parts[0]["meta"], **first, "runs": runs,
+            "usable": all(d["meta"].get("usable", True) for d in parts)}
+    data = {"meta": meta, "rows": rows}
+    write_record(out, data)
+    return data
+
+
 def print_table(data) -> None:
     from longctx.evals.stats import Rate
 
@@ -231,7 +257,8 @@ def rescore_shipped() -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("section", choices=["grid-passkey", "grid-multikey", "beyond", "depth1", "perplexity", "entropy",
-                                    "rescore"])
+                                    "rescore", "merge"])
+    ap.add_argument("inputs", nargs="*", type=Path, help="merge: the records to join (with --out)")
     ap.add_argument("--lengths", default=None, help="comma-separated prompt lengths in tokens")
     ap.add_argument("--depths", default=None, help=f"comma-separated depths in [0, 1] (default {DEPTHS})")
     ap.add_argument("--trials", type=int, default=10, help="independent trials per cell (beyond: per variant)")
@@ -243,6 +270,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.section == "rescore":
         rescore_shipped()
+        return 0
+    if args.section == "merge":
+        if len(args.inputs) < 2 or args.out is None:
+            ap.error("merge needs two or more input records and --out")
+        print_table(merge_records(args.inputs, args.out))
+        print(f"wrote {args.out}")
         return 0
     load_gate(args.threads, args.force)
 

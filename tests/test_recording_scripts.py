@@ -91,3 +91,21 @@ def test_the_pruning_sweep_covers_every_point_and_the_interventions():
     assert next(c for c in configs if c.name == "h2o_mean").press(0).normalization == "mean"
     sink = next(c for c in configs if c.name == "random_sink_snapkv_needle").press(seed=3, needle=needle)
     assert sink.base.positions == [0] and sink.base.base.seed == 3 and sink.donor.name == "snapkv"
+
+
+def test_records_made_in_parallel_merge_into_one(tmp_path):
+    def record(name, rope, seeds, load):
+        run = {**niah_grid.provenance(1), "load_average_1min_start": load}
+        data = {"meta": {**run, "record_version": niah_grid.RECORD_VERSION, "runs": [run]},
+                "rows": [{"haystack": "passkey", "rope": rope, "length": 12288, "depth": 0.5, "seed": s,
+                          "correct": s % 2 == 0, "answer_logprob": -1.0, "prefill_s": 1.0} for s in seeds]}
+        niah_grid.write_record(tmp_path / name, data)
+        return tmp_path / name
+
+    a, b = record("a.json", "none", [1, 2], 0.5), record("b.json", "ntk x2", [1, 2], 0.9)
+    merged = niah_grid.merge_records([a, b], tmp_path / "ab.json")
+    on_disk = json.loads((tmp_path / "ab.json").read_text())
+    assert on_disk["meta"]["n"] == 4 == len(merged["rows"])
+    assert [r["load_average_1min_start"] for r in on_disk["meta"]["runs"]] == [0.5, 0.9]
+    with pytest.raises(SystemExit, match="more than one input"):
+        niah_grid.merge_records([a, a], tmp_path / "aa.json")
