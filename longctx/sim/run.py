@@ -26,16 +26,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from longctx.engine import SLO, Engine, Scheduler, StepRecord, VirtualClock, summarize
-from longctx.engine.metrics import RequestMetrics, RunMetrics, request_metrics
 from longctx.kv.block_manager import BlockManager
 from longctx.kv.quant import pool_bytes_per_token
 from longctx.memory import blocks_that_fit
+from longctx.metrics import RequestMetrics, RunMetrics, request_metrics
 from longctx.plan import pool_blocks
 from longctx.sim.cost_model import CostFactors, CostModelExecutor
 from longctx.sim.workload import Request
 from longctx.specs import HardwareSpec, ModelSpec, dtype_bytes, get_hardware, get_model
 
-PERCENTILE_KEYS = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0}
+LATENCY_KEYS = ("p50", "p90", "p95", "p99", "mean")  # what to_dict reports of each latency
 
 
 def kv_pool_blocks(
@@ -100,10 +100,8 @@ class SimResult:
         """JSON-ready summary: ``ttft_s``, ``tpot_s``, ``itl_s``, ``e2e_s`` (p50/p90/p95/p99/mean) etc."""
         m = self.metrics
 
-        def dist(d) -> dict:
-            out = {k: _num(d.percentiles[q]) for k, q in PERCENTILE_KEYS.items()}
-            out["mean"] = _num(d.mean)
-            return out
+        def dist(d) -> dict:  # NaN (e.g. no TPOT with 1-token outputs) -> null in JSON
+            return d.to_dict(LATENCY_KEYS, empty=None)
 
         return {
             "config": self.config,
