@@ -120,8 +120,11 @@ class KVPool:
         return self.shared_bytes + self.num_requests * self.per_request_bytes
 
 
-def _split_prefix(tokens: int, shared_prefix_tokens: int, block_size: int | None) -> tuple[int, int]:
-    """(token slots stored once, token slots stored per request)."""
+def split_prefix(tokens: int, shared_prefix_tokens: int, block_size: int | None) -> tuple[int, int]:
+    """(token slots stored once, token slots stored per request) of requests of ``tokens`` tokens whose first
+    ``shared_prefix_tokens`` are common: paged, only the prefix's full blocks are shared and each request
+    stores the rest in whole blocks; unpaged (``block_size=None``), the whole prefix is shared. ``kv_pool``
+    and ``plan.plan`` both split a pool this way."""
     tokens = check_token_count("tokens_per_request", tokens)
     prefix = check_token_count("shared_prefix_tokens", shared_prefix_tokens)
     if prefix > tokens:
@@ -147,7 +150,7 @@ def kv_pool(
     """KV memory of a pool of equal-length requests, with an optional prefix stored once."""
     num_requests = check_token_count("num_requests", num_requests)
     bpt = kv_bytes_per_token(model, dtype)
-    shared, unique = _split_prefix(tokens_per_request, shared_prefix_tokens, block_size)
+    shared, unique = split_prefix(tokens_per_request, shared_prefix_tokens, block_size)
     if num_requests == 0:
         shared = 0
     return KVPool(shared * bpt, unique * bpt, num_requests)

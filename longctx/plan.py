@@ -238,8 +238,8 @@ def plan(
     bpt = bytes_per_token(m, fmt.name, layout)  # raises if per-group scales do not divide head_dim
     block_bytes = block_size * bpt
     pool_blocks = _whole_blocks(pool, block_size, bpt)
-    shared_blocks = shared_prefix // block_size
-    per_user_blocks = memory.blocks_for_tokens(context - shared_blocks * block_size, block_size)  # >= 1
+    shared_tokens, own_tokens = memory.split_prefix(context, shared_prefix, block_size)  # whole blocks both
+    shared_blocks, per_user_blocks = shared_tokens // block_size, own_tokens // block_size  # per user >= 1
     blocks = shared_blocks + users * per_user_blocks
     total = blocks * block_bytes
     max_users = max(0, (pool_blocks - shared_blocks) // per_user_blocks)
