@@ -64,7 +64,7 @@ def attention_removed():
 def prefill_s(model, tokens: torch.Tensor) -> tuple[float, float]:
     """(CPU seconds, wall seconds) of one monolithic prefill of ``tokens`` into a fresh paged cache."""
     n = tokens.numel()
-    num_blocks = memory.blocks_needed(n, BLOCK_SIZE)
+    num_blocks = memory.blocks_for_tokens(n, BLOCK_SIZE)
     cache = PagedKVCache.for_model(model.config, num_blocks=num_blocks, block_size=BLOCK_SIZE)
     meta = build_attention_metadata([(list(range(num_blocks)), 0, n)], BLOCK_SIZE)
     last = torch.tensor([n - 1])

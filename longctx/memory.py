@@ -54,20 +54,39 @@ def _budget(budget_bytes: float) -> float:
     return float(budget_bytes)
 
 
-def kv_bytes_per_token(model: ModelSpec | str, dtype: str = "fp16") -> int:
-    """Bytes of K and V for one token over all layers: ``2 * L * H_kv * d_head * b``.
+def kv_bytes_per_token(model: ModelSpec | str, dtype: str = "fp16", scale_bytes_per_vector: int = 0) -> int:
+    """Bytes of K and V for one token over all layers: ``2 * L * H_kv * (d_head * b + scale_bytes_per_vector)``.
 
-    Always a whole number (for int4, 2 * 0.5 = 1). Llama-2-7B fp16: 524,288 B = 512 KiB.
+    The one place this formula is written. With the default ``scale_bytes_per_vector=0`` it counts elements
+    only, the textbook number (always whole: for int4, 2 * 0.5 = 1); Llama-2-7B fp16: 524,288 B = 512 KiB.
+    A quantized pool also stores scales with each key (value) vector of each head: ``kv.quant.pool_bytes_per_token``
+    and ``plan.bytes_per_token`` pass them here.
     """
     m = get_model(model)
-    return int(2 * m.num_layers * m.num_kv_heads * m.head_dim * dtype_bytes(dtype))
+    return int(2 * m.num_layers * m.num_kv_heads * (m.head_dim * dtype_bytes(dtype) + scale_bytes_per_vector))
 
 
-def blocks_needed(tokens: int, block_size: int) -> int:
-    """Number of paged blocks holding ``tokens`` tokens: ``ceil(tokens / block_size)``."""
-    tokens = check_token_count("tokens", tokens)
-    block_size = _block_size(block_size)
-    return -(-tokens // block_size)
+def blocks_for_tokens(num_tokens: int, block_size: int) -> int:
+    """Paged blocks of ``block_size`` slots that hold ``num_tokens`` tokens: ``ceil(num_tokens / block_size)``
+    (the last block may be partly empty). The one place this rounding is written; the block manager, the KV
+    cache, the planner and the evals call it. Raises ``ValueError`` unless ``num_tokens >= 0`` and
+    ``block_size >= 1`` are integers."""
+    if type(num_tokens) is not int or type(block_size) is not int or num_tokens < 0 or block_size < 1:
+        num_tokens = check_token_count("num_tokens", num_tokens)  # numpy / torch integers, or a bad value
+        block_size = check_token_count("block_size", block_size, allow_zero=False)
+    return -(-num_tokens // block_size)
+
+
+blocks_needed = blocks_for_tokens  # the name lesson 04 uses
+
+
+def blocks_that_fit(budget_bytes: float, block_size: int, bytes_per_token: int) -> int:
+    """Whole blocks of ``block_size`` tokens of ``bytes_per_token`` bytes each in ``budget_bytes``:
+    ``floor(budget / (block_size * bytes_per_token))``, 0 when not one block fits (a negative budget too).
+
+    The one place a KV pool is sized; ``plan.pool_blocks`` (a pool of so many GiB) and
+    ``sim.run.kv_pool_blocks`` (what a GPU leaves after the weights) call it and say why a 0 is an error."""
+    return max(0, int(budget_bytes // (block_size * bytes_per_token)))
 
 
 def padded_tokens(tokens: int, block_size: int | None) -> int:
@@ -75,7 +94,7 @@ def padded_tokens(tokens: int, block_size: int | None) -> int:
     tokens = check_token_count("tokens", tokens)
     if block_size is None:
         return tokens
-    return blocks_needed(tokens, block_size) * block_size
+    return blocks_for_tokens(tokens, block_size) * block_size
 
 
 def kv_bytes_per_request(
@@ -101,8 +120,11 @@ class KVPool:
         return self.shared_bytes + self.num_requests * self.per_request_bytes
 
 
-def _split_prefix(tokens: int, shared_prefix_tokens: int, block_size: int | None) -> tuple[int, int]:
-    """(token slots stored once, token slots stored per request)."""
+def split_prefix(tokens: int, shared_prefix_tokens: int, block_size: int | None) -> tuple[int, int]:
+    """(token slots stored once, token slots stored per request) of requests of ``tokens`` tokens whose first
+    ``shared_prefix_tokens`` are common: paged, only the prefix's full blocks are shared and each request
+    stores the rest in whole blocks; unpaged (``block_size=None``), the whole prefix is shared. ``kv_pool``
+    and ``plan.plan`` both split a pool this way."""
     tokens = check_token_count("tokens_per_request", tokens)
     prefix = check_token_count("shared_prefix_tokens", shared_prefix_tokens)
     if prefix > tokens:
@@ -128,7 +150,7 @@ def kv_pool(
     """KV memory of a pool of equal-length requests, with an optional prefix stored once."""
     num_requests = check_token_count("num_requests", num_requests)
     bpt = kv_bytes_per_token(model, dtype)
-    shared, unique = _split_prefix(tokens_per_request, shared_prefix_tokens, block_size)
+    shared, unique = split_prefix(tokens_per_request, shared_prefix_tokens, block_size)
     if num_requests == 0:
         shared = 0
     return KVPool(shared * bpt, unique * bpt, num_requests)

@@ -180,11 +180,12 @@ def bytes_per_token(model: ModelSpec | str, kv_dtype: str, kv_scales: str | None
             raise ValueError(f"per-group scales take one scale per {quant.GROUP_SIZE} numbers, which does not divide "
                              f"{m.name}'s head_dim={m.head_dim}; use per-vector or per-tensor")
         scales = m.head_dim // quant.GROUP_SIZE
-    return 2 * m.num_layers * m.num_kv_heads * (fmt.code_bytes(m.head_dim) + scales * quant.SCALE_BYTES)
+    fmt.code_bytes(m.head_dim)  # raises where the codes do not fill whole bytes (int4 with an odd head_dim)
+    return memory.kv_bytes_per_token(m, fmt.name, scales * quant.SCALE_BYTES)
 
 
 def _whole_blocks(pool: int, block_size: int, bytes_per_token: int) -> int:
-    blocks = pool // (block_size * bytes_per_token)
+    blocks = memory.blocks_that_fit(pool, block_size, bytes_per_token)
     if blocks < 1:
         raise ValueError(
             f"the pool holds no block of {block_size} tokens: pool_bytes={pool:,} < one block = "
@@ -237,8 +238,8 @@ def plan(
     bpt = bytes_per_token(m, fmt.name, layout)  # raises if per-group scales do not divide head_dim
     block_bytes = block_size * bpt
     pool_blocks = _whole_blocks(pool, block_size, bpt)
-    shared_blocks = shared_prefix // block_size
-    per_user_blocks = memory.blocks_needed(context - shared_blocks * block_size, block_size)  # >= 1
+    shared_tokens, own_tokens = memory.split_prefix(context, shared_prefix, block_size)  # whole blocks both
+    shared_blocks, per_user_blocks = shared_tokens // block_size, own_tokens // block_size  # per user >= 1
     blocks = shared_blocks + users * per_user_blocks
     total = blocks * block_bytes
     max_users = max(0, (pool_blocks - shared_blocks) // per_user_blocks)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from longctx.memory import blocks_needed
+from longctx.memory import blocks_for_tokens
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class StallScenario:
     def num_chunks(self, chunk_size: int) -> int:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be at least 1 token, got {chunk_size}")
-        return blocks_needed(self.prompt_tokens, chunk_size)  # ceil(prompt / chunk)
+        return blocks_for_tokens(self.prompt_tokens, chunk_size)  # ceil(prompt / chunk)
 
     def timeline(self, chunk_size: int | None = None, steps_before: int = 5,
                  steps_after: int = 5) -> list[IterationRecord]:

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from longctx.engine.metrics import SLO, Distribution, RequestMetrics, percentile, summarize
+from longctx.metrics import SLO, Distribution, RequestMetrics, percentile, summarize
 
 
 def test_request_metrics_by_hand():

@@ -23,6 +23,7 @@ import time
 import httpx
 import numpy as np
 
+from longctx.arrivals import arrival_times
 from longctx.bench.metrics import RequestRecord
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -106,14 +107,9 @@ async def stream_request(
 
 
 def arrival_offsets_s(num_requests: int, rate: float, seed: int = 0) -> list[float]:
-    """Send times (s from the start) of a Poisson process at ``rate`` req/s; all 0 for ``rate=inf``."""
-    if rate <= 0:
-        raise ValueError(f"rate must be > 0 (or inf), got {rate}")
-    if math.isinf(rate):
-        return [0.0] * num_requests
-    gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=num_requests)
-    gaps[0] = 0.0
-    return np.cumsum(gaps).tolist()
+    """Send times (s from the start) of a Poisson process at ``rate`` req/s, the first at 0
+    (``longctx.arrivals.arrival_times`` with ``first_gap="zero"``); all 0 for ``rate=inf``."""
+    return arrival_times(num_requests, rate, np.random.default_rng(seed), first_gap="zero").tolist()
 
 
 async def run_requests(

@@ -24,7 +24,11 @@ vLLM's client: an error event inside a 200 stream fails the request here; vLLM s
 A server that sends its ``finish_reason`` in a chunk of its own (ours does) adds one near-zero gap per request
 to the ITL list under this rule; ``RequestRecord.text_times_s`` gives the text-only timeline (``summarize(...,
 chunks="text")``) so the difference can be measured rather than guessed.
-Percentiles are numpy's linear interpolation (``np.percentile``), as vLLM prints them. Pure Python + numpy.
+The definitions (per-request latencies, the SLO, the distributions and the run aggregate) are
+``longctx.metrics``', the ones the engine and the simulator use; this module adds what only a client has
+(``RequestRecord``, failures, answer checks, the table) and renders the summary in milliseconds.
+Percentiles are numpy's linear interpolation (``np.percentile``), as vLLM prints them; the median is the
+50th of them. Pure Python + numpy.
 """
 
 from __future__ import annotations
@@ -32,9 +36,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
-import numpy as np
-
-DEFAULT_PERCENTILES = (50.0, 90.0, 95.0, 99.0)
+from longctx.metrics import DEFAULT_PERCENTILES, SLO, RequestMetrics, RunMetrics
 
 
 @dataclass
@@ -77,96 +79,49 @@ class RequestRecord:
 def request_latencies(
     start_s: float, token_times_s, end_s: float | None = None, output_tokens: int | None = None
 ) -> dict:
-    """TTFT, ITL, TPOT and E2E of one request from raw timestamps (seconds).
+    """TTFT, ITL, TPOT and E2E of one request from raw timestamps (seconds): ``longctx.metrics.RequestMetrics``
+    as a plain dict.
 
     ``token_times_s``: arrival time of each text-carrying chunk (at least one). ``end_s``: arrival of the
     final chunk (default: the last token). ``output_tokens``: tokens generated (default: one per chunk).
     Returns ``{"ttft_s", "itl_s" (list), "tpot_s" (None for one token), "e2e_s", "output_tokens"}``.
     """
-    t = [float(x) for x in token_times_s]
-    if not t:
-        raise ValueError("a request needs at least one token time (a failed request has no latencies)")
-    if any(b < a for a, b in zip(t, t[1:], strict=False)) or t[0] < start_s:
-        raise ValueError("token times must be non-decreasing and not before start_s")
-    end = t[-1] if end_s is None else max(float(end_s), t[-1])
-    n = len(t) if output_tokens is None else int(output_tokens)
-    if n < 1:
-        raise ValueError(f"output_tokens must be >= 1 for a request with tokens, got {output_tokens}")
-    ttft, e2e = t[0] - start_s, end - start_s
-    return {
-        "ttft_s": ttft,
-        "itl_s": [b - a for a, b in zip(t, t[1:], strict=False)],
-        "tpot_s": (e2e - ttft) / (n - 1) if n > 1 else None,
-        "e2e_s": e2e,
-        "output_tokens": n,
-    }
+    r = RequestMetrics.from_timestamps(start_s, token_times_s, end_s=end_s, num_output_tokens=output_tokens)
+    return {"ttft_s": r.ttft_s, "itl_s": list(r.itl_s), "tpot_s": r.tpot_s, "e2e_s": r.e2e_s,
+            "output_tokens": r.num_output_tokens}
 
 
-@dataclass(frozen=True)
-class SLOs:
-    """Upper bounds in seconds (None: not checked). ``itl_s`` bounds the request's worst gap."""
-
-    ttft_s: float | None = None
-    tpot_s: float | None = None
-    itl_s: float | None = None
-    e2e_s: float | None = None
-
-    def met(self, lat: dict) -> bool:
-        """vLLM's rule: every given bound holds (TPOT of a one-token answer counts as 0)."""
-        checks = (
-            (self.ttft_s, lat["ttft_s"]),
-            (self.tpot_s, lat["tpot_s"] or 0.0),
-            (self.itl_s, max(lat["itl_s"], default=0.0)),
-            (self.e2e_s, lat["e2e_s"]),
-        )
-        return all(bound is None or value <= bound for bound, value in checks)
-
-
-def distribution_ms(values_s, percentiles=DEFAULT_PERCENTILES) -> dict:
-    """mean / median / std and percentiles in milliseconds (all 0.0 when there are no values, like vLLM)."""
-    v = np.asarray(list(values_s) or [0.0], dtype=float) * 1000.0
-    out = {
-        "n": len(list(values_s)),
-        "mean": float(v.mean()),
-        "median": float(np.median(v)),
-        "std": float(v.std()),
-    }
-    for p in percentiles:
-        out[f"p{p:g}"] = float(np.percentile(v, p))
-    return out
+SLOs = SLO  # the benchmark's name for longctx.metrics.SLO (lesson 08, the CLI and benchmarks/serving.py use it)
 
 
 def summarize(
     records: list[RequestRecord],
     duration_s: float | None = None,
-    slos: SLOs | None = None,
+    slos: SLO | None = None,
     percentiles=DEFAULT_PERCENTILES,
     chunks: str = "choices",
 ) -> dict:
-    """Benchmark summary (plain data, JSON-ready) of a run's records.
+    """Benchmark summary (plain data, JSON-ready) of a run's records: ``longctx.metrics.RunMetrics`` of the
+    completed requests in milliseconds, plus the failures, the answer checks and the SLOs.
 
     ``chunks``: which arrivals are timed: ``"choices"`` (every chunk with choices: vLLM's rule, the default)
     or ``"text"`` (only chunks that carried text; a completed request without any has no latencies then).
     """
     if chunks not in ("choices", "text"):
         raise ValueError(f"chunks must be 'choices' (vLLM's rule) or 'text', got {chunks!r}")
-    slos = slos or SLOs()
+    slos = slos or SLO()
     done = [r for r in records if r.ok]
     failed = [r for r in records if not r.ok]
     if duration_s is None:
         ends = [r.end_s or (r.token_times_s[-1] if r.token_times_s else r.start_s) for r in records]
         duration_s = (max(ends) - min(r.start_s for r in records)) if records else 0.0
     timed = [(r, r.token_times_s if chunks == "choices" else r.text_times_s) for r in done]
-    lats = [request_latencies(r.start_s, t, r.end_s, r.output_tokens) for r, t in timed if t]
-    ttft = [x["ttft_s"] for x in lats]
-    tpot = [x["tpot_s"] for x in lats if x["tpot_s"] is not None]
-    itl = [g for x in lats for g in x["itl_s"]]
-    e2e = [x["e2e_s"] for x in lats]
-    out_tokens = sum(x["output_tokens"] for x in lats)
+    lats = [RequestMetrics.from_timestamps(r.start_s, t, r.prompt_tokens or 0, r.request_id, r.end_s, r.output_tokens)
+            for r, t in timed if t]
     in_tokens = sum(r.prompt_tokens or 0 for r in done)
-    good = sum(slos.met(x) for x in lats)
     checked = [r.correct for r in done if r.correct is not None]
     dur = float(duration_s) if duration_s and duration_s > 0 else float("nan")
+    m = RunMetrics.of(lats, dur, slos, percentiles, unit="ms")
     return {
         "num_requests": len(records),
         "completed": len(done),
@@ -174,20 +129,20 @@ def summarize(
         "errors": dict(Counter((r.error or "no tokens received")[:200] for r in failed)),
         "duration_s": float(duration_s),
         "total_input_tokens": in_tokens,
-        "total_output_tokens": out_tokens,
+        "total_output_tokens": m.total_output_tokens,
         "request_throughput": len(done) / dur,
-        "output_throughput": out_tokens / dur,
-        "total_token_throughput": (in_tokens + out_tokens) / dur,
+        "output_throughput": m.output_throughput,
+        "total_token_throughput": (in_tokens + m.total_output_tokens) / dur,
         "slos_ms": {k: (None if v is None else v * 1000.0) for k, v in asdict(slos).items()},
         "chunks_timed": chunks,
-        "num_good": good,
-        "goodput": good / dur,
+        "num_good": m.num_good,
+        "goodput": m.goodput,
         "answers_checked": len(checked),
         "answers_correct": sum(bool(c) for c in checked),
-        "ttft_ms": distribution_ms(ttft, percentiles),
-        "tpot_ms": distribution_ms(tpot, percentiles),
-        "itl_ms": distribution_ms(itl, percentiles),
-        "e2e_ms": distribution_ms(e2e, percentiles),
+        "ttft_ms": m.ttft.to_dict(empty=0.0),  # vLLM prints 0 for no values
+        "tpot_ms": m.tpot.to_dict(empty=0.0),
+        "itl_ms": m.itl.to_dict(empty=0.0),
+        "e2e_ms": m.e2e.to_dict(empty=0.0),
     }
 
 

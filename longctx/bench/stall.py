@@ -10,8 +10,9 @@ instead of one freeze. ``run_stall`` returns plain data (times in seconds from t
 from __future__ import annotations
 
 from longctx.bench.client import run_benchmark
-from longctx.bench.metrics import SLOs, request_latencies, summarize
+from longctx.bench.metrics import summarize
 from longctx.bench.workloads import build_workload, count_chat_tokens
+from longctx.metrics import SLO, RequestMetrics
 
 STORY_TOPICS = (
     "a lighthouse keeper",
@@ -58,7 +59,7 @@ def stall_requests(
     return chats + longs, offsets
 
 
-def run_stall(base_url: str, model: str, tokenizer, slos: SLOs | None = None, **kwargs) -> dict:
+def run_stall(base_url: str, model: str, tokenizer, slos: SLO | None = None, **kwargs) -> dict:
     """Run the scenario against a server; returns plain data.
 
     Keys: ``chat`` / ``long`` (summaries of each class, as ``metrics.summarize``), ``chat_gaps``
@@ -75,11 +76,12 @@ def run_stall(base_url: str, model: str, tokenizer, slos: SLOs | None = None, **
     gaps, worst, ttft, good = [], [], [], []
     for r in chat:
         if r.ok:
-            lat = request_latencies(r.start_s, r.token_times_s, r.end_s, r.output_tokens)
-            gaps += [(t - t0, g) for t, g in zip(r.token_times_s[1:], lat["itl_s"], strict=True)]
-            worst.append(max(lat["itl_s"], default=0.0))
-            ttft.append(lat["ttft_s"])
-            good.append(bool((slos or SLOs()).met(lat)))
+            lat = RequestMetrics.from_timestamps(r.start_s, r.token_times_s, end_s=r.end_s,
+                                                 num_output_tokens=r.output_tokens)
+            gaps += [(t - t0, g) for t, g in zip(r.token_times_s[1:], lat.itl_s, strict=True)]
+            worst.append(max(lat.itl_s, default=0.0))
+            ttft.append(lat.ttft_s)
+            good.append(bool((slos or SLO()).met_by(lat)))
     return {
         "chat": summarize(chat, duration_s, slos),
         "long": summarize(long_, duration_s, slos) if long_ else None,

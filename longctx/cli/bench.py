@@ -44,8 +44,9 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from longctx.bench.client import run_benchmark
-    from longctx.bench.metrics import SLOs, format_table, summarize
+    from longctx.bench.metrics import format_table, summarize
     from longctx.bench.workloads import WORKLOADS, build_workload
+    from longctx.metrics import SLO
 
     if args.workload not in WORKLOADS:
         raise ValueError(f"--workload must be one of {', '.join(WORKLOADS)}, got {args.workload!r}")
@@ -74,7 +75,8 @@ def run(args) -> int:
     def ms(x):
         return None if x is None else x / 1000.0
 
-    slos = SLOs(ms(args.slo_ttft_ms), ms(args.slo_tpot_ms), ms(args.slo_itl_ms), ms(args.slo_e2e_ms))
+    slos = SLO(ttft_s=ms(args.slo_ttft_ms), tpot_s=ms(args.slo_tpot_ms), itl_s=ms(args.slo_itl_ms),
+               e2e_s=ms(args.slo_e2e_ms))
     rate = math.inf if args.rate is None else args.rate
     records, duration_s = run_benchmark(
         args.base_url, args.model, requests, rate=rate, concurrency=args.concurrency, seed=args.seed

@@ -78,9 +78,8 @@ def summary_lines(record: dict) -> list[str]:
     """A few lines a person reads after the run: ceilings, each curve's points, Exercise 1 per scheduler."""
     import statistics
 
-    import numpy as np
-
     from longctx.gpu.records import describe
+    from longctx.metrics import percentile
 
     c, d = record["ceilings"], record["device"]
     lines = [f"{describe(record)}: torch {d['torch']}, CUDA {d['cuda']}, driver {d['driver']}, {record['wall_s']:.0f} s",
@@ -97,8 +96,8 @@ def summary_lines(record: dict) -> list[str]:
     for name, runs in record.get("exercise1", {}).get("runs", {}).items():
         itl = [g for r in runs for g in r["itl_s"]]
         lines.append(f"exercise1 {name:<13}: TTFT {statistics.median(r['ttft_s'] for r in runs) * 1e3:9.1f} ms "
-                     f"(median of {len(runs)}), ITL p50 {np.percentile(itl, 50) * 1e3:7.2f} ms, "
-                     f"p99 {np.percentile(itl, 99) * 1e3:8.2f} ms, max {max(itl) * 1e3:8.2f} ms")
+                     f"(median of {len(runs)}), ITL p50 {percentile(itl, 50) * 1e3:7.2f} ms, "
+                     f"p99 {percentile(itl, 99) * 1e3:8.2f} ms, max {max(itl) * 1e3:8.2f} ms")
     for key in ("errors", "skipped"):
         if record[key]:
             lines.append(f"{key.upper()} {len(record[key])}: " + "; ".join(record[key][:6])

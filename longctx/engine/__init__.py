@@ -36,8 +36,9 @@ API summary::
   freed blocks return to the pool: pruning.py). ``BlockManager(..., enable_prefix_caching=True)`` shares
   cached full blocks, from the step that fills them (batch.py).
 - Clocks (clock.py): ``WallClock`` (perf_counter) and ``VirtualClock`` (advanced by each step's duration_s).
-- Metrics (metrics.py): ``RequestMetrics.from_timestamps``, ``request_metrics(seq)``, ``summarize``,
-  ``SLO``, ``percentile``: vLLM benchmark_serving's definitions.
+- Metrics (``longctx.metrics``, shared with the simulator and the benchmark client):
+  ``RequestMetrics.from_timestamps``, ``request_metrics(seq)``, ``summarize``, ``SLO``, ``percentile``:
+  vLLM benchmark_serving's definitions.
 
 The real model in three lines (llm.py)::
 
@@ -54,7 +55,6 @@ from longctx.engine.batch import ScheduledBatch, ScheduledChunk
 from longctx.engine.clock import Clock, VirtualClock, WallClock
 from longctx.engine.engine import Engine, EngineCounters, StepRecord
 from longctx.engine.executor import ExecutionResult, Executor, ToyExecutor
-from longctx.engine.metrics import SLO, RequestMetrics, RunMetrics, percentile, request_metrics, summarize
 from longctx.engine.sampling import SamplingParams
 from longctx.engine.scheduler import (
     ChunkedPrefillScheduler,
@@ -63,6 +63,7 @@ from longctx.engine.scheduler import (
     Scheduler,
 )
 from longctx.engine.sequence import Sequence, SequenceStatus
+from longctx.metrics import SLO, RequestMetrics, RunMetrics, percentile, request_metrics, summarize
 
 __all__ = [
     "SLO",

@@ -158,9 +158,9 @@ class ScheduledBatch:
                 left -= hit.num_tokens
                 num_tokens = min(num_tokens, left)
                 total = hit.num_tokens + num_tokens
-            need = bm.blocks_needed(sid, total)
+            need = bm.extra_blocks_needed(sid, total)
         else:
-            need = bm.blocks_needed(sid, total)  # usually 0 for a decode: its last block has room
+            need = bm.extra_blocks_needed(sid, total)  # usually 0 for a decode: its last block has room
             while need > bm.num_free_blocks:
                 victim = self._newest_victim(seq)
                 if victim is None:

@@ -25,6 +25,7 @@ import enum
 from dataclasses import dataclass, field
 
 from longctx.engine.sampling import SamplingParams
+from longctx.metrics import request_metrics
 
 
 class SequenceStatus(enum.Enum):
@@ -111,14 +112,13 @@ class Sequence:
     # ---- timestamps ----
     @property
     def ttft_s(self) -> float | None:
-        """Time to first token: first output token time minus arrival time."""
-        return None if not self.token_times_s else self.token_times_s[0] - self.arrival_s
+        """Time to first token so far (``longctx.metrics``' definition); None before the first token."""
+        return request_metrics(self).ttft_s if self.token_times_s else None
 
     @property
     def itl_s(self) -> list[float]:
-        """Inter-token latencies: gaps between consecutive output tokens (len = outputs - 1)."""
-        t = self.token_times_s
-        return [b - a for a, b in zip(t, t[1:], strict=False)]
+        """Inter-token latencies so far: gaps between consecutive output tokens (len = outputs - 1)."""
+        return list(request_metrics(self).itl_s) if self.token_times_s else []
 
     def __repr__(self) -> str:
         return (

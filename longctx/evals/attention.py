@@ -20,6 +20,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from longctx.memory import blocks_for_tokens
+
 
 def entropy_nats(weights) -> np.ndarray:
     """``-sum w ln w`` over the last axis (0 ln 0 = 0), in nats."""
@@ -95,7 +97,7 @@ def measure_attention(model, token_ids: list[int], layers, query_positions) -> l
     ids = token_ids[: positions[-1] + 1]
     p = next(model.parameters())
     block_size = 16
-    nb = -(-len(ids) // block_size)
+    nb = blocks_for_tokens(len(ids), block_size)
     cache = PagedKVCache.for_model(model.config, nb, block_size, p.device, p.dtype)
     meta = build_attention_metadata([(list(range(nb)), 0, len(ids))], block_size, p.device)
     with probes(model, layers, positions) as installed, torch.inference_mode():

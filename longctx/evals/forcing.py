@@ -10,6 +10,8 @@ tracked apart: after pruning, token ``p`` of the sequence sits at slot ``p - evi
 
 from __future__ import annotations
 
+from longctx.memory import blocks_for_tokens
+
 
 def forward_at(model, cache, table, ids, slot: int, rows, position: int | None = None, block_size: int = 16):
     """Logits (float32) of ``rows`` after running ``ids`` at cache slots ``slot..`` and positions
@@ -80,7 +82,7 @@ def continuation_nll(model, context_ids, continuation_ids, press=None, block_siz
     from longctx.kv.cache import PagedKVCache
 
     p = next(model.parameters())
-    num_blocks = -(-(len(context_ids) + len(continuation_ids)) // block_size)
+    num_blocks = blocks_for_tokens(len(context_ids) + len(continuation_ids), block_size)
     cache = PagedKVCache.for_model(model.config, num_blocks, block_size, p.device, p.dtype)
     logits, _ = forced_logits(model, cache, list(range(num_blocks)), list(context_ids), list(continuation_ids),
                               press, block_size=block_size)

@@ -28,6 +28,7 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from longctx.memory import blocks_for_tokens
 from longctx.model.tokenizer import DEFAULT_SYSTEM_PROMPT
 
 HAYSTACKS = ("passkey", "multikey")
@@ -118,7 +119,7 @@ class HaystackBuilder:
             text = PASSKEY_FILLER * 8 if haystack == "passkey" else natural_text()
             ids = self.tok.encode(text)
             self._filler[haystack] = ids
-        reps = -(-n // len(ids))
+        reps = blocks_for_tokens(max(0, n), len(ids))  # copies of the filler that hold n tokens
         return (ids * max(1, reps))[:n]
 
     def _pieces(self, haystack: str, rng: random.Random):

@@ -33,6 +33,7 @@ from longctx.evals.forcing import forced_logits
 from longctx.evals.haystack import HaystackBuilder, NeedlePrompt
 from longctx.evals.scoring import answer_closed, contains_answer
 from longctx.evals.table import NiahTable
+from longctx.memory import blocks_for_tokens
 
 TRAINED_CONTEXT = 8192  # SmolLM2-135M's training length (its GGUF's llama.context_length)
 DECODE_EXTRA_TOKENS = 16  # greedy tokens beyond the answer's length: room for quotes or a restated prefix
@@ -87,7 +88,7 @@ class NiahRunner:
             raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
         self.model, self.tok = model, tokenizer
         self.block_size = int(block_size)
-        self.num_blocks = -(-int(max_tokens) // self.block_size)
+        self.num_blocks = blocks_for_tokens(int(max_tokens), self.block_size)
         self.builder = builder or HaystackBuilder(tokenizer)
         self._cache = None
         self.press, self.question_aware = press, bool(question_aware)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+from longctx.memory import blocks_for_tokens
+
 
 def token_nll(model, token_ids: list[int], chunk_size: int = 1024, block_size: int = 16,
               kv_dtype: str | None = None) -> list[float]:
@@ -28,7 +30,7 @@ def token_nll(model, token_ids: list[int], chunk_size: int = 1024, block_size: i
     if int(chunk_size) != chunk_size or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
     p = next(model.parameters())
-    num_blocks = -(-n // block_size)
+    num_blocks = blocks_for_tokens(n, block_size)
     cache = PagedKVCache.for_model(model.config, num_blocks, block_size, p.device, p.dtype, kv_dtype)
     table = list(range(num_blocks))
     targets = torch.tensor(token_ids[1:] + [0], device=p.device)

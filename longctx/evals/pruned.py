@@ -27,6 +27,7 @@ import torch
 from longctx.evals.forcing import forward_at
 from longctx.evals.niah import DECODE_EXTRA_TOKENS, AnswerReading, GreedyAnswer
 from longctx.kv.press import Press, PressInput, attention_weights, compact
+from longctx.memory import blocks_for_tokens
 
 
 @dataclass
@@ -49,7 +50,7 @@ class PrefillSnapshot:
         if P < 1:
             raise ValueError("a snapshot needs a prompt of at least one token")
         p = next(model.parameters())
-        nb = -(-P // block_size)
+        nb = blocks_for_tokens(P, block_size)
         cache = PagedKVCache.for_model(model.config, nb, block_size, p.device, p.dtype)
         queries: dict[int, torch.Tensor] = {}
 
@@ -158,7 +159,7 @@ class PrunedScorer:
         splits = [P if aware or prompt.question_start < 1 else prompt.question_start for _, aware in configs]
         keeps = [self._keep(press, split) for (press, _), split in zip(configs, splits, strict=True)]
         kept = [k[0].shape[1] for k in keeps]
-        sizes = [-(-(n + P - s + budget) // bs) for n, s in zip(kept, splits, strict=True)]  # blocks each
+        sizes = [blocks_for_tokens(n + P - s + budget, bs) for n, s in zip(kept, splits, strict=True)]  # blocks each
         firsts = [sum(sizes[:i]) for i in range(len(sizes))]
         tables = [list(range(f, f + n)) for f, n in zip(firsts, sizes, strict=True)]
         p = next(self.model.parameters())
@@ -220,7 +221,7 @@ def continuation_nll_many(model, snapshot: PrefillSnapshot, presses, continuatio
         raise ValueError("need a continuation of at least one token")
     P = len(snapshot.token_ids)
     p = next(model.parameters())
-    nb = -(-(P + len(c)) // block_size)
+    nb = blocks_for_tokens(P + len(c), block_size)
     cache = PagedKVCache.for_model(model.config, nb, block_size, p.device, p.dtype)
     table, targets = list(range(nb)), torch.tensor(c, device=p.device)
     out = []

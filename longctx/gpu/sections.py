@@ -12,7 +12,7 @@ import torch
 
 from longctx.flops import chunk_flops
 from longctx.kv.cache import PagedKVCache, build_attention_metadata
-from longctx.memory import blocks_needed
+from longctx.memory import blocks_for_tokens
 from longctx.model.config import resized
 from longctx.model.llama import _sdpa, apply_rope, rope_cos_sin
 from longctx.specs import dtype_bytes
@@ -38,7 +38,7 @@ def ceilings(ctx, name: str) -> None:
 def prefill_chunks(ctx, name: str) -> None:
     """Per chunk size: each chunk of one prompt timed after the earlier chunks filled the KV cache."""
     model, T, bs, dev = ctx.model(name), ctx.config.prefill_prompt_tokens, ctx.config.block_size, ctx.device
-    cache = PagedKVCache.for_model(model.config, blocks_needed(T, bs), bs, dev, ctx.dtype)
+    cache = PagedKVCache.for_model(model.config, blocks_for_tokens(T, bs), bs, dev, ctx.dtype)
     table = list(range(cache.num_blocks))
     ids = torch.randint(0, model.config.vocab_size, (T,), generator=torch.Generator().manual_seed(1)).to(dev)
 
@@ -70,7 +70,7 @@ def decode(ctx, name: str) -> None:
     if not points:
         return
     model = ctx.model(name)
-    nb = {L: blocks_needed(L + 1, bs) for _, L in points}
+    nb = {L: blocks_for_tokens(L + 1, bs) for _, L in points}
     cache = ctx.point(f"{name} decode cache", lambda: PagedKVCache.for_model(
         model.config, max(b * nb[L] for b, L in points), bs, dev, ctx.dtype), timed=False)
     if cache is None:

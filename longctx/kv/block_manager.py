@@ -43,10 +43,7 @@ from array import array
 from collections import OrderedDict
 from typing import NamedTuple
 
-
-def blocks_for_tokens(num_tokens: int, block_size: int) -> int:
-    """Blocks needed to hold ``num_tokens`` token slots: ceil(num_tokens / block_size)."""
-    return -(-num_tokens // block_size)
+from longctx.memory import blocks_for_tokens  # ceil(num_tokens / block_size); importers find it here too
 
 
 def slots(block_table, positions, block_size: int):
@@ -139,17 +136,16 @@ class BlockManager:
         """Token slots in the whole pool."""
         return self.num_blocks * self.block_size
 
-    def blocks_needed(self, seq_id: int, num_tokens: int) -> int:
-        """Extra blocks ``seq_id`` needs to hold ``num_tokens`` tokens in total (0 if it has room)."""
-        if num_tokens < 0:
-            raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+    def extra_blocks_needed(self, seq_id: int, num_tokens: int) -> int:
+        """Blocks ``seq_id`` needs beyond those it holds to hold ``num_tokens`` tokens in total (0 if it has
+        room)."""
         table = self._tables.get(seq_id)
-        need = -(-num_tokens // self.block_size) - (len(table) if table else 0)
+        need = blocks_for_tokens(num_tokens, self.block_size) - (len(table) if table else 0)
         return need if need > 0 else 0
 
     def can_allocate(self, seq_id: int, num_tokens: int) -> bool:
         """Whether ``seq_id`` (new or not) can hold ``num_tokens`` tokens in total right now."""
-        return self.blocks_needed(seq_id, num_tokens) <= self.num_free_blocks
+        return self.extra_blocks_needed(seq_id, num_tokens) <= self.num_free_blocks
 
     def cached_prefix(self, token_ids: list[int]) -> PrefixHit | None:
         """The longest run of cached full blocks at the start of ``token_ids``, or None (a question: nothing
@@ -172,7 +168,7 @@ class BlockManager:
         """Whether a sequence holding no blocks can hold ``num_tokens`` tokens, taking ``hit``'s blocks."""
         if hit is None:
             return self.can_allocate(seq_id, num_tokens)
-        new = -(-num_tokens // self.block_size) - len(hit.blocks)
+        new = blocks_for_tokens(num_tokens, self.block_size) - len(hit.blocks)
         idle = sum(1 for b in hit.blocks if self._ref[b] == 0)  # cached, but counted as free now
         return new <= self.num_free_blocks - idle
 
@@ -241,7 +237,7 @@ class BlockManager:
         Creates the table of a new sequence. Raises ``ValueError`` if the pool lacks blocks (ask
         ``can_allocate`` first); nothing changes then.
         """
-        need = self.blocks_needed(seq_id, num_tokens)
+        need = self.extra_blocks_needed(seq_id, num_tokens)
         if need == 0:
             return []
         if need > self.num_free_blocks:
@@ -263,7 +259,7 @@ class BlockManager:
         if self.enable_prefix_caching:
             raise ValueError("shrink rewrites a sequence's blocks (KV pruning); it cannot be used with prefix caching")
         table = self._tables[seq_id]
-        keep = -(-num_tokens // self.block_size)
+        keep = blocks_for_tokens(num_tokens, self.block_size)
         tail = table[keep:]
         del table[keep:]
         self._release(tail)

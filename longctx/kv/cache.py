@@ -16,6 +16,7 @@ import torch
 
 from longctx.kv.block_manager import slots
 from longctx.kv.quant import dequantize, get_format, quantize
+from longctx.memory import blocks_for_tokens
 
 _TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -183,7 +184,7 @@ def _slots(table: torch.Tensor, block_size: int, start: int, stop: int) -> torch
 
 def _kv_index(table: list[int], block_size: int, kv_len: int, device):
     """Slots of positions ``[0, kv_len)``: a slice when the blocks are consecutive, else a tensor."""
-    used = table[: -(-kv_len // block_size)]
+    used = table[: blocks_for_tokens(kv_len, block_size)]
     first = used[0]
     if used[-1] - first == len(used) - 1 and used == list(range(first, first + len(used))):
         return slice(first * block_size, first * block_size + kv_len)
@@ -226,7 +227,7 @@ def _group_decodes(decodes, block_size, device) -> list[DecodeGroup]:
             if isinstance(index, slice):
                 out.append(DecodeGroup(rows, index, block_size, width, None))
                 continue
-        nb = -(-width // block_size)
+        nb = blocks_for_tokens(width, block_size)
         tables = [t[:nb] + [0] * (nb - min(nb, len(t))) for _, t, _ in g]  # padded with block 0 (masked)
         kv_blocks = torch.tensor(tables, dtype=torch.long).flatten().to(device)  # [B * nb]
         mask = None

@@ -96,11 +96,14 @@ def get_format(kv_dtype: str | KVFormat) -> KVFormat:
 
 def pool_bytes_per_token(model, kv_dtype: str) -> int:
     """Bytes one token takes in a paged pool of ``kv_dtype``: ``2 x L x H_kv x bytes_per_vector(d_head)``
-    (``model``: a ``ModelSpec`` or a registered name). Scales included; see the module docstring."""
+    (``model``: a ``ModelSpec`` or a registered name). Scales included; see the module docstring. The
+    formula is ``memory.kv_bytes_per_token``'s, given this format's scale bytes per vector."""
+    from longctx.memory import kv_bytes_per_token
     from longctx.specs import get_model
 
-    m = get_model(model)
-    return 2 * m.num_layers * m.num_kv_heads * get_format(kv_dtype).bytes_per_vector(m.head_dim)
+    m, fmt = get_model(model), get_format(kv_dtype)
+    fmt.code_bytes(m.head_dim)  # raises where the codes do not fill whole bytes (int4 with an odd head_dim)
+    return kv_bytes_per_token(m, fmt.name, fmt.groups(m.head_dim) * SCALE_BYTES)
 
 
 # ---- torch: quantize on write, dequantize on read ----

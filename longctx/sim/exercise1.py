@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from longctx.engine import ChunkedPrefillScheduler, MonolithicScheduler, Scheduler, StepRecord
-from longctx.memory import blocks_needed
+from longctx.memory import blocks_for_tokens
 from longctx.sim.cost_model import CostFactors
 from longctx.sim.run import build_sim_engine
 
@@ -93,15 +93,15 @@ class Exercise1:
             start, prompt = n, 1  # each stream's prefill alone, then the prompt in one step
         else:
             spare = max(1, budget - n)  # prompt tokens a step holds beside the decodes
-            start = blocks_needed(n * self.stream_context_tokens, spare) + n
-            prompt = blocks_needed(self.prompt_tokens, spare)
+            start = blocks_for_tokens(n * self.stream_context_tokens, spare) + n
+            prompt = blocks_for_tokens(self.prompt_tokens, spare)
         return start + self.warmup_steps + prompt + self.tail_steps + 64
 
     def kv_blocks(self, block_size: int, token_budget: int | None) -> int:
         """KV blocks the whole run needs: every stream to its longest, plus the long prompt."""
         stream = self.stream_context_tokens + self.stream_output_tokens(token_budget)
-        return (self.num_decode_streams * blocks_needed(stream, block_size)
-                + blocks_needed(self.prompt_tokens + LONG_PROMPT_OUTPUT_TOKENS, block_size))
+        return (self.num_decode_streams * blocks_for_tokens(stream, block_size)
+                + blocks_for_tokens(self.prompt_tokens + LONG_PROMPT_OUTPUT_TOKENS, block_size))
 
     def max_model_len(self) -> int:
         return max(self.prompt_tokens, self.stream_context_tokens) + 1

@@ -32,8 +32,8 @@ import time
 from dataclasses import asdict, dataclass
 
 from longctx.engine import ChunkedPrefillScheduler, Engine, VirtualClock, summarize
-from longctx.engine.metrics import request_metrics
 from longctx.kv.block_manager import BlockManager
+from longctx.metrics import request_metrics
 from longctx.plan import plan, pool_blocks
 from longctx.sim.cost_model import CostModelExecutor
 from longctx.sim.run import sim_prompt_ids

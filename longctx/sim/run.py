@@ -6,9 +6,10 @@ policy written for the real model runs unchanged at H100 scale.
 
 KV pool: what is left of ``gpu_memory_utilization * memory_bytes`` after the weights, in blocks of
 ``block_size`` tokens (activation memory is ignored, so the pool is slightly optimistic); or a pool of
-``pool_gib`` GiB (``pool_gib_blocks``: ``longctx.plan.plan(...).pool_blocks``). A token takes
-``longctx.kv.quant.pool_bytes_per_token(model, kv_dtype)`` bytes, quantization scales included, as in the
-engine's ``PagedKVCache`` and the planner (for fp32/fp16/bf16 this is ``memory.kv_bytes_per_token``).
+``pool_gib`` GiB (``longctx.plan.pool_blocks``, the planner's ``plan(...).pool_blocks``); both sizes come
+from ``memory.blocks_that_fit``. A token takes ``longctx.kv.quant.pool_bytes_per_token(model, kv_dtype)``
+bytes, quantization scales included, as in the engine's ``PagedKVCache`` and the planner (for
+fp32/fp16/bf16 this is ``memory.kv_bytes_per_token``).
 
 Prefix caching (``prefix_caching=True``): the engine's ``BlockManager(enable_prefix_caching=True)``. The
 simulator has no text, so token ids are made up: with ``shared_prefix_tokens = P`` every prompt starts
@@ -25,15 +26,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from longctx.engine import SLO, Engine, Scheduler, StepRecord, VirtualClock, summarize
-from longctx.engine.metrics import RequestMetrics, RunMetrics, request_metrics
 from longctx.kv.block_manager import BlockManager
 from longctx.kv.quant import pool_bytes_per_token
+from longctx.memory import blocks_that_fit
+from longctx.metrics import RequestMetrics, RunMetrics, request_metrics
 from longctx.plan import pool_blocks
 from longctx.sim.cost_model import CostFactors, CostModelExecutor
 from longctx.sim.workload import Request
 from longctx.specs import HardwareSpec, ModelSpec, dtype_bytes, get_hardware, get_model
 
-PERCENTILE_KEYS = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0}
+LATENCY_KEYS = ("p50", "p90", "p95", "p99", "mean")  # what to_dict reports of each latency
 
 
 def kv_pool_blocks(
@@ -50,18 +52,13 @@ def kv_pool_blocks(
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     free_bytes = gpu_memory_utilization * hw.memory_bytes - m.num_params * dtype_bytes(weight_dtype)
-    blocks = int(free_bytes // (block_size * pool_bytes_per_token(m, kv_dtype)))
+    blocks = blocks_that_fit(free_bytes, block_size, pool_bytes_per_token(m, kv_dtype))
     if blocks < 1:
         raise ValueError(
             f"{m.name} ({weight_dtype} weights) leaves no room for a KV cache in "
             f"{gpu_memory_utilization:.0%} of {hw.name}'s {hw.memory_bytes / 1e9:.0f} GB"
         )
     return blocks
-
-
-def pool_gib_blocks(model: ModelSpec | str, pool_gib: float, block_size: int = 16, kv_dtype: str = "bf16") -> int:
-    """Blocks of a KV pool of ``pool_gib`` GiB: the planner's ``plan(...).pool_blocks`` (``longctx.plan``)."""
-    return pool_blocks(model, kv_dtype, block_size, pool_gib=pool_gib)
 
 
 def sim_prompt_ids(index: int, prompt_tokens: int, shared_prefix_tokens: int = 0) -> list[int]:
@@ -103,10 +100,8 @@ class SimResult:
         """JSON-ready summary: ``ttft_s``, ``tpot_s``, ``itl_s``, ``e2e_s`` (p50/p90/p95/p99/mean) etc."""
         m = self.metrics
 
-        def dist(d) -> dict:
-            out = {k: _num(d.percentiles[q]) for k, q in PERCENTILE_KEYS.items()}
-            out["mean"] = _num(d.mean)
-            return out
+        def dist(d) -> dict:  # NaN (e.g. no TPOT with 1-token outputs) -> null in JSON
+            return d.to_dict(LATENCY_KEYS, empty=None)
 
         return {
             "config": self.config,
@@ -164,7 +159,7 @@ def build_sim_engine(
         raise ValueError("give num_blocks or pool_gib (the KV pool's size), not both")
     executor = CostModelExecutor(m, hw, factors, weight_dtype, kv_dtype, kv_compression_ratio=kv_compression_ratio)
     if pool_gib is not None:
-        num_blocks = pool_gib_blocks(m, pool_gib, block_size, kv_dtype)
+        num_blocks = pool_blocks(m, kv_dtype, block_size, pool_gib=pool_gib)
     elif num_blocks is None:
         num_blocks = kv_pool_blocks(m, hw, block_size, gpu_memory_utilization, weight_dtype, kv_dtype)
     if max_model_len is None:

@@ -1,8 +1,9 @@
 """Seeded workloads: when requests arrive and how long their prompts and outputs are.
 
-Arrivals follow vLLM's ``benchmark_serving.py``: inter-arrival gaps are gamma distributed with shape
-``burstiness`` and mean ``1 / rate_qps`` (``burstiness = 1`` is a Poisson process; < 1 is burstier, > 1
-more regular). ``rate_qps = inf`` sends everything at t = 0. Lengths come from ``Fixed``, ``Uniform``,
+Arrivals are ``longctx.arrivals.arrival_times`` (vLLM's ``benchmark_serving.py``): inter-arrival gaps are
+gamma distributed with shape ``burstiness`` and mean ``1 / rate_qps`` (``burstiness = 1`` is a Poisson
+process; < 1 is burstier, > 1 more regular), the first gap drawn too (``first_gap="draw"``: t[0] > 0).
+``rate_qps = inf`` sends everything at t = 0. Lengths come from ``Fixed``, ``Uniform``,
 ``LogNormal`` or ``Trace`` (a list of recorded lengths, sampled with replacement or replayed in order).
 Everything draws from one ``numpy.random.Generator(PCG64(seed))``: same seed, same workload.
 """
@@ -13,6 +14,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from longctx.arrivals import arrival_times  # the one definition (re-exported: ``longctx.sim.arrival_times``)
 
 
 @dataclass(frozen=True)
@@ -120,21 +123,6 @@ def _lengths(spec: int | Fixed | Uniform | LogNormal | Trace):
     return Fixed(int(spec)) if isinstance(spec, (int, np.integer)) else spec
 
 
-def arrival_times(
-    num_requests: int, rate_qps: float, rng: np.random.Generator, burstiness: float = 1.0
-) -> np.ndarray:
-    """Arrival times (s) of ``num_requests``; the first gap is drawn too (as vLLM), so t[0] > 0."""
-    n = _positive_int("num_requests", num_requests)
-    if not rate_qps > 0:
-        raise ValueError(f"rate_qps must be > 0 (or inf for all at once), got {rate_qps!r}")
-    if not burstiness > 0:
-        raise ValueError(f"burstiness must be > 0 (1 = Poisson), got {burstiness!r}")
-    if math.isinf(rate_qps):
-        return np.zeros(n)
-    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate_qps * burstiness), size=n)
-    return np.cumsum(gaps)
-
-
 def make_workload(
     num_requests: int,
     rate_qps: float,
@@ -151,8 +139,10 @@ def make_workload(
     """
     if arrival not in ("poisson", "gamma"):
         raise ValueError(f"arrival must be 'poisson' or 'gamma', got {arrival!r}")
+    num_requests = _positive_int("num_requests", num_requests)
     rng = np.random.Generator(np.random.PCG64(seed))
-    t = arrival_times(num_requests, rate_qps, rng, 1.0 if arrival == "poisson" else burstiness)
+    burstiness = 1.0 if arrival == "poisson" else burstiness
+    t = arrival_times(num_requests, rate_qps, rng, burstiness, first_gap="draw")  # t[0] > 0, as recorded
     p = _lengths(prompt_tokens).sample(rng, len(t))
     o = _lengths(output_tokens).sample(rng, len(t))
     return [Request(float(a), int(b), int(c)) for a, b, c in zip(t, p, o, strict=True)]

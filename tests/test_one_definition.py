@@ -1,0 +1,195 @@
+"""Issue 24, "one house": each of these concepts is defined once in ``longctx/``, and this test fails when a
+second definition appears. It scans the package's source with ``ast``:
+
+- serving metrics (per-request latencies, the SLO, the latency distributions, the run aggregate,
+  percentiles): ``longctx/metrics.py``
+- tokens -> blocks rounding, ``ceil(tokens / block_size)``: ``memory.blocks_for_tokens``
+- KV-pool sizing, the blocks that fit a byte budget: ``memory.blocks_that_fit``
+- KV bytes per token, ``2 * L * H_kv * (...)``: ``memory.kv_bytes_per_token``
+- Poisson (gamma) arrivals: ``arrivals.arrival_times``
+
+Two checks: a ``def`` / ``class`` of each canonical name exists in its home module only, and the formula
+itself (an inline ceil-division, a ``num_layers * num_kv_heads`` product, a budget divided by
+``block_size * bytes``, an exponential or gamma draw, ``np.percentile``, a class with latency fields)
+appears nowhere else. Other modules may import the names (re-exports) or alias them (``SLOs = SLO``).
+The last test feeds the scanner known duplicates, so it is seen to catch them.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import longctx
+
+PACKAGE = Path(longctx.__file__).resolve().parent
+
+HOMES = {  # a def or class name -> the one module (relative to longctx/) that defines it
+    "blocks_for_tokens": "memory.py",
+    "blocks_that_fit": "memory.py",
+    "kv_bytes_per_token": "memory.py",
+    "arrival_times": "arrivals.py",
+    "RequestMetrics": "metrics.py",
+    "from_timestamps": "metrics.py",
+    "SLO": "metrics.py",
+    "Distribution": "metrics.py",
+    "RunMetrics": "metrics.py",
+    "percentile": "metrics.py",
+}
+RETIRED = ("blocks_needed", "SLOs", "distribution_ms", "pool_gib_blocks")  # old duplicates: aliases at most
+
+FORMULA_HOMES = {  # concept -> (module, function) where its formula may be written; None: anywhere in it
+    "ceil division": ("memory.py", "blocks_for_tokens"),
+    "KV bytes per token": ("memory.py", "kv_bytes_per_token"),
+    "pool sizing": ("memory.py", "blocks_that_fit"),
+    "arrival gaps": ("arrivals.py", "arrival_times"),
+    "percentile": ("metrics.py", None),
+    "latency fields": ("metrics.py", None),
+}
+LATENCY_FIELDS = {"ttft_s", "tpot_s", "itl_s", "e2e_s"}
+ARRIVAL_DRAWS = {"exponential", "standard_exponential", "gamma", "standard_gamma", "poisson"}
+
+
+def _names(node: ast.AST) -> set[str]:
+    """Every identifier in ``node``: names, attribute names and called functions' names."""
+    out = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name):
+            out.add(n.id)
+        elif isinstance(n, ast.Attribute):
+            out.add(n.attr)
+    return out
+
+
+def _neg(node: ast.AST) -> bool:
+    return isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub)
+
+
+def _concept(node: ast.AST) -> str | None:
+    """Which concept's formula ``node`` writes, if any."""
+    if _neg(node) and isinstance(node.operand, ast.BinOp) and isinstance(node.operand.op, ast.FloorDiv) \
+            and _neg(node.operand.left):
+        return "ceil division"  # -(-a // b)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.FloorDiv):
+        left = node.left  # (a + b - 1) // b
+        if isinstance(left, ast.BinOp) and isinstance(left.op, ast.Sub) and isinstance(left.right, ast.Constant) \
+                and left.right.value == 1 and isinstance(left.left, ast.BinOp) and isinstance(left.left.op, ast.Add) \
+                and ast.dump(node.right) in (ast.dump(left.left.left), ast.dump(left.left.right)):
+            return "ceil division"
+        right = {x.lower() for x in _names(node.right)}
+        if any("block" in x for x in right) and any("byte" in x or x == "bpt" for x in right):
+            return "pool sizing"  # budget // (block_size * bytes_per_token)
+    if isinstance(node, ast.Call):
+        f = node.func
+        name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+        if name == "ceil" and node.args and isinstance(node.args[0], ast.BinOp) \
+                and isinstance(node.args[0].op, ast.Div) and any("block" in x for x in _names(node.args[0].right)):
+            return "ceil division"  # math.ceil(tokens / block_size)
+        if isinstance(f, ast.Attribute) and name in ARRIVAL_DRAWS:
+            return "arrival gaps"  # rng.exponential(1 / rate, n)
+        if isinstance(f, ast.Attribute) and name == "percentile" and _names(f.value) & {"np", "numpy"}:
+            return "percentile"  # np.percentile(values, q)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) and {"num_layers", "num_kv_heads"} <= _names(node):
+        return "KV bytes per token"  # 2 * m.num_layers * m.num_kv_heads * ...
+    if isinstance(node, ast.ClassDef) and any(
+            isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name) and s.target.id in LATENCY_FIELDS
+            for s in node.body):
+        return "latency fields"  # a second RequestMetrics or SLO
+    return None
+
+
+def scan(module: str, tree: ast.AST) -> tuple[list[tuple[str, str, int]], list[tuple[str, str, int]]]:
+    """``(definitions, formulas)`` of one module: ``(name, module, line)`` of every def / class, and
+    ``(concept, module:function, line)`` of every formula written outside its home."""
+    defs, formulas = [], []
+
+    def visit(node: ast.AST, func: str | None, inside: frozenset) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner, within = func, inside
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defs.append((child.name, module, child.lineno))
+                if not isinstance(child, ast.ClassDef):
+                    inner = child.name
+            concept = _concept(child)
+            if concept is not None and concept not in inside:  # a formula's sub-expressions count once
+                within = inside | {concept}
+                home_module, home_func = FORMULA_HOMES[concept]
+                if module != home_module or (home_func is not None and inner != home_func):
+                    formulas.append((concept, f"{module}:{inner or '<module>'}", child.lineno))
+            visit(child, inner, within)
+
+    visit(tree, None, frozenset())
+    return defs, formulas
+
+
+def _package() -> tuple[list, list]:
+    defs, formulas = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = path.relative_to(PACKAGE).as_posix()
+        d, f = scan(module, ast.parse(path.read_text(encoding="utf-8"), filename=str(path)))
+        defs += d
+        formulas += f
+    return defs, formulas
+
+
+DEFS, FORMULAS = _package()
+
+
+@pytest.mark.parametrize("name", sorted(HOMES))
+def test_each_canonical_name_is_defined_once_in_its_home(name):
+    where = [(m, line) for n, m, line in DEFS if n == name]
+    assert len(where) == 1 and where[0][0] == HOMES[name], (
+        f"{name} must be defined once, in longctx/{HOMES[name]}; found {where}: import it from there instead")
+
+
+def test_retired_duplicates_are_not_defined_again():
+    again = [(n, m, line) for n, m, line in DEFS if n in RETIRED]
+    assert not again, f"these names are aliases of the one definition now, not definitions: {again}"
+
+
+def test_no_second_formula_outside_the_one_definition():
+    assert not FORMULAS, "formulas written outside their one definition (call it instead):\n" + "\n".join(
+        f"  {concept}: longctx/{where} line {line}" for concept, where, line in FORMULAS)
+
+
+def test_aliases_and_re_exports_are_the_one_object():
+    from longctx import arrivals, engine, memory, metrics, plan, sim
+    from longctx.bench import metrics as bench_metrics
+    from longctx.kv import block_manager
+
+    assert memory.blocks_needed is memory.blocks_for_tokens  # lesson 04's name
+    assert block_manager.blocks_for_tokens is memory.blocks_for_tokens
+    assert bench_metrics.SLOs is metrics.SLO and engine.SLO is metrics.SLO
+    assert engine.summarize is metrics.summarize and engine.RequestMetrics is metrics.RequestMetrics
+    assert sim.arrival_times is arrivals.arrival_times
+    assert plan.memory is memory
+    assert not hasattr(block_manager.BlockManager, "blocks_needed")  # extra_blocks_needed says what it counts
+
+
+DUPLICATES = {
+    "ceil division": ["def f(n, bs):\n    return -(-n // bs)\n",
+                      "def f(n, block_size):\n    return (n + block_size - 1) // block_size\n",
+                      "import math\ndef f(n, block_size):\n    return math.ceil(n / block_size)\n"],
+    "KV bytes per token": ["def f(m):\n    return 2 * m.num_layers * m.num_kv_heads * m.head_dim * 2\n"],
+    "pool sizing": ["def f(free, block_size, bytes_per_token):\n    return int(free // (block_size * bytes_per_token))\n"],
+    "arrival gaps": ["def f(rng, rate, n):\n    return rng.exponential(1.0 / rate, size=n).cumsum()\n"],
+    "percentile": ["import numpy as np\ndef f(v):\n    return {'p99': float(np.percentile(v, 99))}\n"],
+    "latency fields": ["class SLOs:\n    ttft_s: float | None = None\n"],
+}
+
+
+@pytest.mark.parametrize("concept,source", [(c, s) for c, ss in DUPLICATES.items() for s in ss])
+def test_the_scan_catches_a_duplicate_formula(concept, source):
+    _, formulas = scan("bench/elsewhere.py", ast.parse(source))
+    assert [c for c, _, _ in formulas] == [concept]
+    home_module, home_func = FORMULA_HOMES[concept]
+    _, at_home = scan(home_module, ast.parse(source.replace("def f(", f"def {home_func or 'f'}(")))
+    assert not at_home  # the same formula in its home is the one definition
+
+
+def test_the_scan_sees_every_definition():
+    source = "def blocks_for_tokens(n, bs):\n    return n\nclass SLO:\n    def met_by(self, r):\n        return True\n"
+    defs, _ = scan("bench/elsewhere.py", ast.parse(source))
+    assert [(n, line) for n, _, line in defs] == [("blocks_for_tokens", 1), ("SLO", 3), ("met_by", 4)]
