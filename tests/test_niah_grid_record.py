@@ -95,3 +95,36 @@ def test_the_lesson_quotes_the_depth_one_record():
     same = {r["seed"]: r["correct"] for r in rows if r["variant"] == "depth 1"}
     assert all(same[r["seed"]] == r["correct"] for r in rows if r["variant"] == "no answer prefix"), \
         "the lesson says removing the answer prefix changes no verdict"
+
+
+def _effective(rows, threshold=0.8):
+    """Exercise 5.2's rule: the longest length up to which every length's Wilson lower bound reaches threshold."""
+    from longctx.evals.stats import wilson_interval
+
+    best = 0
+    for n in sorted({r["length"] for r in rows}):
+        got = [r["correct"] for r in rows if r["length"] == n]
+        if wilson_interval(sum(got), len(got))[0] < threshold:
+            break
+        best = n
+    return best
+
+
+def test_the_grid_conclusions_quote_the_grids():
+    """Every "passkey 1,024: 47/50" in the lesson is what the record holds; the effective contexts it states are the
+    ones exercise 5.2's rule gives on the records."""
+    import re
+
+    text = lesson_text()
+    grids = {"passkey": load("niah_grid_passkey.json")["rows"], "multikey": load("niah_grid_multikey.json")["rows"]}
+    quotes = re.findall(r"(passkey|multikey)\s+([\d,]+):\s+(\d+)/(\d+)", text)
+    assert len(quotes) >= 8, quotes
+    for grid, length, k, n in quotes:
+        got = [r["correct"] for r in grids[grid] if r["length"] == int(length.replace(",", ""))]
+        assert (int(k), int(n)) == (sum(got), len(got)), f"{grid} {length}: the lesson says {k}/{n}"
+    stated = {"passkey": 0, "multikey": 0}
+    for grid, value in stated.items():
+        assert _effective(grids[grid]) == value
+    assert "both effective contexts are 0" in text
+    without = _effective([r for r in grids["passkey"] if r["depth"] < 1])
+    assert f"without depth 1 passkey holds up to {without:,}" in text
