@@ -11,7 +11,7 @@ source from `solutions/` (hidden tests included) in a new namespace where:
   values arrive decoded; functions become `StudentFunction` proxies (each call sends plain-data
   arguments to the kernel, which calls the student's function and sends back a plain-data result);
   classes become `StudentClass` proxies whose instances offer `decide(state)` (lesson 02's scheduler,
-  evaluated in the kernel by `longctx.engine.policy_checks.decide`);
+  evaluated in the kernel by `longctx.lessons.policy_state.decide`);
 - anything else (a figure, an engine, a custom object) fails the test with "X is not plain data".
 
 The child never sees the student's objects, only their plain-data answers, so nothing the notebook does
@@ -230,5 +230,5 @@ def run_check(conn, spec):
 # ("pipeline": what grade.py imports, which each child runs again at its start; "forkwarm", last:
 # freezes the garbage collector's view of all of it, see forkwarm.py).
 PRELOAD = ["checker", "staging", "pipeline", "bookkeeper_client", "numpy", "longctx.grading", "longctx.specs",
-           "longctx.memory", "longctx.flops", "longctx.roofline", "longctx.stall", "longctx.engine.policy_checks",
-           "forkwarm"]
+           "longctx.memory", "longctx.flops", "longctx.roofline", "longctx.lessons.stall",
+           "longctx.lessons.policy_checks", "forkwarm"]

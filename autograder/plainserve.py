@@ -46,7 +46,7 @@ def _answer(request):
             return {"ok": True, "ref": ref}
         return {"ok": True, "value": encode(result, request.get("what", "the result"))}
     if op == "decide":
-        from longctx.engine.policy_checks import decide
+        from longctx.lessons.policy_state import decide
         obj = _OBJECTS.get(request.get("ref"))
         result = decide(obj, decode(request["state"]))
         return {"ok": True, "value": encode(result, "the scheduler's decision")}

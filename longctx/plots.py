@@ -2,16 +2,41 @@
 on, labels axes with units, and never calls ``plt.show()``.
 
 matplotlib is imported inside the functions so that ``import longctx.plots`` stays cheap.
+
+``IterationRecord`` and ``iteration_kind`` are a timeline's vocabulary: lesson 01's napkin model
+(``longctx.lessons.stall``) makes the records, and the engine's ``StepRecord`` has the same token counts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-
-from longctx.stall import IterationRecord, iteration_kind  # noqa: F401 (IterationRecord: re-exported)
+from dataclasses import dataclass
 
 # One colour per kind of iteration, used by every timeline in the course.
 KIND_COLOURS = {"decode": "#1f77b4", "prefill": "#ff7f0e", "mixed": "#9467bd", "idle": "#cccccc"}
+
+
+@dataclass(frozen=True)
+class IterationRecord:
+    """One scheduler iteration as a timeline shows it: when it ran and which tokens it processed."""
+
+    start_s: float
+    duration_s: float
+    num_prefill_tokens: int
+    num_decode_tokens: int
+
+    @property
+    def kind(self) -> str:
+        return iteration_kind(self)
+
+
+def iteration_kind(iteration) -> str:
+    """``"decode"``, ``"prefill"``, ``"mixed"`` or ``"idle"``, from an iteration's token counts."""
+    if iteration.num_prefill_tokens and iteration.num_decode_tokens:
+        return "mixed"
+    if iteration.num_prefill_tokens:
+        return "prefill"
+    return "decode" if iteration.num_decode_tokens else "idle"
 
 
 def _axes(ax):

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from longctx.allocation import (
+from longctx.lessons.allocation import (
     CATEGORIES,
     BacklogRequest,
     ContiguousAllocator,

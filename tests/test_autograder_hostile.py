@@ -193,7 +193,7 @@ ALL_STUDENTS = set(CASES) | {"damaged", "empty", "linker", "surrogate", "deep", 
 
 def _has_decide():
     try:
-        from longctx.engine import policy_checks
+        from longctx.lessons import policy_checks
     except Exception:  # noqa: BLE001
         return False
     return hasattr(policy_checks, "decide")
@@ -213,7 +213,7 @@ def sched_lesson(root):
             cell.source = "### BEGIN SOLUTION\n" + SCHED_HONEST + "### END SOLUTION"
         else:  # the lesson's visible tests and one hidden workload (all of them take ~3,000 round trips)
             visible = cell.source.split("### BEGIN HIDDEN TESTS")[0]
-            cell.source = visible + ("### BEGIN HIDDEN TESTS\nfrom longctx.engine.policy_checks import random_workload\n"
+            cell.source = visible + ("### BEGIN HIDDEN TESTS\nfrom longctx.lessons.policy_checks import random_workload\n"
                                      "check_stall_free(StallFreeScheduler(token_budget=32), random_workload(12, 0))\n"
                                      "### END HIDDEN TESTS")
     imports = new_code_cell("from longctx.engine import ScheduledBatch, Scheduler",
@@ -234,9 +234,10 @@ SCHED_HONEST = ("class StallFreeScheduler(Scheduler):\n    def __init__(self, to
                 "        for seq in waiting:\n            if not batch.budget_left or not batch.add(\n"
                 "                    seq, min(seq.num_uncomputed_tokens, batch.budget_left)):\n"
                 "                break\n")
-SCHED_ZERO = ("import longctx.engine.policy_checks as pc\nfor name in dir(pc):\n"
-              "    if name.startswith('check') or name in ('decide', 'run_policy'):\n"
-              "        setattr(pc, name, lambda *a, **k: None)\n"
+SCHED_ZERO = ("import longctx.lessons.policy_checks as pc, longctx.lessons.policy_state as ps\nfor m in (pc, ps):\n"
+              "    for name in dir(m):\n"
+              "        if name.startswith('check') or name in ('decide', 'run_policy'):\n"
+              "            setattr(m, name, lambda *a, **k: None)\n"
               "class StallFreeScheduler(Scheduler):\n    def __init__(self, token_budget):\n"
               "        self.token_budget = token_budget\n    def schedule(self, *args, **kwargs):\n"
               "        return None\n")
@@ -419,7 +420,7 @@ def test_cpu_is_limited_per_submission(graded):
     assert "RLIMIT_CPU (-1" not in text and "RLIMIT_CPU" in text
 
 
-@pytest.mark.skipif(not SCHED, reason="longctx.engine.policy_checks.decide (lesson 02's plain-data protocol) "
+@pytest.mark.skipif(not SCHED, reason="longctx.lessons.policy_state.decide (lesson 02's plain-data protocol) "
                                       "is not in the library yet")
 def test_scheduler_lesson_honest_full_and_patched_library_zero(graded):
     root, result, grades, *_ = graded

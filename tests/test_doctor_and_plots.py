@@ -44,7 +44,7 @@ def test_timeline_and_gaps():
 
 def test_timeline_draws_engine_history_directly():
     from longctx.engine import ChunkedPrefillScheduler
-    from longctx.engine.policy_checks import chat_plus_long_prompts, run_policy
+    from longctx.lessons.policy_checks import chat_plus_long_prompts, run_policy
 
     engine, _ = run_policy(ChunkedPrefillScheduler(64), chat_plus_long_prompts())
     origin = engine.history[0].start_s

@@ -9,7 +9,7 @@ from gpu_fixtures import small_record
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from longctx.gpu import cells  # noqa: E402
+from longctx.lessons import gpu_cells as cells  # noqa: E402
 
 FIGURES = [cells.show_prefill_chunk_curve, cells.show_decode_bandwidth, cells.show_attention_share]
 

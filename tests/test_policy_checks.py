@@ -15,14 +15,14 @@ from longctx.engine import (
     Sequence,
     SequenceStatus,
 )
-from longctx.engine.policy_checks import (
+from longctx.kv.block_manager import BlockManager
+from longctx.lessons.policy_checks import (
     chat_plus_long_prompts,
     check_stall_free,
     decide,
     random_workload,
     scheduler_state,
 )
-from longctx.kv.block_manager import BlockManager
 
 
 class StallFree(Scheduler):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from longctx.stall import StallScenario, decode_token_times, max_inter_token_latency_s
+from longctx.lessons.stall import StallScenario, decode_token_times, max_inter_token_latency_s
 
 SOURCE = dict(num_decode_streams=16, decode_step_s=0.020, prompt_tokens=12_000, prefill_s_per_token=2 * 7e9 / 150e12)
 

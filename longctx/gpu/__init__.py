@@ -5,7 +5,8 @@
   the CPU in seconds): one record with provenance.
 - ``records``: ``load_record``, ``save_record``, ``check_record``, ``describe``.
 - ``calibration``: the simulator's cost model calibrated from a record; predicted against measured steps.
-- ``cells``: the lessons' figures, titled with their source (live, recorded, or roofline prediction).
+
+The lessons' figures drawn from these records are ``longctx.lessons.gpu_cells``.
 
 Importing this package does not import torch.
 """

@@ -142,7 +142,7 @@ def exercise1(ctx, name: str) -> None:
     from longctx.engine import ChunkedPrefillScheduler, Engine, MonolithicScheduler, WallClock
     from longctx.engine.torch_executor import TorchExecutor
     from longctx.kv.block_manager import BlockManager
-    from longctx.sim.exercise1 import Exercise1
+    from longctx.lessons.exercise1 import Exercise1
     from longctx.sim.recording import RecordingExecutor
 
     c, model, scenario = ctx.config, ctx.model(name), ctx.config.exercise1

@@ -2,7 +2,7 @@
 
 Sections (``longctx.gpu.sections``), in order: ``ceilings`` (matmul FLOP/s, copy bytes/s; always run),
 ``prefill_chunks``, ``decode``, ``attention_share`` (each for Llama-3-8B and a Llama-3.1-70B-shaped slice:
-its real layer shape, a few layers) and ``exercise1`` (``longctx.sim.exercise1.Exercise1`` on the real
+its real layer shape, a few layers) and ``exercise1`` (``longctx.lessons.exercise1.Exercise1``, lesson 01's scenario, on the real
 engine). Each section gets its weight's share of the time left; a point past its section's deadline or
 out of memory is listed under ``skipped``, any other failure under ``errors``, and the run goes on.
 ``BenchConfig.toy()`` runs it all on the CPU in seconds with tiny fp32 models (the tests use it).
@@ -23,8 +23,8 @@ from longctx.flops import StepCost, step_cost
 from longctx.gpu import device_key
 from longctx.gpu.harness import Timing, time_fn
 from longctx.gpu.records import SCHEMA
+from longctx.lessons.exercise1 import Exercise1
 from longctx.model.config import LLAMA3_8B, resized, spec_to_dict
-from longctx.sim.exercise1 import Exercise1
 from longctx.specs import ModelSpec, get_model
 
 SECTION_WEIGHTS = {"ceilings": 0.5, "prefill_chunks": 2.0, "decode": 2.5, "attention_share": 1.0,

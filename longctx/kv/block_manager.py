@@ -92,21 +92,6 @@ class BlockManager:
         self._chains: dict[int, list[bytes]] = {}  # seq_id -> hashes of its full blocks so far
         self.num_evictions = 0
 
-    @classmethod
-    def with_tables(cls, num_blocks: int, block_size: int, tables: dict[int, list[int]],
-                    num_free_blocks: int | None = None) -> BlockManager:
-        """A manager whose sequences already hold ``tables`` (a snapshot of another pool, e.g. the state a
-        policy check replays), with ``num_free_blocks`` of the remaining blocks free (default: all)."""
-        bm = cls(num_blocks, block_size)
-        for sid, table in tables.items():
-            if table:
-                bm._tables[sid] = list(table)
-                for b in table:
-                    bm._ref[b] += 1
-        unused = [b for b in range(bm.num_blocks - 1, -1, -1) if bm._ref[b] == 0]
-        bm._free = unused if num_free_blocks is None else unused[:num_free_blocks]
-        return bm
-
     def __repr__(self) -> str:
         cached = f", cached={len(self._block_of)}" if self.enable_prefix_caching else ""
         return (f"BlockManager(num_blocks={self.num_blocks}, block_size={self.block_size}, "

@@ -15,7 +15,6 @@
 - ``recording``: ``RecordingExecutor`` keeps a real engine's steps as ``MeasuredStep``\\ s.
 - ``workload``: ``make_workload`` with Poisson / gamma arrivals; ``Fixed``, ``Uniform``, ``LogNormal``, ``Trace``.
 - ``run``: ``simulate`` -> ``SimResult``; ``build_sim_engine``; ``kv_pool_blocks``.
-- ``exercise1``: the source's Exercise 1 (16 decodes + a 12K prompt) on any engine.
 - ``scenarios``: ``capacity`` (highest rate under an ITL SLO), rate sweeps.
 """
 

@@ -1,7 +1,5 @@
 """Ready-made simulator experiments used by the lessons and ``benchmarks/``.
 
-- ``exercise1``, ``exercise1_compare``, ``Exercise1Result``: the source's Exercise 1 (defined once in
-  ``longctx.sim.exercise1``, re-exported here).
 - ``sweep_rates`` / ``capacity``: Sarathi-Serve's capacity experiment (Agrawal et al., OSDI 2024, §5):
   the highest request rate whose P99 inter-token latency stays under an SLO while the median scheduling
   delay stays under 2 s (so the queue does not grow without bound).
@@ -20,7 +18,6 @@ import numpy as np
 from longctx.engine import ChunkedPrefillScheduler, MonolithicScheduler, Scheduler
 from longctx.recorded import load_recorded
 from longctx.sim.cost_model import CostFactors
-from longctx.sim.exercise1 import Exercise1Result, exercise1, exercise1_compare
 from longctx.sim.run import simulate
 from longctx.sim.workload import LogNormal, make_workload
 
@@ -161,5 +158,5 @@ def capacity_table(
     return rows
 
 
-__all__ = ["Exercise1Result", "RatePoint", "capacity", "capacity_table", "default_schedulers", "exercise1",
-           "exercise1_compare", "load_recorded", "p99_itl_curve", "run_rate", "sweep_rates"]
+__all__ = ["RatePoint", "capacity", "capacity_table", "default_schedulers", "load_recorded", "p99_itl_curve",
+           "run_rate", "sweep_rates"]

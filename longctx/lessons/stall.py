@@ -12,29 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from longctx.memory import blocks_for_tokens
-
-
-@dataclass(frozen=True)
-class IterationRecord:
-    """One scheduler iteration as a timeline shows it: when it ran and which tokens it processed."""
-
-    start_s: float
-    duration_s: float
-    num_prefill_tokens: int
-    num_decode_tokens: int
-
-    @property
-    def kind(self) -> str:
-        return iteration_kind(self)
-
-
-def iteration_kind(iteration) -> str:
-    """``"decode"``, ``"prefill"``, ``"mixed"`` or ``"idle"``, from an iteration's token counts."""
-    if iteration.num_prefill_tokens and iteration.num_decode_tokens:
-        return "mixed"
-    if iteration.num_prefill_tokens:
-        return "prefill"
-    return "decode" if iteration.num_decode_tokens else "idle"
+from longctx.plots import IterationRecord, iteration_kind  # noqa: F401 (re-exported: the timeline's records)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The source's Exercise 1, defined once, run on any engine (the simulator here, the real model in ``gpu``).
+"""The source's Exercise 1 (lessons 01 and 02), defined once, run on any engine (the simulator here, the
+real model in ``longctx.gpu``'s suite).
 
 ``num_decode_streams`` sequences decode; then one ``prompt_tokens`` prompt arrives. A monolithic scheduler
 stalls every stream for the whole prefill; chunked prefill by at most one budget-sized step.
