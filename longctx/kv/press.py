@@ -116,6 +116,7 @@ class Press:
     query_window: int = 0
     uses_attention_sum: bool = False
     rolling: bool = False  # also keeps its budget during decode (the engine evicts a block at a time)
+    n_sink: int = 0  # first tokens a rolling press never evicts (the oldest block after them goes)
 
     def __init__(self, compression_ratio: float = 0.0) -> None:
         ratio = float(compression_ratio)
