@@ -113,11 +113,6 @@ class ModelSpec:
         """Query heads per KV head (1 for MHA)."""
         return self.num_heads // self.num_kv_heads
 
-    @property
-    def embedding_params(self) -> int | None:
-        """Parameters of one token-embedding table (vocab * d_model); None if the vocab is unknown."""
-        return None if self.vocab_size is None else self.vocab_size * self.d_model
-
 
 def param_count_from_shapes(m: ModelSpec) -> int:
     """Parameter count of a Llama-layout model from its shapes (formula in the module docstring)."""

@@ -103,9 +103,6 @@ class ScheduledBatch:
         """Tokens still allowed this step (None when there is no token budget)."""
         return None if self.token_budget is None else self.token_budget - self.num_tokens
 
-    def was_preempted(self, seq: Sequence) -> bool:
-        return seq.seq_id in self._preempted_ids
-
     # ---- the one way in ----
     def add(self, seq: Sequence, num_tokens: int) -> bool:
         """Reserve KV slots for ``num_tokens`` more tokens of ``seq`` and append it to the batch.

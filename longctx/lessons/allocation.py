@@ -216,10 +216,6 @@ class AllocationResult:
     def mean_concurrency(self) -> float:
         return self.concurrency_sum / self.steps
 
-    @property
-    def throughput_requests_per_step(self) -> float:
-        return self.finished / self.steps
-
 
 def simulate_allocation(requests: list[BacklogRequest], allocator, max_steps: int = 100_000) -> AllocationResult:
     """Serve ``requests`` (all waiting at step 0) with ``allocator`` until all finish; returns the tally.
