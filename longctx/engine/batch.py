@@ -222,7 +222,7 @@ class ScheduledBatch:
     def commit(self, running: list[Sequence], waiting: list[Sequence], now_s: float) -> None:
         """Apply the step to the engine's queues: preempted sequences restart from token 0 at the front of
         ``waiting`` (oldest first); admitted ones leave ``waiting`` for the end of ``running``, with their
-        prefix-cache hit (if any) counted as computed: ``num_computed_tokens``, ``num_prefix_cached_tokens``."""
+        prefix-cache hit (if any) counted as computed (num_computed_tokens, num_prefix_cached_tokens)."""
         if len(self._ids) != len(self.entries):
             raise ValueError("add entries with batch.add(seq, num_tokens) only (it reserves their KV slots)")
         if self.preempted:
