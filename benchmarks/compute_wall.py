@@ -39,7 +39,7 @@ import torch
 
 import longctx.model.llama as llama
 from longctx import flops, memory, specs
-from longctx.kv.cache import PagedKVCache, build_attention_metadata
+from longctx.kv.cache import Chunk, PagedKVCache, build_attention_metadata
 from longctx.model.weights import load_model
 
 OUT = Path(__file__).resolve().parent.parent / "longctx" / "data" / "recorded" / "compute_wall_cpu.json"
@@ -66,7 +66,7 @@ def prefill_s(model, tokens: torch.Tensor) -> tuple[float, float]:
     n = tokens.numel()
     num_blocks = memory.blocks_for_tokens(n, BLOCK_SIZE)
     cache = PagedKVCache.for_model(model.config, num_blocks=num_blocks, block_size=BLOCK_SIZE)
-    meta = build_attention_metadata([(list(range(num_blocks)), 0, n)], BLOCK_SIZE)
+    meta = build_attention_metadata([Chunk(list(range(num_blocks)), 0, n)], BLOCK_SIZE)
     last = torch.tensor([n - 1])
     cpu0, wall0 = time.process_time(), time.perf_counter()
     with torch.no_grad():

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass
 
+from longctx.checks import as_integer
 from longctx.specs import ModelSpec, dtype_bytes, get_model
 
 KiB = 2**10
@@ -31,13 +32,13 @@ GB = 10**9
 
 def check_token_count(name: str, value: object, *, allow_zero: bool = True) -> int:
     """Validate a token count (an integer >= 0, or >= 1 without allow_zero) and return it as int."""
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
+    count = as_integer(value)  # numpy integers too
+    if count is None:
         raise ValueError(f"{name} must be an integer number of tokens, got {value!r}")
-    value = int(value)  # numpy integers
-    if value < 0 or (value == 0 and not allow_zero):
+    if count < 0 or (count == 0 and not allow_zero):
         allowed = ">= 0" if allow_zero else ">= 1"
-        raise ValueError(f"{name} must be {allowed} tokens, got {value}")
-    return value
+        raise ValueError(f"{name} must be {allowed} tokens, got {count}")
+    return count
 
 
 def _block_size(block_size: int | None) -> int | None:

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from longctx.checks import positive_int
+
 # Bytes per stored element. int4 packs two values per byte (scales and zero points not counted).
 DTYPE_BYTES: dict[str, float] = {
     "fp32": 4.0,
@@ -38,11 +40,6 @@ def dtype_bytes(name: str) -> float:
     if key not in DTYPE_BYTES:
         raise ValueError(f"unknown dtype {name!r}; allowed: {', '.join(DTYPE_BYTES)}")
     return DTYPE_BYTES[key]
-
-
-def _positive_int(owner: str, name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{owner}: {name} must be a positive integer, got {value!r}")
 
 
 def _positive_number(owner: str, name: str, value: object) -> None:
@@ -84,10 +81,10 @@ class ModelSpec:
         if not self.source:
             raise ValueError(f"{owner}: source must name where the numbers come from (URL or paper)")
         for name in ("num_layers", "d_model", "num_heads", "num_kv_heads", "head_dim"):
-            _positive_int(owner, name, getattr(self, name))
+            positive_int(f"{owner}: {name}", getattr(self, name), floats=False)
         for name in ("intermediate_size", "vocab_size", "max_context", "sliding_window"):
             if getattr(self, name) is not None:
-                _positive_int(owner, name, getattr(self, name))
+                positive_int(f"{owner}: {name}", getattr(self, name), floats=False)
         if self.rope_theta is not None:
             _positive_number(owner, "rope_theta", self.rope_theta)
         _positive_number(owner, "rms_norm_eps", self.rms_norm_eps)
@@ -104,7 +101,7 @@ class ModelSpec:
             object.__setattr__(self, "num_params", param_count_from_shapes(self))
             object.__setattr__(self, "params_from_shapes", True)
         else:
-            _positive_int(owner, "num_params", self.num_params)
+            positive_int(f"{owner}: num_params", self.num_params, floats=False)
 
     @property
     def d_attn(self) -> int:
@@ -115,11 +112,6 @@ class ModelSpec:
     def gqa_group(self) -> int:
         """Query heads per KV head (1 for MHA)."""
         return self.num_heads // self.num_kv_heads
-
-    @property
-    def embedding_params(self) -> int | None:
-        """Parameters of one token-embedding table (vocab * d_model); None if the vocab is unknown."""
-        return None if self.vocab_size is None else self.vocab_size * self.d_model
 
 
 def param_count_from_shapes(m: ModelSpec) -> int:

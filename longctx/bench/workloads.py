@@ -164,43 +164,19 @@ def build_workload(
         raise ValueError(
             f"prompt_tokens must be >= 16 and max_tokens >= 1, got {prompt_tokens}, {max_tokens}"
         )
-    rng = random.Random(seed)
-    out = []
-    for i in range(num_prompts):
-        if name == "needle":
-            code = str(rng.randrange(1000, 10000))
-            text = needle_prompt(tokenizer, prompt_tokens, code, rng.random(), seed + i)
-            out.append(
-                {
-                    "messages": [{"role": "user", "content": text}],
-                    "max_tokens": max_tokens,
-                    "kind": name,
-                    "prompt_tokens": count_chat_tokens(tokenizer, text),
-                    "expected": code,
-                }
-            )
-        elif name == "chat":
-            out.append(
-                _chat_request(
-                    tokenizer,
-                    "",
-                    "Describe this scene in one short sentence.",
-                    prompt_tokens,
-                    max_tokens,
-                    name,
-                    seed=seed + i,
-                )
-            )
-        else:
-            out.append(
-                _chat_request(
-                    tokenizer,
-                    "",
-                    "Summarize the text above in five words.",
-                    prompt_tokens,
-                    max_tokens,
-                    name,
-                    seed=seed + i,
-                )
-            )
-    return out
+    rng = random.Random(seed)  # one generator for the whole workload: the needles' codes and depths
+    return [_request(name, tokenizer, prompt_tokens, max_tokens, seed + i, rng) for i in range(num_prompts)]
+
+
+_QUESTIONS = {"chat": "Describe this scene in one short sentence.",
+              "long-prefill": "Summarize the text above in five words."}
+
+
+def _request(name: str, tokenizer, prompt_tokens: int, max_tokens: int, seed: int, rng: random.Random) -> dict:
+    """One request of the ``chat``, ``needle`` or ``long-prefill`` workload (``seed``: its filler text)."""
+    if name != "needle":
+        return _chat_request(tokenizer, "", _QUESTIONS[name], prompt_tokens, max_tokens, name, seed=seed)
+    code = str(rng.randrange(1000, 10000))
+    text = needle_prompt(tokenizer, prompt_tokens, code, rng.random(), seed)
+    return {"messages": [{"role": "user", "content": text}], "max_tokens": max_tokens, "kind": name,
+            "prompt_tokens": count_chat_tokens(tokenizer, text), "expected": code}

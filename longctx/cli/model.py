@@ -101,32 +101,11 @@ def run_generate(args) -> int:
     import json
     import time
 
-    import torch
+    from longctx.kv.block_manager import blocks_for_tokens
 
-    from longctx.engine import ChunkedPrefillScheduler, Engine, MonolithicScheduler
-    from longctx.engine.torch_executor import TorchExecutor
-    from longctx.kv.block_manager import BlockManager, blocks_for_tokens
-    from longctx.model.tokenizer import load_tokenizer
-    from longctx.model.weights import load_model
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    tokenizer = load_tokenizer()
-    prompts = [tokenizer.encode(t) if args.raw else tokenizer.encode_chat(t) for t in texts]
-    if not all(prompts):
-        raise ValueError("the prompt is empty")
-    model = load_model()
-    for ids in prompts:
-        if len(ids) > model.config.max_context:
-            raise ValueError(f"the prompt has {len(ids)} tokens, more than {model.config.max_context}")
-    bs = 16
-    scheduler = MonolithicScheduler() if args.chunk_size is None else ChunkedPrefillScheduler(args.chunk_size)
-    # room for every prompt at once: nothing cached is evicted while the prompts run in turn
-    pool = BlockManager(max(1, sum(blocks_for_tokens(len(ids) + args.max_tokens, bs) for ids in prompts)), bs,
-                        enable_prefix_caching=args.prefix_caching)
-    engine = Engine(TorchExecutor(model, pool, press=press, kv_dtype=kv_dtype), scheduler,
-                    max_model_len=model.config.max_context, eos_token_id=tokenizer.eos_token_id,
-                    vocab_size=model.config.vocab_size)
+    model, tokenizer, prompts = _load(args, texts)
+    engine = _engine(args, model, tokenizer, prompts, press, kv_dtype)
+    pool, bs = engine.block_manager, engine.block_manager.block_size
     for ids in prompts:
         t0 = time.perf_counter()
         seq = engine.add_request(ids, args.max_tokens)
@@ -148,3 +127,40 @@ def run_generate(args) -> int:
             "prefix_caching": args.prefix_caching, "prefix_cached_tokens": seq.num_prefix_cached_tokens,
             "ttft_s": round(ttft_s, 4)}), flush=True)
     return 0
+
+
+def _load(args, texts: list[str]):
+    """``(model, tokenizer, prompts)``: the model (on ``--threads`` threads) and the prompts' token ids
+    (chat template unless ``--raw``), each checked against the model's context."""
+    import torch
+
+    from longctx.model.tokenizer import load_tokenizer
+    from longctx.model.weights import load_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tokenizer = load_tokenizer()
+    prompts = [tokenizer.encode(t) if args.raw else tokenizer.encode_chat(t) for t in texts]
+    if not all(prompts):
+        raise ValueError("the prompt is empty")
+    model = load_model()
+    for ids in prompts:
+        if len(ids) > model.config.max_context:
+            raise ValueError(f"the prompt has {len(ids)} tokens, more than {model.config.max_context}")
+    return model, tokenizer, prompts
+
+
+def _engine(args, model, tokenizer, prompts, press, kv_dtype: str):
+    """The engine the prompts run through in turn: monolithic prefill, or chunks of ``--chunk-size``."""
+    from longctx.engine import ChunkedPrefillScheduler, Engine, MonolithicScheduler
+    from longctx.engine.torch_executor import TorchExecutor
+    from longctx.kv.block_manager import BlockManager, blocks_for_tokens
+
+    bs = 16
+    scheduler = MonolithicScheduler() if args.chunk_size is None else ChunkedPrefillScheduler(args.chunk_size)
+    # room for every prompt at once: nothing cached is evicted while the prompts run in turn
+    pool = BlockManager(max(1, sum(blocks_for_tokens(len(ids) + args.max_tokens, bs) for ids in prompts)), bs,
+                        enable_prefix_caching=args.prefix_caching)
+    return Engine(TorchExecutor(model, pool, press=press, kv_dtype=kv_dtype), scheduler,
+                  max_model_len=model.config.max_context, eos_token_id=tokenizer.eos_token_id,
+                  vocab_size=model.config.vocab_size)

@@ -7,6 +7,7 @@ wait (or be preempted) forever, so it is refused at once, by the engine and by t
 
 from __future__ import annotations
 
+from longctx.checks import positive_int
 from longctx.kv.block_manager import BlockManager, blocks_for_tokens
 
 
@@ -52,6 +53,4 @@ def check_prompt_ids(prompt_token_ids, max_model_len: int, vocab_size: int | Non
 
 def check_max_tokens(max_tokens) -> int:
     """``max_tokens`` as an int >= 1 (an integral float is accepted; a bool is not)."""
-    if isinstance(max_tokens, bool) or int(max_tokens) != max_tokens or max_tokens < 1:
-        raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
-    return int(max_tokens)
+    return positive_int("max_tokens", max_tokens)

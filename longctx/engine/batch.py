@@ -8,9 +8,10 @@ bookkeeping a step needs, so a policy reads like the paper's pseudo-code:
 - it reserves the entry's KV slots in the block manager; a waiting sequence is admitted only if the pool
   could hold its whole prompt (not just this chunk: vLLM's rule, so that an admitted prefill is rarely
   preempted halfway) and fewer than ``max_num_seqs`` sequences would hold blocks;
-- with prefix caching, a waiting sequence whose first full blocks are cached takes them and counts their
-  tokens as computed at once: ``add(seq, n)`` then computes ``min(n, tokens left after the hit)`` tokens,
-  starting after the hit (the policy's budget is not charged for the hit). Every block an entry fills
+- with prefix caching, a waiting sequence whose first full blocks are cached takes them (in the block
+  manager, at once) and ``commit`` counts their tokens as computed: ``add(seq, n)`` then computes
+  ``min(n, tokens left after the hit)`` tokens, starting after the hit (the policy's budget is not charged
+  for the hit; the entry's ``num_tokens`` says how many). Every block an entry fills
   enters the cache as soon as the entry is added (vLLM caches a full block when it allocates it), so a
   sequence added *later in the same step* already hits it: the executor writes the K/V of every token of a
   step, layer by layer, before any attention of that layer reads the cache (``longctx.model.llama``), so
@@ -19,9 +20,10 @@ bookkeeping a step needs, so a policy reads like the paper's pseudo-code:
   in the batch, newest first (preemption by recompute, vLLM's policy); if none is left it is preempted
   itself. ``add`` returns False when the sequence cannot run this step.
 
-Sequences and queues do not change while the policy runs; ``commit`` then applies the step's decisions
-at once: preempted sequences lose their cache and go to the front of the waiting queue, admitted ones
-move to the running queue. The engine loop is schedule -> commit -> execute -> update.
+Sequences and queues do not change while the policy runs (only the block manager does); ``commit`` then
+applies the step's decisions at once: preempted sequences lose their cache and go to the front of the
+waiting queue, admitted ones move to the running queue (a prefix-cache hit's tokens count as computed from
+then on). The engine loop is schedule -> commit -> execute -> update.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ class ScheduledChunk(NamedTuple):
     @property
     def completes_prefill(self) -> bool:
         """True when this entry reaches the end of its sequence, so the step samples a token for it
-        (read before the step's update)."""
+        (read after ``commit``, before the step's update)."""
         return self.num_tokens == self.seq.num_uncomputed_tokens
 
 
@@ -81,6 +83,7 @@ class ScheduledBatch:
         self.prefix_cache_hits = 0  # ... and how many of them were cached
         self._ids: set[int] = set()  # seq ids in entries
         self._preempted_ids: set[int] = set()
+        self._prefix_hits: dict[int, int] = {}  # seq id -> cached prompt tokens its admission took (commit)
         self._num_holding = len(running)  # sequences holding blocks (running - preempted + admitted)
         self._victim = len(running)  # preemption scans running from the newest end, once per step
 
@@ -103,9 +106,6 @@ class ScheduledBatch:
         """Tokens still allowed this step (None when there is no token budget)."""
         return None if self.token_budget is None else self.token_budget - self.num_tokens
 
-    def was_preempted(self, seq: Sequence) -> bool:
-        return seq.seq_id in self._preempted_ids
-
     # ---- the one way in ----
     def add(self, seq: Sequence, num_tokens: int) -> bool:
         """Reserve KV slots for ``num_tokens`` more tokens of ``seq`` and append it to the batch.
@@ -116,11 +116,29 @@ class ScheduledBatch:
         Raises ``ValueError`` for an illegal entry: ``num_tokens`` not in ``[1, seq.num_uncomputed_tokens]``,
         a sequence already in the batch or finished, or a total over ``token_budget``.
         """
-        sid = seq.seq_id
-        if sid in self._preempted_ids:
+        if seq.seq_id in self._preempted_ids:
             return False
-        status = seq.status
-        left = seq.num_uncomputed_tokens
+        num_tokens = self._checked(seq, num_tokens)
+        computed = seq.num_computed_tokens  # tokens before this entry's (with a prefix-cache hit, its tokens)
+        if seq.status is WAITING:
+            admitted = self._admit(seq, num_tokens)
+            if admitted is None:
+                return False
+            computed, num_tokens = admitted
+        elif not self._make_room(seq, computed - seq.num_evicted_tokens + num_tokens):
+            return False
+        if self.block_manager.enable_prefix_caching:  # the blocks it fills are shareable now (same step too)
+            self.block_manager.cache_full_blocks(seq.seq_id, seq.token_ids, computed + num_tokens)
+        self.entries.append(ScheduledChunk(seq, num_tokens))
+        self._ids.add(seq.seq_id)
+        self.num_tokens += num_tokens
+        if seq.output_token_ids and seq.num_tokens - computed == 1:  # a decode (Sequence.is_decode, inlined)
+            self.num_decode_tokens += 1
+        return True
+
+    def _checked(self, seq: Sequence, num_tokens) -> int:
+        """``num_tokens`` as an int, or ``ValueError`` when the entry is illegal (see ``add``)."""
+        sid, status, left = seq.seq_id, seq.status, seq.num_uncomputed_tokens
         if type(num_tokens) is not int:
             if isinstance(num_tokens, bool) or int(num_tokens) != num_tokens:
                 raise ValueError(f"num_tokens must be an integer, got {num_tokens!r}")
@@ -139,43 +157,47 @@ class ScheduledBatch:
                 f"adding {num_tokens} tokens of sequence {sid} makes {self.num_tokens + num_tokens} tokens, "
                 f"over token_budget={self.token_budget} (budget_left is {self.budget_left})"
             )
-        bm = self.block_manager
-        total = seq.num_computed_tokens - seq.num_evicted_tokens + num_tokens  # KV slots it will hold
-        if status is WAITING:
-            if self.max_num_seqs is not None and self._num_holding >= self.max_num_seqs:
-                return False
-            hit = None
-            if bm.enable_prefix_caching and seq.num_computed_tokens == 0:
-                hit = bm.cached_prefix(seq.token_ids())
-                self.prefix_cache_queries += seq.num_tokens
-                self.prefix_cache_hits += 0 if hit is None else hit.num_tokens
-            if not bm.can_admit(sid, seq.num_computed_tokens + left, hit):
-                return False  # admit a prompt only when all of it fits: a half-done prefill rarely restarts
-            self._num_holding += 1
-            if hit is not None:  # a prefix-cache hit: those tokens count as computed, no prefill for them
-                bm.take_prefix(sid, hit)
-                seq.num_computed_tokens = seq.num_prefix_cached_tokens = hit.num_tokens
-                left -= hit.num_tokens
-                num_tokens = min(num_tokens, left)
-                total = hit.num_tokens + num_tokens
-            need = bm.extra_blocks_needed(sid, total)
-        else:
-            need = bm.extra_blocks_needed(sid, total)  # usually 0 for a decode: its last block has room
-            while need > bm.num_free_blocks:
-                victim = self._newest_victim(seq)
-                if victim is None:
-                    self._preempt(seq)
-                    return False
-                self._preempt(victim)
-        if need:
+        return num_tokens
+
+    def _admit(self, seq: Sequence, num_tokens: int) -> tuple[int, int] | None:
+        """Admit waiting ``seq`` if fewer than ``max_num_seqs`` sequences hold blocks and the pool could hold
+        its whole prompt, taking its prefix-cache hit first; reserve the entry's slots. Returns ``(tokens
+        before the entry, tokens the entry computes)`` (the hit shortens it), or None when refused."""
+        bm, sid = self.block_manager, seq.seq_id
+        computed, left = seq.num_computed_tokens, seq.num_uncomputed_tokens
+        if self.max_num_seqs is not None and self._num_holding >= self.max_num_seqs:
+            return None
+        hit = None
+        if bm.enable_prefix_caching and computed == 0:
+            hit = bm.cached_prefix(seq.token_ids())
+            self.prefix_cache_queries += seq.num_tokens
+            self.prefix_cache_hits += 0 if hit is None else hit.num_tokens
+        if not bm.can_admit(sid, computed + left, hit):
+            return None  # admit a prompt only when all of it fits: a half-done prefill rarely restarts
+        self._num_holding += 1
+        total = computed - seq.num_evicted_tokens + num_tokens  # KV slots it will hold
+        if hit is not None:  # a prefix-cache hit: no prefill for those tokens (commit counts them computed)
+            bm.take_prefix(sid, hit)
+            self._prefix_hits[sid] = computed = hit.num_tokens
+            num_tokens = min(num_tokens, left - computed)
+            total = computed + num_tokens
+        if bm.extra_blocks_needed(sid, total):
             bm.allocate(sid, total)
-        if bm.enable_prefix_caching:  # the blocks this entry fills are shareable from now on (same step too)
-            bm.cache_full_blocks(sid, seq.token_ids, seq.num_computed_tokens + num_tokens)
-        self.entries.append(ScheduledChunk(seq, num_tokens))
-        self._ids.add(sid)
-        self.num_tokens += num_tokens
-        if left == 1 and seq.output_token_ids:  # a decode (Sequence.is_decode, inlined: hot in the simulator)
-            self.num_decode_tokens += 1
+        return computed, num_tokens
+
+    def _make_room(self, seq: Sequence, total: int) -> bool:
+        """Blocks for running ``seq`` to hold ``total`` KV slots, preempting newer running sequences while the
+        pool is short; False (``seq`` itself preempted) when none is left to give way."""
+        bm = self.block_manager
+        need = bm.extra_blocks_needed(seq.seq_id, total)  # usually 0 for a decode: its last block has room
+        while need > bm.num_free_blocks:
+            victim = self._newest_victim(seq)
+            if victim is None:
+                self._preempt(seq)
+                return False
+            self._preempt(victim)
+        if need:
+            bm.allocate(seq.seq_id, total)
         return True
 
     def _newest_victim(self, seq: Sequence) -> Sequence | None:
@@ -199,7 +221,8 @@ class ScheduledBatch:
     # ---- applying the decisions ----
     def commit(self, running: list[Sequence], waiting: list[Sequence], now_s: float) -> None:
         """Apply the step to the engine's queues: preempted sequences restart from token 0 at the front of
-        ``waiting`` (oldest first); admitted ones leave ``waiting`` for the end of ``running``."""
+        ``waiting`` (oldest first); admitted ones leave ``waiting`` for the end of ``running``, with their
+        prefix-cache hit (if any) counted as computed (num_computed_tokens, num_prefix_cached_tokens)."""
         if len(self._ids) != len(self.entries):
             raise ValueError("add entries with batch.add(seq, num_tokens) only (it reserves their KV slots)")
         if self.preempted:
@@ -215,6 +238,8 @@ class ScheduledBatch:
                 waiting.remove(seq)
                 running.append(seq)
                 seq.status = RUNNING
+                if seq.seq_id in self._prefix_hits:
+                    seq.num_computed_tokens = seq.num_prefix_cached_tokens = self._prefix_hits[seq.seq_id]
                 if seq.first_scheduled_s is None:
                     seq.first_scheduled_s = now_s
 

@@ -12,8 +12,9 @@ prefill, after the forward pass (so the first output token still saw the whole p
 
 and reports ``T - kept`` evicted tokens; the engine then shrinks the sequence's block table, so the
 blocks past ``kept`` return to the pool at once. Later tokens keep their true positions (keys are cached
-after RoPE). A ``rolling`` press (StreamingLLM) keeps its budget during decode too: whenever a sequence
-has a block's worth of tokens over the budget, the oldest non-sink block of tokens is evicted.
+after RoPE). A press with ``rolling`` set (StreamingLLM) keeps its budget during decode too: whenever a
+sequence has a block's worth of tokens over the budget, the oldest block after the press's ``n_sink`` first
+tokens is evicted.
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ class PressRecorder:
         budget, bs = self._budget.get(seq_id), cache.block_size
         if budget is None or num_cached < budget + bs:
             return 0
-        sink = getattr(self.press, "n_sink", 0)
+        sink = self.press.n_sink
         where = _slots_of(cache, table, num_cached)
         src, dst = where[sink + bs :], where[sink : num_cached - bs]
         for layer in range(len(self.model.layers)):

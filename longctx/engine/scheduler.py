@@ -21,18 +21,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from longctx.checks import positive_int
 from longctx.engine.batch import ScheduledBatch
 from longctx.engine.sequence import Sequence
 
 DEFAULT_MAX_NUM_SEQS = 256
-
-
-def _check_positive(name: str, value, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < 1:
-        allowed = "a positive integer or None" if allow_none else "a positive integer"
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
 
 
 class Scheduler(ABC):
@@ -68,8 +61,8 @@ class MonolithicScheduler(Scheduler):
     """
 
     def __init__(self, max_num_batched_tokens: int | None = None, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS):
-        _check_positive("max_num_batched_tokens", max_num_batched_tokens, allow_none=True)
-        _check_positive("max_num_seqs", max_num_seqs)
+        positive_int("max_num_batched_tokens", max_num_batched_tokens, allow_none=True)
+        positive_int("max_num_seqs", max_num_seqs)
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
 
@@ -100,9 +93,8 @@ class PrefillFirstChunkedScheduler(Scheduler):
     """
 
     def __init__(self, token_budget: int = 512, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS) -> None:
-        _check_positive("token_budget", token_budget)
-        _check_positive("max_num_seqs", max_num_seqs)
-        self.token_budget = int(token_budget)
+        self.token_budget = positive_int("token_budget", token_budget)
+        positive_int("max_num_seqs", max_num_seqs)
         self.max_num_seqs = max_num_seqs
 
     def schedule(self, running, waiting, batch):
@@ -131,9 +123,8 @@ class ChunkedPrefillScheduler(Scheduler):
     """
 
     def __init__(self, token_budget: int = 512, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS) -> None:
-        _check_positive("token_budget", token_budget)
-        _check_positive("max_num_seqs", max_num_seqs)
-        self.token_budget = int(token_budget)
+        self.token_budget = positive_int("token_budget", token_budget)
+        positive_int("max_num_seqs", max_num_seqs)
         self.max_num_seqs = max_num_seqs
 
     def schedule(self, running, waiting, batch):

@@ -18,7 +18,7 @@ from longctx.engine.batch import ScheduledBatch
 from longctx.engine.executor import ExecutionResult, Executor
 from longctx.engine.sampler import Sampler
 from longctx.kv.block_manager import BlockManager
-from longctx.kv.cache import PagedKVCache, build_attention_metadata
+from longctx.kv.cache import Chunk, PagedKVCache, build_attention_metadata
 from longctx.kv.press import Press
 
 
@@ -83,7 +83,7 @@ class TorchExecutor(Executor):
                 ids.append(seq.output_token_ids[start - len(seq.prompt_token_ids)])
             else:
                 ids += seq.token_ids(start, start + n)
-            chunks.append((tables(seq.seq_id), start - seq.num_evicted_tokens, n, start))  # slots, then positions
+            chunks.append(Chunk(tables(seq.seq_id), start - seq.num_evicted_tokens, n, first_position=start))
             if not seq.is_decode:
                 prefills.append((seq.seq_id, row, start == 0))
             row += n

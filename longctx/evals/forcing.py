@@ -18,11 +18,10 @@ def forward_at(model, cache, table, ids, slot: int, rows, position: int | None =
     ``position..`` (default ``slot``); the cache already holds slots ``0..slot-1`` of block table ``table``."""
     import torch
 
-    from longctx.kv.cache import build_attention_metadata
+    from longctx.kv.cache import Chunk, build_attention_metadata
 
     dev = next(model.parameters()).device
-    chunk = (table, slot, len(ids)) if position is None else (table, slot, len(ids), position)
-    meta = build_attention_metadata([chunk], block_size, dev)
+    meta = build_attention_metadata([Chunk(table, slot, len(ids), first_position=position)], block_size, dev)
     with torch.inference_mode():
         out = model(torch.tensor(ids, device=dev), cache, meta, logits_rows=torch.tensor(rows, device=dev))
     return out.float()

@@ -28,6 +28,7 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from longctx.checks import positive_int
 from longctx.memory import blocks_for_tokens
 from longctx.model.tokenizer import DEFAULT_SYSTEM_PROMPT
 
@@ -99,8 +100,7 @@ def _check(length, depth, haystack) -> None:
         raise ValueError(f"haystack must be one of {HAYSTACKS}, got {haystack!r}")
     if isinstance(depth, bool) or not isinstance(depth, (int, float)) or not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth must be a number in [0, 1] (0 = start, 1 = end), got {depth!r}")
-    if isinstance(length, bool) or int(length) != length or length < 1:
-        raise ValueError(f"length must be a positive integer number of tokens, got {length!r}")
+    positive_int("length", length, what="a positive integer number of tokens")
 
 
 class HaystackBuilder:

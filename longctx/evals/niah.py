@@ -29,6 +29,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 
+from longctx.checks import positive_int
 from longctx.evals.forcing import forced_logits
 from longctx.evals.haystack import HaystackBuilder, NeedlePrompt
 from longctx.evals.scoring import answer_closed, contains_answer
@@ -84,16 +85,14 @@ class NiahRunner:
     def __init__(self, model, tokenizer, max_tokens: int = TRAINED_CONTEXT + 64, block_size: int = 16,
                  builder: HaystackBuilder | None = None, press=None, question_aware: bool = True,
                  kv_dtype: str | None = None, chunk_size: int | None = None) -> None:
-        if int(max_tokens) != max_tokens or max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+        positive_int("max_tokens", max_tokens)
         self.model, self.tok = model, tokenizer
         self.block_size = int(block_size)
         self.num_blocks = blocks_for_tokens(int(max_tokens), self.block_size)
         self.builder = builder or HaystackBuilder(tokenizer)
         self._cache = None
         self.press, self.question_aware = press, bool(question_aware)
-        if chunk_size is not None and (int(chunk_size) != chunk_size or chunk_size < 1):
-            raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
+        positive_int("chunk_size", chunk_size, allow_none=True)
         self.kv_dtype, self.chunk_size = kv_dtype, chunk_size
         if kv_dtype is not None:
             from longctx.kv.quant import get_format

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from longctx.checks import positive_int
 from longctx.memory import blocks_for_tokens
 
 
@@ -27,8 +28,7 @@ def token_nll(model, token_ids: list[int], chunk_size: int = 1024, block_size: i
     n = len(token_ids)
     if n < 2:
         raise ValueError(f"need at least 2 tokens, got {n}")
-    if int(chunk_size) != chunk_size or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    positive_int("chunk_size", chunk_size)
     p = next(model.parameters())
     num_blocks = blocks_for_tokens(n, block_size)
     cache = PagedKVCache.for_model(model.config, num_blocks, block_size, p.device, p.dtype, kv_dtype)

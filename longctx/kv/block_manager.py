@@ -43,6 +43,7 @@ from array import array
 from collections import OrderedDict
 from typing import NamedTuple
 
+from longctx.checks import positive_int
 from longctx.memory import blocks_for_tokens  # ceil(num_tokens / block_size); importers find it here too
 
 
@@ -76,11 +77,8 @@ class BlockManager:
     """
 
     def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = False) -> None:
-        if isinstance(num_blocks, bool) or int(num_blocks) != num_blocks or num_blocks < 1:
-            raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
-        if isinstance(block_size, bool) or int(block_size) != block_size or block_size < 1:
-            raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
-        self.num_blocks, self.block_size = int(num_blocks), int(block_size)
+        self.num_blocks = positive_int("num_blocks", num_blocks)
+        self.block_size = positive_int("block_size", block_size)
         # Pop from the end: block 0 is handed out first, which makes examples easy to read.
         self._free: list[int] = list(range(self.num_blocks - 1, -1, -1))
         self._tables: dict[int, list[int]] = {}

@@ -11,6 +11,7 @@ A pool may store them in fewer bytes than the model computes in (``kv_dtype``: F
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -237,19 +238,26 @@ def _group_decodes(decodes, block_size, device) -> list[DecodeGroup]:
     return out
 
 
+class Chunk(NamedTuple):
+    """One sequence's new tokens in a step: cache slots ``num_cached …`` of ``block_table``, RoPE positions from
+    ``first_position`` (None: ``num_cached``; ahead of it once KV pruning evicted entries). Plain tuples work too."""
+
+    block_table: list[int]
+    num_cached: int
+    num_new: int
+    first_position: int | None = None
+
+
 def build_attention_metadata(chunks, block_size: int, device="cpu") -> AttentionMetadata:
-    """``chunks``: ``(block_table, num_cached, num_new)`` per sequence of the step, in row order, or
-    ``(block_table, num_cached, num_new, first_position)`` when the sequence's positions run ahead of its
-    cache (KV pruning evicted entries: new tokens go to slots ``num_cached …``, RoPE positions start at
-    ``first_position``; by default ``num_cached``).
+    """``chunks``: one :class:`Chunk` (or a tuple of its fields) per sequence of the step, in row order.
 
     Integer arithmetic for decodes, tensor ops per prefill chunk and per decode group: no Python loop
     per token, so it stays cheap for long prompts and large decode batches."""
     slot_parts, pos_parts, q_starts, q_lens, kv_lens, kv_index, decodes = [], [], [], [], [], [], []
     row = 0
     for chunk in chunks:
-        table, num_cached, num_new = chunk[:3]
-        first = chunk[3] if len(chunk) > 3 else num_cached
+        table, num_cached, num_new, first = Chunk(*chunk)
+        first = num_cached if first is None else first
         kv_len = num_cached + num_new
         q_starts.append(row)
         q_lens.append(num_new)

@@ -39,6 +39,8 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
+from longctx.checks import positive_int
+
 
 @dataclass
 class PressInput:
@@ -116,6 +118,7 @@ class Press:
     query_window: int = 0
     uses_attention_sum: bool = False
     rolling: bool = False  # also keeps its budget during decode (the engine evicts a block at a time)
+    n_sink: int = 0  # first tokens a rolling press never evicts (the oldest block after them goes)
 
     def __init__(self, compression_ratio: float = 0.0) -> None:
         ratio = float(compression_ratio)
@@ -190,11 +193,10 @@ class SnapKVPress(Press):
 
     def __init__(self, compression_ratio: float = 0.0, window_size: int = 32, kernel_size: int = 5) -> None:
         super().__init__(compression_ratio)
-        if isinstance(window_size, bool) or int(window_size) != window_size or window_size < 1:
-            raise ValueError(f"window_size must be a positive integer, got {window_size!r}")
-        if isinstance(kernel_size, bool) or int(kernel_size) != kernel_size or kernel_size < 1 or kernel_size % 2 == 0:
+        self.window_size = positive_int("window_size", window_size)
+        self.kernel_size = positive_int("kernel_size", kernel_size, what="an odd positive integer")
+        if self.kernel_size % 2 == 0:
             raise ValueError(f"kernel_size must be an odd positive integer, got {kernel_size!r}")
-        self.window_size, self.kernel_size = int(window_size), int(kernel_size)
 
     @property
     def query_window(self) -> int:
@@ -254,9 +256,7 @@ class H2OPress(Press):
 
     def protected(self, num_tokens, num_kept):
         mask = torch.zeros(num_tokens, dtype=torch.bool)
-        recent = round(self.recent_fraction * num_kept)
-        if recent:
-            mask[num_tokens - recent:] = True
+        mask[num_tokens - round(self.recent_fraction * num_kept):] = True  # recent 0: the empty slice [T:]
         return mask
 
 

@@ -216,9 +216,29 @@ class AllocationResult:
     def mean_concurrency(self) -> float:
         return self.concurrency_sum / self.steps
 
-    @property
-    def throughput_requests_per_step(self) -> float:
-        return self.finished / self.steps
+
+def _account(result: AllocationResult, allocator, running: dict, waiting: deque) -> None:
+    """Add one step's slots, by category, to ``result`` (and to its backlog tally while requests wait)."""
+    tally = dict.fromkeys(CATEGORIES, 0)
+    for r, tokens in running.values():
+        alloc = allocator.allocated_slots(r.request_id)
+        tally["used"] += tokens
+        future = min(alloc, r.total_tokens) - tokens
+        tally["reserved"] += future if allocator.name == "contiguous" else 0
+        tally["internal"] += alloc - tokens - (future if allocator.name == "contiguous" else 0)
+    free = allocator.free_slots()
+    head_need = allocator.slots_needed(waiting[0].prompt_tokens + 1) if waiting else None
+    if head_need is not None and free >= head_need:
+        tally["external"] = free  # enough free slots in total, but no hole is large enough
+    else:
+        tally["free"] = free
+    for k in CATEGORIES:
+        result.slot_steps[k] += tally[k]
+        if waiting:
+            result.backlog_slot_steps[k] += tally[k]
+    result.backlog_steps += bool(waiting)
+    result.concurrency_sum += len(running)
+    result.steps += 1
 
 
 def simulate_allocation(requests: list[BacklogRequest], allocator, max_steps: int = 100_000) -> AllocationResult:
@@ -242,27 +262,7 @@ def simulate_allocation(requests: list[BacklogRequest], allocator, max_steps: in
             running[r.request_id] = (r, r.prompt_tokens + 1)
         if not running:
             raise ValueError(f"request {waiting[0].request_id} cannot be admitted into an empty pool")
-        # 2. account the pool as it stands during this step
-        tally = dict.fromkeys(CATEGORIES, 0)
-        for r, tokens in running.values():
-            alloc = allocator.allocated_slots(r.request_id)
-            tally["used"] += tokens
-            future = min(alloc, r.total_tokens) - tokens
-            tally["reserved"] += future if allocator.name == "contiguous" else 0
-            tally["internal"] += alloc - tokens - (future if allocator.name == "contiguous" else 0)
-        free = allocator.free_slots()
-        head_need = allocator.slots_needed(waiting[0].prompt_tokens + 1) if waiting else None
-        if head_need is not None and free >= head_need:
-            tally["external"] = free  # enough free slots in total, but no hole is large enough
-        else:
-            tally["free"] = free
-        for k in CATEGORIES:
-            result.slot_steps[k] += tally[k]
-            if waiting:
-                result.backlog_slot_steps[k] += tally[k]
-        result.backlog_steps += bool(waiting)
-        result.concurrency_sum += len(running)
-        result.steps += 1
+        _account(result, allocator, running, waiting)  # 2. the pool as it stands during this step
         # 3. every running request produces one token; finished ones leave
         for rid in sorted(running):
             if rid not in running:

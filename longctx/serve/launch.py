@@ -19,6 +19,8 @@ import time
 import urllib.error
 import urllib.request
 
+from longctx.checks import positive_int
+
 SCHEDULERS = ("monolithic", "chunked")
 
 
@@ -47,10 +49,8 @@ def build_app(
     """
     if scheduler not in SCHEDULERS:
         raise ValueError(f"scheduler must be one of {SCHEDULERS}, got {scheduler!r}")
-    if int(token_budget) != token_budget or token_budget < 1:
-        raise ValueError(f"token_budget must be a positive integer, got {token_budget!r}")
-    if int(kv_blocks) != kv_blocks or kv_blocks < 1:
-        raise ValueError(f"kv_blocks must be a positive integer, got {kv_blocks!r}")
+    positive_int("token_budget", token_budget)
+    positive_int("kv_blocks", kv_blocks)
     if press is not None and prefix_caching:
         raise ValueError("a press and prefix caching do not combine: a press rewrites the blocks a cache shares")
     from longctx.cli.model import make_cli_press

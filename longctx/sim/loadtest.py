@@ -31,6 +31,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
+from longctx.checks import positive_int
 from longctx.engine import ChunkedPrefillScheduler, Engine, VirtualClock, summarize
 from longctx.kv.block_manager import BlockManager
 from longctx.metrics import request_metrics
@@ -58,9 +59,7 @@ class LoadTest:
 
     def __post_init__(self) -> None:
         for name in ("users", "prompt_tokens", "output_tokens", "token_budget"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or int(v) != v or v < 1:
-                raise ValueError(f"LoadTest.{name} must be a positive integer, got {v!r}")
+            positive_int(f"LoadTest.{name}", getattr(self, name))
         if not 0 <= self.shared_prefix_tokens < self.prompt_tokens:
             raise ValueError(f"LoadTest.shared_prefix_tokens must be in [0, prompt_tokens={self.prompt_tokens}), "
                              f"got {self.shared_prefix_tokens}")

@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from longctx.checks import positive_int
 from longctx.specs import ModelSpec, get_model
 
 GEMMS = ("qkv", "o", "gate_up", "down")
@@ -61,9 +62,7 @@ class LayerShape:
 
     def __post_init__(self) -> None:
         for f in ("num_layers", "d_model", "num_heads", "num_kv_heads", "head_dim"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"LayerShape {self.name!r}: {f} must be a positive integer, got {v!r}")
+            positive_int(f"LayerShape {self.name!r}: {f}", getattr(self, f), floats=False)
         if not self.intermediate_size > 0:
             raise ValueError(f"LayerShape {self.name!r}: intermediate_size must be > 0, got {self.intermediate_size!r}")
         if self.vocab_size < 0 or self.norms_per_layer not in (1, 2):
@@ -107,9 +106,7 @@ class LayerShape:
 
 
 def check_tp(tp: object) -> int:
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-        raise ValueError(f"tp (tensor-parallel degree) must be a positive integer, got {tp!r}")
-    return tp
+    return positive_int("tp (tensor-parallel degree)", tp, floats=False)
 
 
 def gemm_time_s(n: int, k: float, m: float, factors, peak: float, bandwidth: float,

@@ -168,6 +168,25 @@ def build_sim_engine(
     return Engine(executor, scheduler, block_manager=bm, clock=VirtualClock(), max_model_len=max_model_len)
 
 
+def _run_until_done(engine: Engine, num_requests: int, progress: bool) -> None:
+    """Step ``engine`` until every request finished; ``progress``: a tqdm bar on stderr (finished requests,
+    updated every 100)."""
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=num_requests, unit="req", file=sys.stderr, desc="simulating", leave=False)
+    done = 0
+    while engine.has_unfinished():
+        engine.step()
+        if bar is not None and len(engine.finished) - done >= 100:
+            bar.update(len(engine.finished) - done)
+            done = len(engine.finished)
+    if bar is not None:
+        bar.update(len(engine.finished) - done)
+        bar.close()
+
+
 def simulate(
     workload: list[Request],
     scheduler: Scheduler,
@@ -209,20 +228,7 @@ def simulate(
     for i, r in enumerate(workload):
         ids = sim_prompt_ids(i, r.prompt_tokens, shared_prefix_tokens)
         engine.add_request(ids, r.output_tokens, arrival_s=r.arrival_s)
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(workload), unit="req", file=sys.stderr, desc="simulating", leave=False)
-    done = 0
-    while engine.has_unfinished():
-        engine.step()
-        if bar is not None and len(engine.finished) - done >= 100:
-            bar.update(len(engine.finished) - done)
-            done = len(engine.finished)
-    if bar is not None:
-        bar.update(len(engine.finished) - done)
-        bar.close()
+    _run_until_done(engine, len(workload), progress)
     seqs = sorted(engine.finished, key=lambda s: s.seq_id)
     reqs = [request_metrics(s) for s in seqs]
     m, hw = get_model(model), get_hardware(hardware)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from longctx.arrivals import arrival_times  # the one definition (re-exported: ``longctx.sim.arrival_times``)
+from longctx.checks import positive_int
 
 
 @dataclass(frozen=True)
@@ -27,12 +28,6 @@ class Request:
     output_tokens: int
 
 
-def _positive_int(name: str, v: object) -> int:
-    if isinstance(v, bool) or int(v) != v or v < 1:
-        raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    return int(v)
-
-
 @dataclass(frozen=True)
 class Fixed:
     """Every request has ``tokens`` tokens."""
@@ -40,7 +35,7 @@ class Fixed:
     tokens: int
 
     def __post_init__(self) -> None:
-        _positive_int("Fixed.tokens", self.tokens)
+        positive_int("Fixed.tokens", self.tokens)
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return np.full(n, int(self.tokens), dtype=np.int64)
@@ -58,8 +53,8 @@ class Uniform:
     high: int
 
     def __post_init__(self) -> None:
-        _positive_int("Uniform.low", self.low)
-        _positive_int("Uniform.high", self.high)
+        positive_int("Uniform.low", self.low)
+        positive_int("Uniform.high", self.high)
         if self.high < self.low:
             raise ValueError(f"Uniform needs low <= high, got {self.low} > {self.high}")
 
@@ -83,7 +78,7 @@ class LogNormal:
     def __post_init__(self) -> None:
         if not self.median > 0 or not self.sigma >= 0:
             raise ValueError(f"LogNormal needs median > 0 and sigma >= 0, got {self.median}, {self.sigma}")
-        _positive_int("LogNormal.low", self.low)
+        positive_int("LogNormal.low", self.low)
         if self.high < self.low:
             raise ValueError(f"LogNormal needs low <= high, got {self.low} > {self.high}")
 
@@ -139,7 +134,7 @@ def make_workload(
     """
     if arrival not in ("poisson", "gamma"):
         raise ValueError(f"arrival must be 'poisson' or 'gamma', got {arrival!r}")
-    num_requests = _positive_int("num_requests", num_requests)
+    num_requests = positive_int("num_requests", num_requests)
     rng = np.random.Generator(np.random.PCG64(seed))
     burstiness = 1.0 if arrival == "poisson" else burstiness
     t = arrival_times(num_requests, rate_qps, rng, burstiness, first_gap="draw")  # t[0] > 0, as recorded
