@@ -283,7 +283,7 @@ def main(argv=None) -> int:
         out = args.out or RECORDED / f"capstone_{section}.json"
         cores = 1 if section in ("bytes", "sim") else args.threads  # the simulator is one Python thread
         load = load_gate(cores, args.force)
-        meta = {**provenance(cores, usable=load <= cores), "cores_used": cores}
+        meta = {**provenance(cores, usable=load <= cores, gate_load=load), "cores_used": cores}
         if model is None and section not in ("bytes", "sim"):
             from longctx.model.tokenizer import load_tokenizer
             from longctx.model.weights import load_model

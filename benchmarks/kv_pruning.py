@@ -375,7 +375,7 @@ def main(argv=None) -> int:
     ap.add_argument("--force", action="store_true", help="record despite the load (marks the record unusable)")
     ap.add_argument("--out", type=Path, default=None, help="one section: write here instead")
     args = ap.parse_args(argv)
-    load_gate(args.threads, args.force)
+    gate_load = load_gate(args.threads, args.force)
 
     import torch
 
@@ -384,7 +384,7 @@ def main(argv=None) -> int:
     from longctx.model.weights import load_model
 
     model, tok = load_model(), load_tokenizer()
-    meta = provenance(args.threads, usable=not args.force)
+    meta = provenance(args.threads, usable=not args.force, gate_load=gate_load)
     ratios = [float(x) for x in args.ratios.split(",")]
     presses = args.presses.split(",")
     sections = ["niah", "ppl", "random-sink", "memory"] if args.section == "all" else [args.section]

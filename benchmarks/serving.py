@@ -106,13 +106,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.repeats < 1:
         raise SystemExit("--repeats must be >= 1")
-    load_gate(args.threads, args.force)
+    gate_load = load_gate(args.threads, args.force)
 
     from longctx.evals.stats import fisher_exact
     from longctx.model.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer()
-    meta = provenance(args.threads, usable=not args.force)
+    meta = provenance(args.threads, usable=not args.force, gate_load=gate_load)
     meta.update(
         benchmark="serving_cpu", record_version=RECORD_VERSION,
         model="SmolLM2-135M-Instruct on `python -m longctx serve` (fp32 KV, CPU), client longctx.bench",

@@ -97,6 +97,41 @@ def test_the_lesson_quotes_the_depth_one_record():
         "the lesson says removing the answer prefix changes no verdict"
 
 
+BEYOND_VARIANTS = ("none", "linear x2", "ntk x2", "yarn x2")
+
+
+def test_beyond_eight_k_has_ten_independent_trials_per_variant_on_the_same_prompts():
+    data = load("niah_beyond.json")
+    meta = data["meta"]
+    assert meta["record_version"] == 2 and meta["usable"] is True
+    # The record's two halves (none + linear, ntk + yarn) were started together, one thread each; their start load
+    # was read after both had loaded the model, so it includes each other: the bound is the threads of the runs
+    # that started in the same second.
+    together = collections.Counter()
+    for run in meta["runs"]:
+        together[run["date"]] += run["torch_threads"]
+    for run in meta["runs"]:
+        assert run["load_average_1min_start"] <= together[run["date"]], f"a run started at {run}"
+    assert all(r["load_1min"] - 1 <= 1 for r in data["rows"]), "a trial started while other work loaded the machine"
+    seeds = collections.defaultdict(list)
+    for r in data["rows"]:
+        assert r["length"] > 8192 and r["usable"]
+        seeds[r["rope"]].append(r["seed"])
+    assert set(seeds) == set(BEYOND_VARIANTS)
+    assert len({tuple(sorted(s)) for s in seeds.values()}) == 1, "every variant answers the same prompts"
+    one = seeds["none"]
+    assert len(one) >= 10 and len(set(one)) == len(one), "at least 10 independent trials per variant"
+    assert len({r["answer"] for r in data["rows"] if r["rope"] == "none"}) == len(one), "a needle value repeats"
+
+
+def test_the_lesson_quotes_the_beyond_record():
+    rows = load("niah_beyond.json")["rows"]
+    text = " ".join(lesson_text().split())
+    for label, variant in zip(("no scaling", "PI", "NTK-aware", "YaRN"), BEYOND_VARIANTS, strict=True):
+        got = [r["correct"] for r in rows if r["rope"] == variant]
+        assert f"{label} {sum(got)}/{len(got)}" in text, f"the lesson does not quote {variant}'s {sum(got)}/{len(got)}"
+
+
 def _effective(rows, threshold=0.8):
     """Exercise 5.2's rule: the longest length up to which every length's Wilson lower bound reaches threshold."""
     from longctx.evals.stats import wilson_interval
