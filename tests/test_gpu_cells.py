@@ -42,7 +42,7 @@ def test_a_record_names_its_device_and_date(fn, capsys, tmp_path):
 def test_a_broken_record_raises_with_the_reason(fn):
     bad = small_record()
     del bad["ceilings"]
-    with pytest.raises(ValueError, match="ceilings"):
+    with pytest.raises(ValueError, match="ceilings: Field required"):
         fn(record=bad)
 
 
