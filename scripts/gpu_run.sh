@@ -34,14 +34,14 @@ try:
     import torch
 except ImportError:
     sys.exit("torch is missing for this python: set PYTHON to one with torch")
-from longctx.gpu import available, device_key
+from longctx.gpu.records import device_key
 print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuda available: {torch.cuda.is_available()}",
       file=sys.stderr)
 if torch.cuda.is_available():
     p = torch.cuda.get_device_properties(0)
     print(f"device {p.name}, {p.total_memory / 2**30:.0f} GiB, {p.multi_processor_count} SMs, sm_{p.major}{p.minor}",
           file=sys.stderr)
-print(device_key(torch.cuda.get_device_name(0)) if available() else "cpu")
+print(device_key(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else "cpu")
 PYEOF
 )
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.used,clocks.sm --format=csv || true

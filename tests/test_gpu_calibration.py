@@ -1,15 +1,19 @@
-"""Calibrating the simulator's cost model from a GPU record: predicted versus measured step times."""
+"""Calibrating the simulator's cost model from a GPU record (benchmarks/gpu_calibration.py): predicted versus
+measured step times."""
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from gpu_fixtures import small_record
 
-from longctx.gpu.calibration import SOURCES, calibrate_from_record, measured_steps, record_hardware
 from longctx.gpu.records import save_record
 from longctx.sim import CostFactors
 from longctx.specs import get_hardware
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from gpu_calibration import SOURCES, calibrate_from_record, measured_steps, record_hardware  # noqa: E402
 
 TRUE = CostFactors(compute_efficiency=0.7, attention_efficiency=0.4, memory_efficiency=0.85,
                    step_overhead_s=2e-3, per_sequence_overhead_s=1e-5)

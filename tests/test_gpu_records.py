@@ -1,11 +1,12 @@
-"""GPU records: checked on load and save, one loader behaviour (ValueError naming what is wrong)."""
+"""GPU records: their schema (``GpuRecord``, pydantic) checked on load and save, one loader behaviour
+(ValueError naming each field at fault), and the device key that names the file."""
 
 import json
 
 import pytest
 from gpu_fixtures import small_record
 
-from longctx.gpu.records import check_record, describe, load_record, record_path, save_record
+from longctx.gpu.records import check_record, describe, device_key, load_record, record_path, save_record
 
 
 def test_save_and_load_round_trip(tmp_path):
@@ -17,17 +18,29 @@ def test_save_and_load_round_trip(tmp_path):
 
 
 @pytest.mark.parametrize("change,match", [
-    (lambda r: r.pop("ceilings"), "lacks ceilings"),
-    (lambda r: r.update(schema="longctx.gpu/1"), "schema"),
-    (lambda r: r.update(date="yesterday"), "isoformat|Invalid"),
-    (lambda r: r["ceilings"]["copy"].update(bytes_per_s=0), "copy.bytes_per_s"),
-    (lambda r: r["device"].pop("key"), "name and a key"),
+    (lambda r: r.pop("ceilings"), "ceilings: Field required"),
+    (lambda r: r.update(schema="longctx.gpu/1"), "schema: Input should be 'longctx.gpu/2', got 'longctx.gpu/1'"),
+    (lambda r: r.update(date="yesterday"), "date: Input should be a valid datetime"),
+    (lambda r: r["ceilings"]["copy"].update(bytes_per_s=0), r"ceilings.copy.bytes_per_s: Input should be greater than 0, got 0"),
+    (lambda r: r["device"].pop("key"), "device.key: Field required"),
+    (lambda r: r["decode"][1].pop("step_s"), r"decode\[1\].step_s: Field required"),
+    (lambda r: r["attention_share"][0].update(flop_share=60), r"attention_share\[0\].flop_share: .* less than or equal to 1"),
+    (lambda r: r["exercise1"]["runs"]["chunked-512"][0]["steps"][0].update(sequences=None),
+     r"exercise1.runs.chunked-512\[0\].steps\[0\].sequences"),
 ])
-def test_a_broken_record_says_what_is_wrong(change, match):
+def test_a_broken_record_says_what_is_wrong(change, match, tmp_path):
     rec = small_record()
     change(rec)
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError, match=r"^not a valid GPU record \(longctx.gpu/2\): " + match):
         check_record(rec)
+    with pytest.raises(ValueError, match="not a valid GPU record"):
+        save_record(rec, tmp_path / "new" / "h200.json")
+    assert not (tmp_path / "new").exists()  # checked before anything is written
+
+
+def test_keys_it_does_not_name_are_kept():
+    rec = {**small_record(), "notes": "free text", "wall_s": 12.5}
+    assert check_record(rec) is rec and describe(rec) == "NVIDIA H200, 2026-01-01"
 
 
 def test_absent_and_invalid_files_raise(tmp_path):
@@ -37,3 +50,10 @@ def test_absent_and_invalid_files_raise(tmp_path):
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(ValueError, match="not valid JSON"):
         load_record(path=tmp_path / "bad.json")
+
+
+@pytest.mark.parametrize("name,key", [("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100"),
+                                      ("NVIDIA A100-SXM4-80GB", "a100"), ("cpu", "cpu"),
+                                      ("NVIDIA GeForce RTX 4090", "geforce-rtx-4090"), ("Tesla T4", "t4")])
+def test_device_key(name, key):
+    assert device_key(name) == key

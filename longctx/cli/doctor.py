@@ -59,7 +59,7 @@ def _cuda() -> Check:
 
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name(0)
-        return Check("cuda", True, f"{name} (CUDA {torch.version.cuda}): GPU cells measure live")
+        return Check("cuda", True, f"{name} (CUDA {torch.version.cuda}): make gpu-bench can record it for the lessons")
     return Check("cuda", True, "no GPU: GPU cells show recorded measurements")
 
 

@@ -37,8 +37,6 @@ def register(subparsers) -> None:
 
 
 def run_gpu_bench(args: argparse.Namespace) -> int:
-    from longctx import gpu
-
     overrides = {}
     if args.time_cap_s is not None:
         if not args.time_cap_s > 0:
@@ -46,13 +44,13 @@ def run_gpu_bench(args: argparse.Namespace) -> int:
         overrides["time_cap_s"] = args.time_cap_s
     if args.sections:
         overrides["sections"] = tuple(s.strip() for s in args.sections.split(",") if s.strip())
-    if not args.toy and not gpu.available():
-        sys.stderr.write(NO_CUDA + "\n")
-        return 1
     try:
-        import torch  # noqa: F401
+        import torch
     except ImportError:
         sys.stderr.write("torch is not installed: gpu-bench needs it (pip install -r requirements.txt)\n")
+        return 1
+    if not args.toy and not torch.cuda.is_available():
+        sys.stderr.write(NO_CUDA + "\n")
         return 1
     from longctx.gpu.records import record_path, save_record
     from longctx.gpu.suite import BenchConfig, run_suite

@@ -1,14 +1,9 @@
 """A GPU record: one JSON object per run of ``make gpu-bench``, in ``longctx/data/gpu/<device key>.json``.
 
-    schema, date (ISO 8601), toy, dtype, device {name, key, torch, cuda, driver, ...}, config, wall_s,
-    skipped [str], errors [str], models {name: {config (a ModelSpec as a dict), num_params}},
-    ceilings {matmul {flops_per_s, median_s, n}, copy {bytes_per_s (read + written), median_s, bytes}},
-    prefill_chunks [{model, chunk_size, prompt_tokens, time_s, flops, flops_per_s, chunks [[new, cached, s]]}],
-    decode [{model, batch_size, context_tokens, step_s, bytes, bytes_per_s, flops}],
-    attention_share [{model, context_tokens, attention_s, rest_s, attention_share, flop_share}],
-    exercise1 {model, scenario {...}, runs {scheduler: [Exercise1Result.to_dict(), ...]}}
-
-Times in seconds, rates per second, bytes in bytes. ``check_record`` checks what readers rely on.
+``GpuRecord`` (pydantic) is its schema: what the readers rely on (the lessons' GPU figures, the
+calibration benchmark, the summary). Times in seconds, rates per second, bytes in bytes. Keys it does not
+name (``config``, ``notes``, ``wall_s``, a row's ``flops`` ...) are kept as written. Readers get the
+checked JSON itself, a dict.
 """
 
 from __future__ import annotations
@@ -16,29 +11,113 @@ from __future__ import annotations
 import datetime
 import json
 import pathlib
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, ValidationError
 
 from longctx.recorded import load_recorded, recorded_path
 
 SCHEMA = "longctx.gpu/2"
-REQUIRED = ("schema", "date", "toy", "dtype", "device", "ceilings", "models")
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Device(_Part):
+    name: str  # "NVIDIA H200", or "cpu" for a toy run
+    key: str  # device_key(name): the record's file name
+    memory_bytes: int | None = None
+
+
+class Ceilings(_Part):
+    class Matmul(_Part):
+        flops_per_s: PositiveFloat
+
+    class Copy(_Part):
+        bytes_per_s: PositiveFloat  # bytes read + bytes written
+
+    matmul: Matmul
+    copy_: Copy = Field(alias="copy")
+
+
+class PrefillRow(_Part):  # one prompt prefilled in chunks of chunk_size, each after the earlier ones
+    model: str
+    chunk_size: int
+    prompt_tokens: int
+    time_s: PositiveFloat
+    flops_per_s: PositiveFloat
+    chunks: list[tuple[int, int, NonNegativeFloat]]  # (new tokens, cached tokens, seconds)
+
+
+class DecodeRow(_Part):  # one decode step of batch_size sequences at context_tokens each
+    model: str
+    batch_size: int
+    context_tokens: int
+    step_s: PositiveFloat
+    bytes_per_s: PositiveFloat
+
+
+class AttentionRow(_Part):  # one layer's prefill of context_tokens: attention against the rest
+    model: str
+    context_tokens: int
+    attention_share: float = Field(ge=0, le=1)
+    flop_share: float = Field(ge=0, le=1)
+
+
+class EngineStep(_Part):
+    sequences: list[tuple[int, int]]  # (new tokens, cached tokens) per sequence
+    duration_s: NonNegativeFloat
+
+
+class EngineRuns(_Part):  # lesson 01's Exercise 1 on the real engine: scheduler -> its runs' steps
+    class Run(_Part):
+        steps: list[EngineStep]
+
+    model: str
+    runs: dict[str, list[Run]]
+
+
+class GpuRecord(_Part):
+    schema_: Literal[SCHEMA] = Field(alias="schema")
+    date: datetime.datetime
+    toy: bool
+    dtype: str
+    device: Device
+    ceilings: Ceilings
+    models: dict[str, dict]  # name -> {config: a ModelSpec as a dict, num_params}
+    prefill_chunks: list[PrefillRow] = []
+    decode: list[DecodeRow] = []
+    attention_share: list[AttentionRow] = []
+    exercise1: EngineRuns | None = None
+    errors: list[str] = []
+    skipped: list[str] = []
 
 
 def check_record(record: dict) -> dict:
-    """``record`` when it has the keys readers rely on, the right schema and a date; else ``ValueError``."""
-    if not isinstance(record, dict):
-        raise ValueError(f"a GPU record is a JSON object, got {type(record).__name__}")
-    missing = [k for k in REQUIRED if k not in record]
-    if missing:
-        raise ValueError(f"the GPU record lacks {', '.join(missing)}")
-    if record["schema"] != SCHEMA:
-        raise ValueError(f"GPU record schema {record['schema']!r}; this code reads {SCHEMA!r}")
-    datetime.datetime.fromisoformat(str(record["date"]))  # ValueError when it is not ISO 8601
-    if not {"name", "key"} <= set(record["device"]):
-        raise ValueError("record.device needs a name and a key")
-    for part, rate in (("matmul", "flops_per_s"), ("copy", "bytes_per_s")):
-        if not record["ceilings"].get(part, {}).get(rate, 0) > 0:
-            raise ValueError(f"record.ceilings.{part}.{rate} must be a positive number")
+    """``record`` when ``GpuRecord`` accepts it; else ``ValueError`` naming each field at fault."""
+    try:
+        GpuRecord.model_validate(record)
+    except ValidationError as exc:
+        errs = [_where(e["loc"]) + f": {e['msg']}" + (f", got {e['input']!r}" if isinstance(
+            e["input"], str | int | float) else "") for e in exc.errors()]
+        more = f"; and {len(errs) - 5} more" if len(errs) > 5 else ""
+        raise ValueError(f"not a valid GPU record ({SCHEMA}): " + "; ".join(errs[:5]) + more) from None
     return record
+
+
+def _where(loc: tuple) -> str:
+    """``("decode", 0, "step_s")`` -> ``"decode[0].step_s"``."""
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".") or "the record"
+
+
+def device_key(name: str) -> str:
+    """A file-name key for a device name: ``"NVIDIA H200"`` -> ``"h200"``, ``"NVIDIA H100 80GB HBM3"`` ->
+    ``"h100"``, ``"cpu"`` -> ``"cpu"``; otherwise the name in lower case with ``-`` for other characters."""
+    low = name.lower().replace("nvidia", " ")
+    m = re.search(r"\b([a-z]{1,3}\d{1,4}[a-z]?)\b", low)
+    return m.group(1) if m else re.sub(r"[^a-z0-9]+", "-", low).strip("-") or "unknown"
 
 
 def record_path(device: str = "h200") -> pathlib.Path:
@@ -54,10 +133,10 @@ def load_record(device: str = "h200", path: str | pathlib.Path | None = None) ->
 
 def save_record(record: dict, path: str | pathlib.Path) -> pathlib.Path:
     """Write ``record`` as indented JSON (checked first); returns the path."""
-    check_record(record)
+    text = json.dumps(check_record(record), indent=1) + "\n"
     p = pathlib.Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(record, indent=1) + "\n")
+    p.write_text(text)
     return p
 
 

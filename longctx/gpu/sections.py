@@ -29,8 +29,8 @@ def ceilings(ctx, name: str) -> None:
     dst = torch.empty_like(src)
     cp = ctx.time(lambda: dst.copy_(src), warmup=3, repeats=10)
     ctx.record["ceilings"] = {
-        "matmul": {"n": n, "flops": 2 * n**3, **mm.to_dict(), "flops_per_s": 2 * n**3 / mm.median_s},
-        "copy": {"bytes": src.nbytes, **cp.to_dict(), "bytes_per_s": 2 * src.nbytes / cp.median_s,
+        "matmul": {"n": n, "flops": 2 * n**3, **asdict(mm), "flops_per_s": 2 * n**3 / mm.median_s},
+        "copy": {"bytes": src.nbytes, **asdict(cp), "bytes_per_s": 2 * src.nbytes / cp.median_s,
                  "convention": "bytes read + bytes written"}}
     ctx.log(f"  matmul {2 * n**3 / mm.median_s / 1e12:.1f} TFLOP/s, copy {2 * src.nbytes / cp.median_s / 1e12:.2f} TB/s")
 
@@ -98,8 +98,8 @@ def decode(ctx, name: str) -> None:
 def attention_share(ctx, name: str) -> None:
     """One layer's prefill of T tokens timed in two parts: the attention core (causal SDPA with GQA, as
     ``longctx.model.llama``) and the rest (norms, projections, RoPE, SwiGLU MLP, residuals)."""
-    block, dev = ctx.model(name).layers[0], ctx.device
-    cfg, gen = ctx.models[name].config, torch.Generator(device=dev).manual_seed(3)
+    model, dev = ctx.model(name), ctx.device
+    block, cfg, gen = model.layers[0], model.config, torch.Generator(device=dev).manual_seed(3)
     H, Hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
 
     def measure(T: int):

@@ -1,11 +1,11 @@
 """The GPU suite behind ``python -m longctx gpu-bench``: one prepared run, a time cap, one record.
 
 Sections (``longctx.gpu.sections``), in order: ``ceilings`` (matmul FLOP/s, copy bytes/s; always run),
-``prefill_chunks``, ``decode``, ``attention_share`` (each for Llama-3-8B and a Llama-3.1-70B-shaped slice:
-its real layer shape, a few layers) and ``exercise1`` (``longctx.lessons.exercise1.Exercise1``, lesson 01's scenario, on the real
-engine). Each section gets its weight's share of the time left; a point past its section's deadline or
-out of memory is listed under ``skipped``, any other failure under ``errors``, and the run goes on.
-``BenchConfig.toy()`` runs it all on the CPU in seconds with tiny fp32 models (the tests use it).
+``prefill_chunks``, ``decode``, ``attention_share`` (random-weight Llama-3-8B) and ``exercise1``
+(``longctx.lessons.exercise1.Exercise1``, lesson 01's scenario, on the real engine). Each section gets its weight's share of the time left; a point past its
+section's deadline or out of memory is listed under ``skipped``, any other failure under ``errors``, and the
+run goes on. Every point is timed by ``time_fn``. ``BenchConfig.toy()`` runs it all on the CPU in seconds
+with tiny fp32 models (the tests use it).
 """
 
 from __future__ import annotations
@@ -14,26 +14,63 @@ import datetime
 import gc
 import pathlib
 import platform
+import statistics
 import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from longctx.flops import StepCost, step_cost
-from longctx.gpu import device_key
-from longctx.gpu.harness import Timing, time_fn
-from longctx.gpu.records import SCHEMA
+from longctx.gpu.records import SCHEMA, device_key
 from longctx.lessons.exercise1 import Exercise1
-from longctx.model.config import LLAMA3_8B, resized, spec_to_dict
-from longctx.specs import ModelSpec, get_model
+from longctx.model.config import LLAMA3_8B, spec_to_dict
+from longctx.specs import ModelSpec
 
 SECTION_WEIGHTS = {"ceilings": 0.5, "prefill_chunks": 2.0, "decode": 2.5, "attention_share": 1.0,
                    "exercise1": 2.5}
-PER_MODEL = ("prefill_chunks", "decode", "attention_share")  # the others run once (on Llama-3-8B)
 TOY = ModelSpec("toy", 2, 64, 4, 2, 16, "tiny random-weight stand-in for the CPU toy run",
                 intermediate_size=160, vocab_size=512, rope_theta=10000.0, max_context=1 << 16)
-TOY_WIDE = resized(TOY, name="toy-wide", d_model=128, num_heads=8, head_dim=16, intermediate_size=320,
-                   num_layers=1)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds per call of a timed function: ``median_s`` of ``repeats`` timed calls after warm-up."""
+
+    median_s: float
+    min_s: float
+    max_s: float
+    repeats: int
+    timer: str  # "cuda-events" or "perf_counter"
+
+
+def time_fn(fn: Callable[[], object], device="cpu", warmup: int = 2, repeats: int = 5) -> Timing:
+    """Time ``fn()`` on ``device``: ``warmup`` untimed calls, then the median of ``repeats`` timed calls (the
+    median resists the occasional slow repeat). On a CUDA device each repeat is bracketed by CUDA events, so
+    the time is the device's, not the Python loop's, read after one ``synchronize`` at the end; on the CPU
+    (toy runs, tests) ``time.perf_counter`` brackets each call."""
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
+    for _ in range(warmup):
+        fn()
+    if str(device).startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize(device)
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(repeats)]
+        for start, end in events:
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize(device)
+        times, timer = [start.elapsed_time(end) / 1e3 for start, end in events], "cuda-events"  # ms -> s
+    else:
+        times, timer = [], "perf_counter"
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return Timing(statistics.median(times), min(times), max(times), repeats, timer)
 
 
 @dataclass(frozen=True)
@@ -55,8 +92,6 @@ class BenchConfig:
     exercise1: Exercise1 = Exercise1()  # the source's sizes: 16 streams at 1K, a 12K-token prompt
     ex1_budgets: tuple[int, ...] = (512, 1024, 2048)
     ex1_repeats: int = 3
-    main_layers: int | None = None  # None: all 32 layers of Llama-3-8B
-    slice_layers: int = 4  # of Llama-3.1-70B's 80; 0 leaves the slice out
     block_size: int = 16
     time_cap_s: float = 360.0
     sections: tuple[str, ...] = tuple(SECTION_WEIGHTS)
@@ -67,8 +102,6 @@ class BenchConfig:
             raise ValueError(f"unknown sections {sorted(unknown)}; allowed: {', '.join(SECTION_WEIGHTS)}")
         if not self.time_cap_s > 0:
             raise ValueError(f"time_cap_s must be > 0 seconds, got {self.time_cap_s}")
-        if self.repeats < 1 or self.warmup < 0:
-            raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {self.repeats}, {self.warmup}")
 
     @classmethod
     def toy(cls, **overrides) -> BenchConfig:
@@ -76,30 +109,25 @@ class BenchConfig:
                      prefill_prompt_tokens=256, chunk_sizes=(16, 32, 64, 128, 256),
                      decode_batch_sizes=(1, 2, 4, 8), decode_contexts=(64, 128, 256), max_decode_kv_tokens=1024,
                      attention_contexts=(64, 128, 256, 512), exercise1=Exercise1(4, 384, 64, 4, 3),
-                     ex1_budgets=(64, 128), ex1_repeats=1, slice_layers=1, time_cap_s=60.0)
+                     ex1_budgets=(64, 128), ex1_repeats=1, time_cap_s=60.0)
         return cls(**{**sizes, **overrides})
 
-    def models(self) -> dict[str, ModelSpec]:
-        """Name -> shape: ``llama-3-8b`` and (unless ``slice_layers`` is 0) ``llama-3.1-70b-slice``."""
-        if self.is_toy:
-            main, wide = TOY, TOY_WIDE
-        else:
-            main = LLAMA3_8B if self.main_layers is None else resized(LLAMA3_8B, num_layers=self.main_layers)
-            wide = resized(get_model("llama-3.1-70b"), num_layers=max(1, self.slice_layers))
-        return {"llama-3-8b": main, **({"llama-3.1-70b-slice": wide} if self.slice_layers else {})}
+    def model_spec(self) -> ModelSpec:
+        """The shape measured under the name ``llama-3-8b``: Llama-3-8B's, or ``TOY``'s in a toy run."""
+        return TOY if self.is_toy else LLAMA3_8B
 
 
 @dataclass
 class Run:
-    """One run in progress: its record, the models built so far, the current section's deadline (each
-    section gets its weight's share of the time left when it starts) and what was skipped."""
+    """One run in progress: its record, its model once built, and the current section's deadline (each
+    section gets its weight's share of the time left when it starts)."""
 
     record: dict
     config: BenchConfig
     device: object  # torch.device
     dtype: object  # torch.dtype
     log: Callable[[str], None]
-    models: dict = field(default_factory=dict)
+    llama: object = None  # longctx.model.llama.Llama
     start: float = field(default_factory=time.monotonic)
     deadline: float = 0.0
 
@@ -109,16 +137,14 @@ class Run:
             SECTION_WEIGHTS[s] for s in remaining)
 
     def model(self, name: str):
-        """The random-weight ``Llama`` called ``name`` (built once; building another drops the previous)."""
-        if name not in self.models:
+        """The random-weight ``Llama`` recorded as ``name`` (built by the first section that asks)."""
+        if self.llama is None:
             from longctx.model.llama import Llama
 
-            self.models.clear()
-            self.free_memory()
-            spec = self.config.models()[name]
-            self.models[name] = Llama(spec, device=self.device, dtype=self.dtype).init_random_(0).eval()
+            spec = self.config.model_spec()
+            self.llama = Llama(spec, device=self.device, dtype=self.dtype).init_random_(0).eval()
             self.record["models"][name] = {"config": spec_to_dict(spec), "num_params": spec.num_params}
-        return self.models[name]
+        return self.llama
 
     def cost(self, spec: ModelSpec, sequences) -> StepCost:
         """``flops.step_cost`` of one step (``params="matmul"``, causal) in this run's dtype."""
@@ -209,12 +235,11 @@ def run_suite(config: BenchConfig, device=None, log: Callable[[str], None] | Non
                 run.begin(section, todo[i:])
                 t0 = time.monotonic()
                 log(f"[{section}] ...")
-                for name in config.models() if section in PER_MODEL else ["llama-3-8b"]:
-                    fn = getattr(sections, section)
-                    run.point(f"section {section}", lambda fn=fn, name=name: fn(run, name), timed=False)
+                fn = getattr(sections, section)
+                run.point(f"section {section}", lambda fn=fn: fn(run, "llama-3-8b"), timed=False)
                 log(f"[{section}] done in {time.monotonic() - t0:.1f} s")
     finally:
-        run.models.clear()
+        run.llama = None
         run.free_memory()
         torch.set_num_threads(threads)
     record["wall_s"] = round(time.monotonic() - run.start, 3)

@@ -2,16 +2,15 @@
 its source in the title; the source is chosen before drawing (``choose_source``), in this order:
 
 1. ``record=`` (a record dict or a path): "recorded: <device>, <date>".
-2. CUDA present and ``live`` not False: a small live run of the suite, "measured live on <device>".
-3. the shipped record of ``gpu`` (``longctx/data/gpu/<gpu>.json``) when it exists: "recorded: ...".
-4. otherwise the roofline on ``gpu``'s datasheet: "prediction (no GPU record yet)".
+2. the shipped record of ``gpu`` (``longctx/data/gpu/<gpu>.json``) when it exists: "recorded: ...".
+3. otherwise the roofline on ``gpu``'s datasheet: "prediction (no GPU record yet)".
 
-Nothing is caught: a broken record or a failing live run raises with its reason.
+They never measure, on a GPU or not: measuring is ``make gpu-bench``, which writes the record they read.
+Nothing is caught: a broken record raises with its reason.
 """
 
 from __future__ import annotations
 
-from longctx import gpu as _gpu
 from longctx.flops import chunk_flops, step_cost
 from longctx.gpu.records import check_record, describe, load_record, record_path
 from longctx.model.config import LLAMA3_8B, resized
@@ -19,31 +18,18 @@ from longctx.sim import CostFactors, CostModelExecutor
 from longctx.specs import get_hardware
 
 PREDICTION = "prediction (no GPU record yet)"
-LIVE = {"prefill": dict(sections=("ceilings", "prefill_chunks"), prefill_prompt_tokens=4096,
-                        chunk_sizes=(128, 256, 512, 1024, 2048, 4096)),
-        "decode": dict(sections=("ceilings", "decode"), decode_batch_sizes=(1, 4, 16, 64),
-                       decode_contexts=(1024, 4096), max_decode_kv_tokens=1 << 18),
-        "attention": dict(sections=("ceilings", "attention_share"), attention_contexts=(1024, 4096, 16384))}
-LIVE_COMMON = dict(main_layers=2, slice_layers=0, warmup=1, repeats=3, matmul_n=4096, copy_bytes=2**30,
-                   time_cap_s=45.0)
 
 
-def choose_source(kind: str, gpu: str = "h200", live: bool | None = None, record=None) -> tuple[dict | None, str]:
-    """``(record or None, title line)`` for a figure of ``kind`` (``prefill``, ``decode``, ``attention``)."""
+def choose_source(gpu: str = "h200", record=None) -> tuple[dict | None, str]:
+    """``(record or None, title line)``: ``record`` (a dict or a path), else ``gpu``'s shipped record, else
+    None and the prediction's label."""
     if record is not None:
         rec = check_record(record) if isinstance(record, dict) else load_record(path=record)
-        return rec, f"recorded: {describe(rec)}"
-    if live and not _gpu.available():
-        raise ValueError("live=True needs a CUDA device; torch sees none here")
-    if live is not False and _gpu.available():
-        from longctx.gpu.suite import BenchConfig, run_suite
-
-        rec = run_suite(BenchConfig(**LIVE_COMMON, **LIVE[kind]))
-        return rec, f"measured live on {rec['device']['name']} (2 of 32 layers, small sizes)"
-    if record_path(gpu).is_file():
+    elif record_path(gpu).is_file():
         rec = load_record(gpu)
-        return rec, f"recorded: {describe(rec)}"
-    return None, f"{PREDICTION}: {gpu.upper()} datasheet roofline"
+    else:
+        return None, f"{PREDICTION}: {gpu.upper()} datasheet roofline"
+    return rec, f"recorded: {describe(rec)}"
 
 
 def _axes(ax):
@@ -85,9 +71,9 @@ def predicted_decode_bandwidth(gpu="h200", batch_sizes=(1, 2, 4, 8, 16, 32, 64, 
             for L, row in out.items()}
 
 
-def show_prefill_chunk_curve(ax=None, gpu: str = "h200", live: bool | None = None, record=None):
+def show_prefill_chunk_curve(ax=None, gpu: str = "h200", record=None):
     """Achieved TFLOP/s against prefill chunk size at Llama-3-8B shape (earlier chunks' KV attended)."""
-    ax, (rec, label) = _axes(ax), choose_source("prefill", gpu, live, record)
+    ax, (rec, label) = _axes(ax), choose_source(gpu, record)
     if rec is not None:
         rows = _rows(rec, "prefill_chunks")
         ax.plot([r["chunk_size"] for r in rows], [r["flops_per_s"] / 1e12 for r in rows], "o-", label="measured")
@@ -100,9 +86,9 @@ def show_prefill_chunk_curve(ax=None, gpu: str = "h200", live: bool | None = Non
                    ylabel="achieved TFLOP/s", ylim=(0, None))
 
 
-def show_decode_bandwidth(ax=None, gpu: str = "h200", live: bool | None = None, record=None):
+def show_decode_bandwidth(ax=None, gpu: str = "h200", record=None):
     """Achieved bandwidth (TB/s) of one Llama-3-8B decode step against batch size, one line per context."""
-    ax, (rec, label) = _axes(ax), choose_source("decode", gpu, live, record)
+    ax, (rec, label) = _axes(ax), choose_source(gpu, record)
     if rec is not None:
         curves: dict[int, dict[int, float]] = {}
         for r in _rows(rec, "decode"):
@@ -118,10 +104,10 @@ def show_decode_bandwidth(ax=None, gpu: str = "h200", live: bool | None = None, 
                    ylabel="achieved TB/s (weights + KV)", ylim=(0, None))
 
 
-def show_attention_share(ax=None, gpu: str = "h200", live: bool | None = None, record=None):
+def show_attention_share(ax=None, gpu: str = "h200", record=None):
     """Attention's share of one Llama-3-8B layer's prefill time as the context grows (the compute wall),
     beside its share of the FLOPs (causal, ``params="matmul"``)."""
-    ax, (rec, label) = _axes(ax), choose_source("attention", gpu, live, record)
+    ax, (rec, label) = _axes(ax), choose_source(gpu, record)
     if rec is not None:
         rows = _rows(rec, "attention_share")
         xs, flop_share = [r["context_tokens"] for r in rows], [r["flop_share"] for r in rows]
