@@ -9,7 +9,7 @@ Two kinds of measurement:
   lookup per step, is left out). Each point counts by its relative error. ``profile_errors`` compares the
   modelled ``linear_time_s`` with the measured linear time, per model, TP degree and token range;
   ``leave_one_model_out`` fits on all models but one and reports the error on that one. The simulator's
-  H100 defaults (``longctx.sim.cost_model.FITTED_H100``) are ``fit_profiles()``'s result.
+  H100 defaults (``longctx.sim.factors.FITTED_H100``) are ``fit_profiles()``'s result.
 - **Measured engine steps** (``longctx.sim.recording``): ``calibrate`` (``longctx.sim.step_fit``) fits
   the five step factors, e.g. to the real engine on this CPU or to a GPU record.
 

@@ -1,0 +1,53 @@
+"""The simulator's per-operator cost model against Vidur's published H100 profiles (issue 26).
+
+Prints, per shipped profiled model and TP degree, measured vs predicted linear time (weight operators and small
+per-token ops, no attention) at a few token counts, then per token range the median and worst error of the
+default (fitted) factors, the token counts where the error exceeds 15 %, and the leave-one-model-out error
+(the factors fitted on the other models, tested on this one). Pure numpy; a few seconds.
+
+    .venv/bin/python benchmarks/sim_profiles.py [--tp 1] [--tokens 1,64,128,256,512,1024,4096]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from longctx.sim.calibration import fit_profiles, leave_one_model_out, linear_time_points, profile_errors
+from longctx.sim.factors import FITTED_H100
+from longctx.sim.profiles import load_profiles
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tp", default=None, help="comma-separated TP degrees (default: every profiled one)")
+    ap.add_argument("--tokens", default="1,64,128,256,512,1024,2048,4096", help="token counts for the table")
+    args = ap.parse_args(argv)
+    tps = [int(x) for x in args.tp.split(",")] if args.tp else None
+    shown = [int(x) for x in args.tokens.split(",")]
+    fit = fit_profiles()
+    print(f"defaults (FITTED_H100): {FITTED_H100}")
+    print(f"refit on all {len(fit.models)} models: GEMM rms error {fit.gemm_rms_rel_error:.1%}, small ops "
+          f"{fit.small_rms_rel_error:.1%}, clipped at 1: {list(fit.clipped) or 'none'}")
+    table = load_profiles()
+    for name, pm in table.items():
+        for tp in tps or pm.tp_degrees:
+            if tp not in pm.num_tokens:
+                continue
+            pts = {n: (m, p) for n, m, p in linear_time_points(name, tp)}
+            cells = "  ".join(f"{n}: {pts[n][0] * 1e3:.2f}/{pts[n][1] * 1e3:.2f} ms" for n in shown if n in pts)
+            print(f"\n{name} TP {tp} (measured/predicted)  {cells}")
+    print(f"\n{'model':<28} {'TP':>2} {'tokens':>11} {'n':>4} {'median |err|':>12} {'worst':>8} {'at':>5} "
+          f"{'LOO worst':>9}  over 15 % at")
+    loo = {held: {(e.tp, e.low_tokens): e for e in errs} for held, (_, errs) in leave_one_model_out(tps).items()}
+    for e in profile_errors(tps=tps):
+        held = loo[e.model][(e.tp, e.low_tokens)]
+        over = ", ".join(map(str, e.over_15_percent[:8])) + (" ..." if len(e.over_15_percent) > 8 else "")
+        print(f"{e.model:<28} {e.tp:>2} {f'{e.low_tokens}-{e.high_tokens}':>11} {e.num_points:>4} "
+              f"{e.median_abs_error:>12.1%} {e.worst_error:>+8.1%} {e.worst_at_tokens:>5} {held.worst_error:>+9.1%}  "
+              f"{over or '-'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
