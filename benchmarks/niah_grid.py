@@ -144,6 +144,12 @@ def open_record(path: Path, meta: dict) -> dict:
     return {"meta": {**meta, "record_version": RECORD_VERSION, "runs": [meta]}, "rows": []}
 
 
+def trial_key(row: dict) -> tuple:
+    """What makes a recorded row one trial: its haystack, RoPE variant (or depth-1 variant), length, depth and seed
+    (fields a section does not have are None). A rerun skips, and ``merge`` refuses a second copy of, a key."""
+    return (row.get("haystack"), row.get("rope", row.get("variant")), row["length"], row.get("depth"), row["seed"])
+
+
 def run_trials(path, cells, model, tok, meta, max_tokens, threads, force):
     """cells: (haystack, variant, length, depth, trial); skips those already in the file."""
     from tqdm import tqdm
@@ -153,7 +159,7 @@ def run_trials(path, cells, model, tok, meta, max_tokens, threads, force):
 
     data = open_record(path, meta)
     data["meta"].update(scoring=SCORING, trials="independent: own needle value and filler offset per trial")
-    done = {(r["haystack"], r["rope"], r["length"], r["depth"], r["seed"]) for r in data["rows"]}
+    done = {trial_key(r) for r in data["rows"]}
     runner = NiahRunner(model, tok, max_tokens=max_tokens)
     for hay, var, n, d, i in tqdm(cells, desc=path.stem, file=sys.stderr):
         seed = trial_seed(n, d, i)
@@ -183,11 +189,11 @@ def run_depth_one(path, model, tok, meta, lengths, trials, threads, force):
     data = open_record(path, meta)
     data["meta"].update(scoring=SCORING, trials="independent: own needle value and filler offset per trial; every "
                         "variant of a trial shares its value and filler")
-    done = {(r["variant"], r["length"], r["seed"]) for r in data["rows"]}
+    done = {trial_key(r) for r in data["rows"]}
     builder, runner = HaystackBuilder(tok), NiahRunner(model, tok, max_tokens=max(lengths) + 64)
     for n, i in tqdm([(n, i) for i in trials for n in lengths], desc=path.stem, file=sys.stderr):
         seed = trial_seed(n, 1.0, i)
-        todo = {v: p for v, p in depth_one_variants(builder, n, seed).items() if (v, n, seed) not in done}
+        todo = {v: p for v, p in depth_one_variants(builder, n, seed).items() if (None, v, n, None, seed) not in done}
         if not todo:
             continue
         load = wait_for_quiet(threads, force)
@@ -214,13 +220,12 @@ def merge_records(paths: list[Path], out: Path) -> dict:
     versions = {d["meta"].get("record_version") for d in parts}
     if versions != {RECORD_VERSION}:
         raise SystemExit(f"merge: every input must be a version-{RECORD_VERSION} record, got versions {sorted(map(str, versions))}")
-    key = lambda r: (r.get("haystack"), r.get("rope", r.get("variant")), r["length"], r.get("depth"), r["seed"])  # noqa: E731
     rows, seen = [], set()
     for d in parts:
         for r in d["rows"]:
-            if key(r) in seen:
-                raise SystemExit(f"merge: trial {key(r)} is in more than one input")
-            seen.add(key(r))
+            if trial_key(r) in seen:
+                raise SystemExit(f"merge: trial {trial_key(r)} is in more than one input")
+            seen.add(trial_key(r))
             rows.append(r)
     runs = [run for d in parts for run in d["meta"].get("runs", [d["meta"]])]
     first = min(runs, key=lambda run: run["date"])

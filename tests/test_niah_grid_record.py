@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -148,8 +149,6 @@ def _effective(rows, threshold=0.8):
 def test_the_grid_conclusions_quote_the_grids():
     """Every "passkey 1,024: 47/50" in the lesson is what the record holds; the effective contexts it states are the
     ones exercise 5.2's rule gives on the records."""
-    import re
-
     text = lesson_text()
     grids = {"passkey": load("niah_grid_passkey.json")["rows"], "multikey": load("niah_grid_multikey.json")["rows"]}
     quotes = re.findall(r"(passkey|multikey)\s+([\d,]+):\s+(\d+)/(\d+)", text)
