@@ -23,6 +23,8 @@ import math
 
 import numpy as np
 
+from longctx.checks import as_integer
+
 FIRST_GAPS = ("draw", "zero")
 
 
@@ -31,7 +33,8 @@ def arrival_times(
 ) -> np.ndarray:
     """Arrival times (s) of ``num_requests`` requests at ``rate`` per second (see the module docstring for
     ``burstiness`` and ``first_gap``). Draws ``num_requests`` gaps from ``rng`` (none when ``rate`` is inf)."""
-    if isinstance(num_requests, bool) or int(num_requests) != num_requests or num_requests < 0:
+    n = as_integer(num_requests, floats=True)
+    if n is None or n < 0:
         raise ValueError(f"num_requests must be an integer >= 0, got {num_requests!r}")
     if not rate > 0:
         raise ValueError(f"rate must be > 0 (or inf for all at once), got {rate!r}")
@@ -39,7 +42,6 @@ def arrival_times(
         raise ValueError(f"burstiness must be > 0 (1 = Poisson), got {burstiness!r}")
     if first_gap not in FIRST_GAPS:
         raise ValueError(f"first_gap must be one of {FIRST_GAPS}, got {first_gap!r}")
-    n = int(num_requests)
     if math.isinf(rate):
         return np.zeros(n)
     gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n)
