@@ -4,9 +4,8 @@
     .venv/bin/python benchmarks/gpu_calibration.py /tmp/toy.json --fit prefill_chunks,decode
     .venv/bin/python benchmarks/gpu_calibration.py REC.json --hardware h200 --json
 
-Every timed step of a record is a ``longctx.sim.MeasuredStep``: each prefill chunk, each decode point
-(``batch`` entries ``(1, context)``) and each engine step of Exercise 1 (these include the engine's Python
-time per step; the others are device time from CUDA events). ``calibrate_from_record`` fits
+Every timed step of a record is a ``longctx.sim.MeasuredStep``: each prefill chunk and each decode point
+(``batch`` entries ``(1, context)``), device time from CUDA events. ``calibrate_from_record`` fits
 ``CostModelExecutor``'s efficiencies and overheads (``longctx.sim.calibrate``) to the steps of ``--fit`` and
 predicts every step; the error per source is printed, and sources left out of ``--fit`` are predictions on
 held-out steps. The default hardware is the record's measured ceilings, so the fitted efficiencies say how
@@ -29,7 +28,7 @@ from longctx.sim import CostModelExecutor, MeasuredStep, calibrate
 from longctx.sim.calibration import Calibration
 from longctx.specs import HardwareSpec
 
-SOURCES = ("prefill_chunks", "decode", "exercise1")
+SOURCES = ("prefill_chunks", "decode")
 
 
 def record_hardware(record: dict) -> HardwareSpec:
@@ -45,14 +44,10 @@ def measured_steps(record: dict, model: str = "llama-3-8b", sources=SOURCES) -> 
     unknown = set(sources) - set(SOURCES)
     if unknown:
         raise ValueError(f"unknown sources {sorted(unknown)}; allowed: {', '.join(SOURCES)}")
-    rows = {s: [r for r in record.get(s, []) if r["model"] == model] for s in SOURCES[:2]}
+    rows = {s: [r for r in record.get(s, []) if r["model"] == model] for s in SOURCES}
     out = [("prefill_chunks", MeasuredStep(((n, s),), t)) for r in rows["prefill_chunks"] for n, s, t in r["chunks"]]
     out += [("decode", MeasuredStep(((1, r["context_tokens"]),) * r["batch_size"], r["step_s"]))
             for r in rows["decode"]]
-    ex = record.get("exercise1") or {"model": None}
-    if ex["model"] == model:
-        out += [("exercise1", MeasuredStep(tuple(map(tuple, st["sequences"])), st["duration_s"]))
-                for runs in ex["runs"].values() for run in runs for st in run["steps"]]
     return [(src, s) for src, s in out if src in sources]
 
 

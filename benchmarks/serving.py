@@ -1,7 +1,7 @@
 """Monolithic vs chunked prefill as a *client* of `python -m longctx serve` sees them, at two loads, on a quiet
 machine (load-gated, with provenance).
 
-Scenario (``longctx.bench.stall``): ``num_chat`` users stream long chat answers; one second later ``num_long``
+Scenario (``longctx.lessons.stall_server``): ``num_chat`` users stream long chat answers; one second later ``num_long``
 requests with ``--long-prompt-tokens``-token prompts arrive. For each load and each scheduler a fresh server
 is started (``ServerProcess``, 127.0.0.1, ``--threads`` torch threads) and the scenario runs ``--repeats``
 times on it, one after the other (each repeat its own seed: its own story topics and long documents). The
@@ -47,8 +47,9 @@ def rows_started_quiet(loads_before_rows, threads: int) -> bool:
 
 def run_row(load: str, scheduler: str, args, tokenizer) -> dict:
     from longctx.bench.metrics import SLOs
-    from longctx.bench.stall import run_stall
     from longctx.evals.stats import wilson_interval
+    from longctx.lessons.stall import StallScenario
+    from longctx.lessons.stall_server import run_stall
     from longctx.serve.launch import ServerProcess
 
     shape = LOADS[load]
@@ -57,9 +58,10 @@ def run_row(load: str, scheduler: str, args, tokenizer) -> dict:
     with ServerProcess(scheduler=scheduler, token_budget=args.token_budget, kv_blocks=args.kv_blocks,
                        threads=args.threads) as server:
         for rep in range(args.repeats):
-            r = run_stall(server.base_url, "SmolLM2-135M-Instruct", tokenizer, slos,
-                          chat_max_tokens=args.chat_max_tokens, long_prompt_tokens=args.long_prompt_tokens,
-                          seed=rep, **shape)
+            scenario = StallScenario(shape["num_chat"], args.long_prompt_tokens)
+            r = run_stall(server.base_url, "SmolLM2-135M-Instruct", tokenizer, slos, scenario,
+                          chat_max_tokens=args.chat_max_tokens, seed=rep,
+                          **{k: v for k, v in shape.items() if k != "num_chat"})
             ttft += r["chat_ttft_s"]
             itl += r["chat_itl_s"]
             worst += r["chat_worst_gap_s"]
@@ -116,7 +118,7 @@ def main(argv=None) -> int:
     meta.update(
         benchmark="serving_cpu", record_version=RECORD_VERSION,
         model="SmolLM2-135M-Instruct on `python -m longctx serve` (fp32 KV, CPU), client longctx.bench",
-        method=(f"longctx.bench.stall, {args.repeats} repeats per row on one server: chat users stream "
+        method=(f"longctx.lessons.stall_server, {args.repeats} repeats per row on one server: chat users stream "
                 f"{args.chat_max_tokens}-token answers; 1 s later {args.long_prompt_tokens}-token prompts arrive; "
                 f"client-side timestamps, every chunk with choices timed (vLLM's rule); chat goodput = chat "
                 f"requests with TTFT <= {args.slo_ttft_s} s and worst gap <= {args.slo_itl_s} s"),

@@ -68,13 +68,14 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 import warnings
 from pathlib import Path
 
 import numpy as np
+
+from longctx.provenance import git_commit, machine
 
 RECORD = Path(__file__).resolve().parents[1] / "longctx" / "data" / "recorded" / "throughput_cpu.json"
 TOPICS = ["photosynthesis", "the French revolution", "prime numbers", "how a refrigerator works", "tides",
@@ -243,16 +244,11 @@ def interleaved_medians(fns, repeats: int) -> list[float]:
 def provenance(threads: int) -> dict:
     import torch
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent, check=False).stdout.strip()
-    except OSError:
-        commit = ""
     return {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="minutes"),
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
+            "machine": machine(),
             "load_average_1min": os.getloadavg()[0], "torch": torch.__version__,
             "transformers": __import__("transformers").__version__, "python": platform.python_version(),
-            "threads": threads, "dtype": "float32", "commit": commit, "produced_by": "benchmarks/throughput.py"}
+            "threads": threads, "dtype": "float32", "commit": git_commit() or "", "produced_by": "benchmarks/throughput.py"}
 
 
 def main(argv=None) -> int:

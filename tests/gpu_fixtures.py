@@ -26,9 +26,6 @@ def small_record(factors: CostFactors | None = None, gpu: str = "h200") -> dict:
             t, cost = ex.step_time_s([(1, L)] * b), step_cost(LLAMA3_8B, [(1, L)] * b)
             decode.append({"model": "llama-3-8b", "batch_size": b, "context_tokens": L, "step_s": t,
                            "bytes": cost.bytes, "bytes_per_s": cost.bytes / t, "flops": cost.flops})
-    steps = [[[1, 1024 + k]] * 4 + ([[512, 512 * k]] if k < 4 else []) for k in range(6)]
-    run = {"scheduler": "chunked-512", "ttft_s": 0.1, "itl_s": [0.02, 0.03, 0.02], "max_itl_s": 0.03,
-           "steps": [{"sequences": s, "duration_s": ex.step_time_s([tuple(p) for p in s])} for s in steps]}
     share = [{"model": "llama-3-8b", "context_tokens": T, "attention_s": a, "rest_s": 1.0,
               "attention_share": a / (a + 1.0), "flop_share": f} for T, a, f in ((1024, 0.02, 0.05), (65536, 2.0, 0.6))]
     return {"schema": SCHEMA, "date": "2026-01-01T00:00:00+00:00", "toy": False, "dtype": "bf16",
@@ -36,5 +33,4 @@ def small_record(factors: CostFactors | None = None, gpu: str = "h200") -> dict:
             "models": {"llama-3-8b": {"config": spec_to_dict(LLAMA3_8B)}},
             "ceilings": {"matmul": {"n": 8192, "flops_per_s": hw.peak_flops_per_s, "median_s": 1e-3},
                          "copy": {"bytes": 2**32, "bytes_per_s": hw.memory_bandwidth_bytes_per_s, "median_s": 1e-3}},
-            "prefill_chunks": prefill, "decode": decode, "attention_share": share,
-            "exercise1": {"model": "llama-3-8b", "runs": {"chunked-512": [run]}}, "errors": [], "skipped": []}
+            "prefill_chunks": prefill, "decode": decode, "attention_share": share, "errors": [], "skipped": []}

@@ -42,24 +42,12 @@ def test_toy_run_writes_a_valid_record_with_every_section(toy_record):
     for r in rec["prefill_chunks"]:  # every token of the prompt prefilled once, each chunk after the previous
         assert sum(n for n, _, _ in r["chunks"]) == r["prompt_tokens"]
         assert [s for _, s, _ in r["chunks"]] == list(range(0, r["prompt_tokens"], r["chunk_size"]))
-    runs = rec["exercise1"]["runs"]
-    assert set(runs) == {"monolithic", "chunked-64", "chunked-128"}
-    streams = rec["exercise1"]["scenario"]["num_decode_streams"]
-    for name, (run,) in runs.items():
-        assert run["scheduler"] == name and run["ttft_s"] > 0 and min(run["itl_s"]) > 0
-        budget = None if name == "monolithic" else int(name.split("-")[1])
-        for st in run["steps"]:
-            assert budget is None or sum(n for n, _ in st["sequences"]) <= budget
-        assert len(run["stream_token_times_s"]) == streams
-    # monolithic: one step prefills the whole prompt, alone (every stream stalls)
-    mono = [st for st in runs["monolithic"][0]["steps"] if any(n > 1 for n, _ in st["sequences"])]
-    assert mono and all(len(st["sequences"]) == 1 for st in mono)
     assert any("KV over" in s for s in rec["skipped"])
 
 
 def test_summary_mentions_each_part(toy_record):
     text = "\n".join(summary_lines(toy_record[1]))
-    for word in ("ceilings", "prefill", "decode", "layer", "exercise1 monolithic", "toy run"):
+    for word in ("ceilings", "prefill", "decode", "layer", "toy run"):
         assert word in text
 
 

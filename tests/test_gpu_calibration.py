@@ -29,7 +29,6 @@ def test_measured_steps_cover_every_source(record):
     by = {s: [m for src, m in steps if src == s] for s in SOURCES}
     assert len(by["prefill_chunks"]) == sum(len(r["chunks"]) for r in record["prefill_chunks"])
     assert len(by["decode"]) == len(record["decode"])
-    assert len(by["exercise1"]) == 6
     d = record["decode"][-1]
     assert by["decode"][-1].sequences == ((1, d["context_tokens"]),) * d["batch_size"]
     assert measured_steps(record, "mistral-7b") == []
@@ -48,10 +47,10 @@ def test_calibration_recovers_the_factors_that_made_the_record(record):
 
 
 def test_held_out_sources_are_predicted_and_reported(record):
-    rep = calibrate_from_record(record, fit_sources=("prefill_chunks", "decode"), hardware="h200")
+    rep = calibrate_from_record(record, fit_sources=("prefill_chunks",), hardware="h200")
     by = rep.by_source()
-    assert by["exercise1"]["fitted"] is False and by["decode"]["fitted"] is True
-    assert by["exercise1"]["median_abs_error"] < 0.05  # the same cost model made every step
+    assert by["decode"]["fitted"] is False and by["prefill_chunks"]["fitted"] is True
+    assert by["prefill_chunks"]["median_abs_error"] < 1e-3 and by["decode"]["steps"] == len(record["decode"])
 
 
 def test_default_hardware_is_the_records_measured_ceilings(record):
@@ -65,7 +64,7 @@ def test_default_hardware_is_the_records_measured_ceilings(record):
 
 def test_benchmark_script_prints_the_error_per_source(record, tmp_path):
     path = save_record(record, tmp_path / "h200.json")
-    r = subprocess.run([sys.executable, "benchmarks/gpu_calibration.py", str(path), "--fit", "decode,prefill_chunks"],
+    r = subprocess.run([sys.executable, "benchmarks/gpu_calibration.py", str(path), "--fit", "prefill_chunks"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "NVIDIA H200" in r.stdout and "held out" in r.stdout and "median |error|" in r.stdout

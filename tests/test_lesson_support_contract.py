@@ -1,13 +1,12 @@
 """Issue 24, the import contract of lesson support: ``longctx/lessons/`` (what the lessons' cells and test
-cells use: lesson 01's napkin stall model, the source's Exercise 1, lesson 02's scheduler checks, lesson
-03's allocation simulator, the GPU figures) may import the core; the core may not import it.
+cells use: the stall scenario of lessons 01, 02 and 08, lesson 02's scheduler checks, lesson 03's allocation
+simulator, the GPU figures) may import the core; the core may not import it.
 
 The scan parses every module of ``longctx/`` with ``ast`` and follows every import statement (top level or
 inside a function, absolute or relative, and ``importlib.import_module("longctx.lessons...")`` with a
 literal name). A module outside ``longctx/lessons/`` fails when it imports lesson support, directly or
 through the modules it imports (a core module that imports a front end which imports lesson support
-fails too). Only the front ends may: the command line (``longctx/__main__.py``, ``longctx/cli/``) and the
-GPU suite, which records lesson 01's scenario (``longctx.lessons.exercise1.Exercise1``) on a real GPU.
+fails too). Only the front ends may: the command line (``longctx/__main__.py``, ``longctx/cli/``).
 The last tests feed the scan known violations, so it is seen to catch them.
 """
 
@@ -23,7 +22,7 @@ import longctx
 
 PACKAGE = Path(longctx.__file__).resolve().parent
 LESSONS = "longctx.lessons"
-FRONT_ENDS = ("longctx.__main__", "longctx.cli", "longctx.gpu.suite", "longctx.gpu.sections")  # and below
+FRONT_ENDS = ("longctx.__main__", "longctx.cli")  # and below
 MODULE_NAME = re.compile(r"longctx(\.\w+)+")
 
 
@@ -104,7 +103,7 @@ SOURCES = package_sources()
 def test_lesson_support_is_a_package_of_its_own():
     assert f"{LESSONS}" in SOURCES and len([m for m in SOURCES if m.startswith(LESSONS + ".")]) >= 5
     for old in ("longctx.stall", "longctx.allocation", "longctx.sim.exercise1", "longctx.gpu.cells",
-                "longctx.engine.policy_checks"):
+                "longctx.engine.policy_checks", "longctx.bench.stall", "longctx.lessons.exercise1"):
         assert old not in SOURCES, f"{old} moved to {LESSONS}"
 
 
@@ -130,16 +129,17 @@ CAUGHT = {
     "module": "import longctx.lessons.policy_checks as pc\n",
     "package": "from longctx import lessons\n",
     "submodule by from": "from longctx.lessons import allocation\n",
-    "relative": "from ..lessons import exercise1\n",
+    "relative": "from ..lessons import stall\n",
     "inside a function": "def f():\n    from longctx.lessons.gpu_cells import choose_source\n    return choose_source\n",
     "importlib": "import importlib\nmod = importlib.import_module('longctx.lessons.policy_state')\n",
-    "through a front end": "def f():\n    from longctx.cli.gpu import register\n    return register\n",
+    "through a front end": "def f():\n    from longctx.cli.fake_front import StallScenario\n    return StallScenario\n",
 }
 
 
 @pytest.mark.parametrize("how", sorted(CAUGHT))
 def test_the_scan_catches_an_import_of_lesson_support(how):
-    sources = {**SOURCES, "longctx.engine.fake": CAUGHT[how]}
+    front = {"longctx.cli.fake_front": "from longctx.lessons.stall import StallScenario\n"}  # a front end may
+    sources = {**SOURCES, **front, "longctx.engine.fake": CAUGHT[how]}
     found = violations(sources)
     assert found and all(v.startswith("longctx.engine.fake imports lesson support: ") for v in found), (how, found)
 

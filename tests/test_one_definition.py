@@ -7,6 +7,8 @@ second definition appears. It scans the package's source with ``ast``:
 - KV-pool sizing, the blocks that fit a byte budget: ``memory.blocks_that_fit``
 - KV bytes per token, ``2 * L * H_kv * (...)``: ``memory.kv_bytes_per_token``
 - Poisson (gamma) arrivals: ``arrivals.arrival_times``
+- the decode-stall scenario (its sizes, its napkin timeline, its engine run, its server requests):
+  ``lessons/stall.py`` (``StallScenario``; ``Exercise1`` is an alias); ``lessons/stall_server.py`` only sends it
 
 Two checks: a ``def`` / ``class`` of each canonical name exists in its home module only, and the formula
 itself (an inline ceil-division, a ``num_layers * num_kv_heads`` product, a budget divided by
@@ -37,8 +39,14 @@ HOMES = {  # a def or class name -> the one module (relative to longctx/) that d
     "Distribution": "metrics.py",
     "RunMetrics": "metrics.py",
     "percentile": "metrics.py",
+    "StallScenario": "lessons/stall.py",
+    "NapkinCosts": "lessons/stall.py",
+    "StallResult": "lessons/stall.py",
+    "exercise1": "lessons/stall.py",
+    "run_stall": "lessons/stall_server.py",
 }
-RETIRED = ("blocks_needed", "SLOs", "distribution_ms", "pool_gib_blocks")  # old duplicates: aliases at most
+RETIRED = ("blocks_needed", "SLOs", "distribution_ms", "pool_gib_blocks", "Exercise1", "Exercise1Result",
+           "stall_requests")  # old duplicates: aliases at most
 
 FORMULA_HOMES = {  # concept -> (module, function) where its formula may be written; None: anywhere in it
     "ceil division": ("memory.py", "blocks_for_tokens"),
@@ -166,6 +174,9 @@ def test_aliases_and_re_exports_are_the_one_object():
     assert sim.arrival_times is arrivals.arrival_times
     assert plan.memory is memory
     assert not hasattr(block_manager.BlockManager, "blocks_needed")  # extra_blocks_needed says what it counts
+    from longctx.lessons import stall
+
+    assert stall.Exercise1 is stall.StallScenario and stall.Exercise1Result is stall.StallResult
 
 
 DUPLICATES = {

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from longctx.engine import SLO, ChunkedPrefillScheduler, MonolithicScheduler
-from longctx.lessons.exercise1 import exercise1, exercise1_compare
+from longctx.lessons.stall import exercise1, exercise1_compare
 from longctx.sim import kv_pool_blocks, make_workload, simulate
 from longctx.sim.scenarios import capacity, run_rate
 

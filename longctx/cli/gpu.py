@@ -21,7 +21,7 @@ NO_CUDA = ("no CUDA device: torch sees no GPU here (gpu-bench measures a real GP
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("gpu-bench", help="measure this GPU (ceilings, prefill, decode, Exercise 1) "
+    p = subparsers.add_parser("gpu-bench", help="measure this GPU (ceilings, prefill, decode, attention share) "
                                                 "and write longctx/data/gpu/<device>.json")
     p.add_argument("--toy", action="store_true", help="tiny fp32 models on the CPU (tests the harness)")
     p.add_argument("--out", type=pathlib.Path, default=None,
@@ -30,8 +30,7 @@ def register(subparsers) -> None:
     p.add_argument("--time-cap-s", type=float, default=None,
                    help="stop starting new measurements after this many seconds (default 360; toy 60)")
     p.add_argument("--sections", default=None,
-                   help="comma-separated subset of: ceilings,prefill_chunks,decode,attention_share,"
-                        "exercise1")
+                   help="comma-separated subset of: ceilings,prefill_chunks,decode,attention_share")
     p.add_argument("--quiet", action="store_true", help="print the summary only")
     p.set_defaults(func=run_gpu_bench)
 
@@ -73,11 +72,8 @@ def run_gpu_bench(args: argparse.Namespace) -> int:
 
 
 def summary_lines(record: dict) -> list[str]:
-    """A few lines a person reads after the run: ceilings, each curve's points, Exercise 1 per scheduler."""
-    import statistics
-
+    """A few lines a person reads after the run: the ceilings and each curve's points."""
     from longctx.gpu.records import describe
-    from longctx.metrics import percentile
 
     c, d = record["ceilings"], record["device"]
     lines = [f"{describe(record)}: torch {d['torch']}, CUDA {d['cuda']}, driver {d['driver']}, {record['wall_s']:.0f} s",
@@ -91,11 +87,6 @@ def summary_lines(record: dict) -> list[str]:
                      f"{best['batch_size']} context {best['context_tokens']} ({best['model']})")
     lines += [f"layer {r['model']} T={r['context_tokens']:>6}: attention {r['attention_share']:5.1%} of time "
               f"({r['flop_share']:5.1%} of FLOPs)" for r in record.get("attention_share", [])]
-    for name, runs in record.get("exercise1", {}).get("runs", {}).items():
-        itl = [g for r in runs for g in r["itl_s"]]
-        lines.append(f"exercise1 {name:<13}: TTFT {statistics.median(r['ttft_s'] for r in runs) * 1e3:9.1f} ms "
-                     f"(median of {len(runs)}), ITL p50 {percentile(itl, 50) * 1e3:7.2f} ms, "
-                     f"p99 {percentile(itl, 99) * 1e3:8.2f} ms, max {max(itl) * 1e3:8.2f} ms")
     for key in ("errors", "skipped"):
         if record[key]:
             lines.append(f"{key.upper()} {len(record[key])}: " + "; ".join(record[key][:6])

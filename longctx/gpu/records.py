@@ -1,9 +1,7 @@
 """A GPU record: one JSON object per run of ``make gpu-bench``, in ``longctx/data/gpu/<device key>.json``.
 
-``GpuRecord`` (pydantic) is its schema: what the readers rely on (the lessons' GPU figures, the
-calibration benchmark, the summary). Times in seconds, rates per second, bytes in bytes. Keys it does not
-name (``config``, ``notes``, ``wall_s``, a row's ``flops`` ...) are kept as written. Readers get the
-checked JSON itself, a dict.
+``GpuRecord`` (pydantic) is its schema, what the readers rely on (lessons' GPU figures, the calibration
+benchmark, the summary); seconds, per second, bytes. Keys it does not name are kept as written.
 """
 
 from __future__ import annotations
@@ -11,11 +9,11 @@ from __future__ import annotations
 import datetime
 import json
 import pathlib
-import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, ValidationError
 
+from longctx.provenance import device_key  # noqa: F401 (re-exported: the record's file name)
 from longctx.recorded import load_recorded, recorded_path
 
 SCHEMA = "longctx.gpu/2"
@@ -31,13 +29,15 @@ class Device(_Part):
     memory_bytes: int | None = None
 
 
+class Matmul(_Part):
+    flops_per_s: PositiveFloat
+
+
+class Copy(_Part):
+    bytes_per_s: PositiveFloat  # bytes read + bytes written
+
+
 class Ceilings(_Part):
-    class Matmul(_Part):
-        flops_per_s: PositiveFloat
-
-    class Copy(_Part):
-        bytes_per_s: PositiveFloat  # bytes read + bytes written
-
     matmul: Matmul
     copy_: Copy = Field(alias="copy")
 
@@ -66,19 +66,6 @@ class AttentionRow(_Part):  # one layer's prefill of context_tokens: attention a
     flop_share: float = Field(ge=0, le=1)
 
 
-class EngineStep(_Part):
-    sequences: list[tuple[int, int]]  # (new tokens, cached tokens) per sequence
-    duration_s: NonNegativeFloat
-
-
-class EngineRuns(_Part):  # lesson 01's Exercise 1 on the real engine: scheduler -> its runs' steps
-    class Run(_Part):
-        steps: list[EngineStep]
-
-    model: str
-    runs: dict[str, list[Run]]
-
-
 class GpuRecord(_Part):
     schema_: Literal[SCHEMA] = Field(alias="schema")
     date: datetime.datetime
@@ -90,7 +77,6 @@ class GpuRecord(_Part):
     prefill_chunks: list[PrefillRow] = []
     decode: list[DecodeRow] = []
     attention_share: list[AttentionRow] = []
-    exercise1: EngineRuns | None = None
     errors: list[str] = []
     skipped: list[str] = []
 
@@ -112,30 +98,20 @@ def _where(loc: tuple) -> str:
     return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".") or "the record"
 
 
-def device_key(name: str) -> str:
-    """A file-name key for a device name: ``"NVIDIA H200"`` -> ``"h200"``, ``"NVIDIA H100 80GB HBM3"`` ->
-    ``"h100"``, ``"cpu"`` -> ``"cpu"``; otherwise the name in lower case with ``-`` for other characters."""
-    low = name.lower().replace("nvidia", " ")
-    m = re.search(r"\b([a-z]{1,3}\d{1,4}[a-z]?)\b", low)
-    return m.group(1) if m else re.sub(r"[^a-z0-9]+", "-", low).strip("-") or "unknown"
-
-
 def record_path(device: str = "h200") -> pathlib.Path:
-    """Where the record of ``device`` (its key: ``"h200"``) is shipped, existing or not."""
+    """Where the record of ``device`` (its key) is shipped, existing or not."""
     return recorded_path(f"{device}.json", "gpu")
 
 
 def load_record(device: str = "h200", path: str | pathlib.Path | None = None) -> dict:
-    """The checked record of ``device`` (or the file at ``path``); ``ValueError`` when it is absent or broken
-    (ask ``record_path(device).is_file()`` first)."""
+    """The checked record of ``device`` (or the file at ``path``); ``ValueError`` when absent or broken."""
     return check_record(load_recorded(f"{device}.json", "gpu", path))
 
 
 def save_record(record: dict, path: str | pathlib.Path) -> pathlib.Path:
-    """Write ``record`` as indented JSON (checked first); returns the path."""
+    """Write ``record`` as indented JSON, checked first; returns the path."""
     text = json.dumps(check_record(record), indent=1) + "\n"
-    p = pathlib.Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
+    (p := pathlib.Path(path)).parent.mkdir(parents=True, exist_ok=True)
     p.write_text(text)
     return p
 

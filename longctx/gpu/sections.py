@@ -1,8 +1,5 @@
-"""The sections of the GPU suite: ``section(run, model_name)`` appends its results to ``run.record``.
-
-Every point is timed by ``run.time`` (``longctx.gpu.harness.time_fn``: CUDA events, warm-up, median) and
-guarded by ``run.point``; FLOPs and bytes are ``run.cost``'s (``longctx.flops.step_cost``).
-"""
+"""The GPU suite's sections: ``section(run, model_name)`` appends its results to ``run.record``, each point
+timed by ``run.time`` (``suite.time_fn``) and guarded by ``run.point``; FLOPs and bytes from ``run.cost``."""
 
 from __future__ import annotations
 
@@ -20,9 +17,8 @@ from longctx.specs import dtype_bytes
 
 def ceilings(ctx, name: str) -> None:
     """A square matmul's FLOP/s and a copy's bytes/s (read + written): what this card really reaches."""
-    c, dev = ctx.config, ctx.device
+    c, dev, n = ctx.config, ctx.device, ctx.config.matmul_n
     gen = torch.Generator(device=dev).manual_seed(0)
-    n = c.matmul_n
     a, b = (torch.randn(n, n, device=dev, dtype=ctx.dtype, generator=gen) for _ in range(2))
     mm = ctx.time(lambda: a @ b, warmup=3, repeats=10)
     src = torch.randn(c.copy_bytes // int(dtype_bytes(c.dtype)), device=dev, dtype=ctx.dtype, generator=gen)
@@ -50,8 +46,7 @@ def prefill_chunks(ctx, name: str) -> None:
     for chunk in (c for c in ctx.config.chunk_sizes if c <= T):
         what = f"{name} prefill chunk {chunk}"
         pieces = [(min(chunk, T - s), s) for s in range(0, T, chunk)]  # (new, cached)
-        times = ctx.point(what, lambda pieces=pieces: [chunk_s(n, s) for n, s in pieces])
-        if times is None:
+        if (times := ctx.point(what, lambda pieces=pieces: [chunk_s(n, s) for n, s in pieces])) is None:
             continue
         flops = sum(ctx.cost(model.config, [p]).flops for p in pieces)
         ctx.record.setdefault("prefill_chunks", []).append(
@@ -71,9 +66,8 @@ def decode(ctx, name: str) -> None:
         return
     model = ctx.model(name)
     nb = {L: blocks_for_tokens(L + 1, bs) for _, L in points}
-    cache = ctx.point(f"{name} decode cache", lambda: PagedKVCache.for_model(
-        model.config, max(b * nb[L] for b, L in points), bs, dev, ctx.dtype), timed=False)
-    if cache is None:
+    if (cache := ctx.point(f"{name} decode cache", timed=False, fn=lambda: PagedKVCache.for_model(
+            model.config, max(b * nb[L] for b, L in points), bs, dev, ctx.dtype))) is None:
         return
     cache.data.normal_(generator=torch.Generator(device=dev).manual_seed(2))  # real numbers, not zeros
 
@@ -85,8 +79,7 @@ def decode(ctx, name: str) -> None:
 
     for b, L in points:
         what = f"{name} decode batch {b} context {L}"
-        t = ctx.point(what, lambda b=b, L=L: step_timing(b, L))
-        if t is None:
+        if (t := ctx.point(what, lambda b=b, L=L: step_timing(b, L))) is None:
             continue
         cost = ctx.cost(model.config, [(1, L)] * b)
         ctx.record.setdefault("decode", []).append(
@@ -103,11 +96,8 @@ def attention_share(ctx, name: str) -> None:
     H, Hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
 
     def measure(T: int):
-        def randn(*shape):
-            return torch.randn(*shape, device=dev, dtype=ctx.dtype, generator=gen)
-
-        x, q, k, v, attn_out = randn(T, cfg.d_model), randn(1, H, T, d), randn(1, Hkv, T, d), randn(1, Hkv, T, d), \
-            randn(T, H * d)
+        x, attn_out = (torch.randn(T, w, device=dev, dtype=ctx.dtype, generator=gen) for w in (cfg.d_model, H * d))
+        q, k, v = (torch.randn(1, h, T, d, device=dev, dtype=ctx.dtype, generator=gen) for h in (H, Hkv, Hkv))
         cos, sin = rope_cos_sin(torch.arange(T, device=dev), d, cfg.rope_theta, ctx.dtype)
         a = block.attn
 
@@ -124,8 +114,7 @@ def attention_share(ctx, name: str) -> None:
 
     for T in ctx.config.attention_contexts:
         what = f"{name} attention share {T}"
-        res = ctx.point(what, lambda T=T: measure(T))
-        if res is None:
+        if (res := ctx.point(what, lambda T=T: measure(T))) is None:
             continue
         att_s, rest_s = res[0].median_s, res[1].median_s
         f = chunk_flops(resized(cfg, num_layers=1), T, logit_tokens=0)  # causal, "matmul"
@@ -135,36 +124,3 @@ def attention_share(ctx, name: str) -> None:
              "linear_flops": f.linear_flops, "flop_share": f.attention_share})
         ctx.log(f"  {name} layer T={T:>6}: attention {att_s * 1e3:8.2f} ms, rest {rest_s * 1e3:8.2f} ms")
         ctx.free_memory()
-
-
-def exercise1(ctx, name: str) -> None:
-    """``config.exercise1`` on the real engine (``TorchExecutor`` on this device, wall clock), per scheduler."""
-    from longctx.engine import ChunkedPrefillScheduler, Engine, MonolithicScheduler, WallClock
-    from longctx.engine.torch_executor import TorchExecutor
-    from longctx.kv.block_manager import BlockManager
-    from longctx.lessons.exercise1 import Exercise1
-    from longctx.sim.recording import RecordingExecutor
-
-    c, model, scenario = ctx.config, ctx.model(name), ctx.config.exercise1
-
-    def run(scheduler, scenario=scenario):
-        pool = BlockManager(scenario.kv_blocks(c.block_size, getattr(scheduler, "token_budget", None)), c.block_size)
-        recorder = RecordingExecutor(TorchExecutor(model, pool))
-        engine = Engine(recorder, scheduler, pool, clock=WallClock(), max_model_len=scenario.max_model_len())
-        return scenario.run(engine, recorder)
-
-    top = max(c.ex1_budgets)  # warm-up (kernels, allocator, the engine's paths) at a small size, discarded
-    ctx.point("exercise1 warm-up", timed=False, fn=lambda: run(ChunkedPrefillScheduler(top), Exercise1(
-        scenario.num_decode_streams, 2 * top, scenario.stream_context_tokens, 2, 2)))
-    makers = {"monolithic": MonolithicScheduler, **{f"chunked-{b}": (lambda b=b: ChunkedPrefillScheduler(b))
-                                                     for b in c.ex1_budgets}}
-    runs: dict[str, list[dict]] = {}
-    for rep in range(c.ex1_repeats):
-        for label, make in makers.items():
-            r = ctx.point(f"exercise1 {label} repeat {rep}", lambda make=make: run(make()))
-            if r is not None:
-                runs.setdefault(label, []).append(r.to_dict())
-                ctx.log(f"  exercise1 {label:<13} TTFT {r.long_prompt_ttft_s * 1e3:8.1f} ms, max ITL "
-                        f"{r.max_itl_s * 1e3:7.1f} ms, steady ITL {r.steady_itl_s * 1e3:6.2f} ms")
-            ctx.free_memory()
-    ctx.record["exercise1"] = {"model": name, "scenario": asdict(scenario), "runs": runs}
