@@ -30,6 +30,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
+from longctx.kv.block_manager import BlockManager
 from longctx.memory import padded_tokens
 
 CATEGORIES = ("used", "reserved", "internal", "external", "free")
@@ -85,6 +86,7 @@ class ContiguousAllocator:
     """
 
     name = "contiguous"
+    reserves_ahead = True  # a request's range covers tokens it has not produced yet
 
     def __init__(self, capacity_tokens: int, max_model_len: int, max_new_tokens: int | None = None) -> None:
         if max_model_len < 1 or capacity_tokens < max_model_len:
@@ -140,48 +142,46 @@ class ContiguousAllocator:
 
 
 class PagedAllocator:
-    """Blocks of ``block_size`` slots, any block anywhere: ``ceil(tokens / block_size)`` blocks per request."""
+    """Paged allocation as the engine does it: a thin adapter over ``longctx.kv.block_manager.BlockManager``
+    (``ceil(tokens / block_size)`` blocks per request, any block anywhere, one more only when the last is
+    full), speaking this module's allocator interface in token slots."""
 
     name = "paged"
+    reserves_ahead = False
 
     def __init__(self, capacity_tokens: int, block_size: int = 16) -> None:
         if block_size < 1 or capacity_tokens < block_size:
             raise ValueError("need 1 <= block_size <= capacity_tokens")
         self.block_size = block_size
-        self.num_blocks = capacity_tokens // block_size
-        self.capacity_tokens = self.num_blocks * block_size
-        self._blocks: dict[int, int] = {}  # request id -> blocks held
+        self.pool = BlockManager(capacity_tokens // block_size, block_size)
+        self.capacity_tokens = self.pool.capacity_tokens
 
     def slots_needed(self, tokens: int) -> int:
         return padded_tokens(tokens, self.block_size)
 
-    def _free_blocks(self) -> int:
-        return self.num_blocks - sum(self._blocks.values())
-
     def can_admit(self, tokens: int) -> bool:
-        return self.slots_needed(tokens) // self.block_size <= self._free_blocks()
+        return self.slots_needed(tokens) <= self.free_slots()
 
     def admit(self, request_id: int, tokens: int) -> None:
         if not self.can_admit(tokens):
             raise ValueError(f"not enough free blocks for request {request_id}")
-        self._blocks[request_id] = self.slots_needed(tokens) // self.block_size
+        self.pool.allocate(request_id, tokens)
 
     def grow(self, request_id: int, tokens: int) -> bool:
         """Make room for ``tokens`` tokens in total; False (nothing changed) if the pool is out of blocks."""
-        extra = self.slots_needed(tokens) // self.block_size - self._blocks[request_id]
-        if extra > self._free_blocks():
+        if not self.pool.can_allocate(request_id, tokens):
             return False
-        self._blocks[request_id] += max(0, extra)
+        self.pool.allocate(request_id, tokens)
         return True
 
     def free(self, request_id: int) -> None:
-        del self._blocks[request_id]
+        self.pool.free(request_id)
 
     def allocated_slots(self, request_id: int) -> int:
-        return self._blocks[request_id] * self.block_size
+        return len(self.pool.block_table(request_id)) * self.block_size
 
     def free_slots(self) -> int:
-        return self._free_blocks() * self.block_size
+        return self.pool.num_free_blocks * self.block_size
 
 
 @dataclass
@@ -224,8 +224,9 @@ def _account(result: AllocationResult, allocator, running: dict, waiting: deque)
         alloc = allocator.allocated_slots(r.request_id)
         tally["used"] += tokens
         future = min(alloc, r.total_tokens) - tokens
-        tally["reserved"] += future if allocator.name == "contiguous" else 0
-        tally["internal"] += alloc - tokens - (future if allocator.name == "contiguous" else 0)
+        reserved = future if allocator.reserves_ahead else 0
+        tally["reserved"] += reserved
+        tally["internal"] += alloc - tokens - reserved
     free = allocator.free_slots()
     head_need = allocator.slots_needed(waiting[0].prompt_tokens + 1) if waiting else None
     if head_need is not None and free >= head_need:
@@ -252,7 +253,7 @@ def simulate_allocation(requests: list[BacklogRequest], allocator, max_steps: in
     for r in requests:
         if allocator.slots_needed(r.total_tokens) > allocator.capacity_tokens:
             raise ValueError(f"request {r.request_id} ({r.total_tokens} tokens) can never fit the pool")
-        if allocator.name == "contiguous" and allocator.slots_needed(r.prompt_tokens + 1) < r.total_tokens:
+        if allocator.reserves_ahead and allocator.slots_needed(r.prompt_tokens + 1) < r.total_tokens:
             raise ValueError(f"request {r.request_id} ({r.total_tokens} tokens) outgrows its contiguous reservation")
     while (waiting or running) and result.steps < max_steps:
         # 1. admit FCFS: prefill the prompt and its first output token
