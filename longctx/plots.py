@@ -3,40 +3,18 @@ on, labels axes with units, and never calls ``plt.show()``.
 
 matplotlib is imported inside the functions so that ``import longctx.plots`` stays cheap.
 
-``IterationRecord`` and ``iteration_kind`` are a timeline's vocabulary: lesson 01's napkin model
-(``longctx.lessons.stall``) makes the records, and the engine's ``StepRecord`` has the same token counts.
+A timeline is a list of ``longctx.engine.stats.StepRecord``: the engine's ``history``, lesson 01's napkin
+model (``longctx.lessons.stall``) or a recorded run (``StepRecord.at``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+
+from longctx.engine.stats import StepRecord, step_kind
 
 # One colour per kind of iteration, used by every timeline in the course.
 KIND_COLOURS = {"decode": "#1f77b4", "prefill": "#ff7f0e", "mixed": "#9467bd", "idle": "#cccccc"}
-
-
-@dataclass(frozen=True)
-class IterationRecord:
-    """One scheduler iteration as a timeline shows it: when it ran and which tokens it processed."""
-
-    start_s: float
-    duration_s: float
-    num_prefill_tokens: int
-    num_decode_tokens: int
-
-    @property
-    def kind(self) -> str:
-        return iteration_kind(self)
-
-
-def iteration_kind(iteration) -> str:
-    """``"decode"``, ``"prefill"``, ``"mixed"`` or ``"idle"``, from an iteration's token counts."""
-    if iteration.num_prefill_tokens and iteration.num_decode_tokens:
-        return "mixed"
-    if iteration.num_prefill_tokens:
-        return "prefill"
-    return "decode" if iteration.num_decode_tokens else "idle"
 
 
 def _axes(ax):
@@ -80,19 +58,19 @@ def plot_roofline(peak_flops_per_s: float, bandwidth_bytes_per_s: float, points:
     return ax
 
 
-def plot_iteration_timeline(iterations: Iterable[IterationRecord], ax=None, title: str | None = None,
+def plot_iteration_timeline(iterations: Iterable[StepRecord], ax=None, title: str | None = None,
                             time_unit: str = "ms", origin_s: float = 0.0):
     """Each iteration as a bar along time, coloured by what it ran (decode, prefill, or both mixed).
 
     ``iterations``: anything with ``start_s``, ``duration_s``, ``num_prefill_tokens`` and
-    ``num_decode_tokens`` (an ``IterationRecord``, or the engine's ``StepRecord``s from ``engine.history``);
+    ``num_decode_tokens`` (``StepRecord``s: ``engine.history``, a napkin timeline, ``StepRecord.at``);
     times are drawn relative to ``origin_s``.
     """
     scale = {"s": 1.0, "ms": 1e3}[time_unit]
     ax = _axes(ax)
     seen = set()
     for it in iterations:
-        kind = iteration_kind(it)
+        kind = step_kind(it)
         label = kind if kind not in seen else None
         seen.add(kind)
         ax.broken_barh([((it.start_s - origin_s) * scale, it.duration_s * scale)], (0, 1),

@@ -8,13 +8,13 @@ from hypothesis import strategies as st
 
 from longctx.lessons.allocation import (
     CATEGORIES,
-    BacklogRequest,
     ContiguousAllocator,
     PagedAllocator,
     compare,
     mixed_workload,
     simulate_allocation,
 )
+from longctx.sim.workload import Request
 
 
 def test_workload_is_seeded_and_fits():
@@ -61,7 +61,7 @@ def test_contiguous_default_reserves_max_model_len():
 
 
 def test_single_request_hand_worked():
-    r = BacklogRequest(0, prompt_tokens=10, output_tokens=5)  # 15 tokens; admitted with 11
+    r = Request(0.0, prompt_tokens=10, output_tokens=5)  # 15 tokens; admitted with 11
     res = simulate_allocation([r], PagedAllocator(64, block_size=8))
     assert res.steps == 5 and res.finished == 1 and res.preemptions == 0
     # tokens stored over the 5 steps: 11..15; blocks: 16 slots each step
@@ -107,10 +107,10 @@ def test_block_size_trades_internal_waste():
 
 def test_invalid_inputs_say_what_is_wrong():
     with pytest.raises(ValueError, match="output_tokens"):
-        BacklogRequest(0, 10, 0)
+        Request(0.0, 10, 0)
     with pytest.raises(ValueError, match="max_model_len"):
         ContiguousAllocator(100, 200)
     with pytest.raises(ValueError, match="outgrows"):
-        simulate_allocation([BacklogRequest(0, 10, 50)], ContiguousAllocator(100, 100, max_new_tokens=20))
+        simulate_allocation([Request(0.0, 10, 50)], ContiguousAllocator(100, 100, max_new_tokens=20))
     with pytest.raises(ValueError, match="never fit"):
-        simulate_allocation([BacklogRequest(0, 100, 50)], PagedAllocator(128, 16))
+        simulate_allocation([Request(0.0, 100, 50)], PagedAllocator(128, 16))

@@ -9,7 +9,8 @@ import matplotlib
 matplotlib.use("Agg")
 import pytest  # noqa: E402
 
-from longctx.plots import IterationRecord, plot_iteration_timeline, plot_roofline, plot_token_gaps  # noqa: E402
+from longctx.engine.stats import StepRecord  # noqa: E402
+from longctx.plots import plot_iteration_timeline, plot_roofline, plot_token_gaps  # noqa: E402
 
 
 def test_doctor_prints_every_check_as_json():
@@ -34,7 +35,7 @@ def test_roofline_places_points_and_labels_units():
 
 
 def test_timeline_and_gaps():
-    records = [IterationRecord(0.0, 0.02, 0, 4), IterationRecord(0.02, 1.0, 1000, 0), IterationRecord(1.02, 0.05, 64, 4)]
+    records = [StepRecord.at(0.0, 0.02, 0, 4), StepRecord.at(0.02, 1.0, 1000, 0), StepRecord.at(1.02, 0.05, 64, 4)]
     assert [r.kind for r in records] == ["decode", "prefill", "mixed"]
     ax = plot_iteration_timeline(records)
     assert ax.get_xlabel() == "time (ms)"

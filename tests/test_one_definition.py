@@ -9,6 +9,9 @@ second definition appears. It scans the package's source with ``ast``:
 - Poisson (gamma) arrivals: ``arrivals.arrival_times``
 - the decode-stall scenario (its sizes, its napkin timeline, its engine run, its server requests):
   ``lessons/stall.py`` (``StallScenario``; ``Exercise1`` is an alias); ``lessons/stall_server.py`` only sends it
+- a request of a workload (arrival, prompt and output tokens): ``sim/workload.Request``; a step's record:
+  ``engine/stats.StepRecord`` (the engine's history and every timeline; ``sim.MeasuredStep`` is a different
+  thing, a calibration sample: a batch's entries and its measured time)
 
 Two checks: a ``def`` / ``class`` of each canonical name exists in its home module only, and the formula
 itself (an inline ceil-division, a ``num_layers * num_kv_heads`` product, a budget divided by
@@ -44,9 +47,12 @@ HOMES = {  # a def or class name -> the one module (relative to longctx/) that d
     "StallResult": "lessons/stall.py",
     "exercise1": "lessons/stall.py",
     "run_stall": "lessons/stall_server.py",
+    "StepRecord": "engine/stats.py",
+    "step_kind": "engine/stats.py",
+    "Request": "sim/workload.py",
 }
 RETIRED = ("blocks_needed", "SLOs", "distribution_ms", "pool_gib_blocks", "Exercise1", "Exercise1Result",
-           "stall_requests")  # old duplicates: aliases at most
+           "stall_requests", "IterationRecord", "iteration_kind", "ToyRequest", "BacklogRequest")  # old duplicates: aliases at most
 
 FORMULA_HOMES = {  # concept -> (module, function) where its formula may be written; None: anywhere in it
     "ceil division": ("memory.py", "blocks_for_tokens"),

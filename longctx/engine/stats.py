@@ -11,22 +11,42 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class StepRecord:
-    """What one step did, for timelines: times in seconds on the engine clock."""
+    """What one step did, the course's one step record: times in seconds on the engine clock. The engine fills
+    every field; a timeline made otherwise (lesson 01's napkin model, a recorded run) gives the first five
+    (``StepRecord.at``) and the rest stay empty."""
 
     start_s: float
     end_s: float
     duration_s: float
     num_prefill_tokens: int
     num_decode_tokens: int
-    seq_ids: tuple[int, ...]
-    chunk_tokens: tuple[int, ...]
-    num_preempted: int
-    num_free_blocks: int  # after the step (finished sequences' blocks returned)
+    seq_ids: tuple[int, ...] = ()
+    chunk_tokens: tuple[int, ...] = ()
+    num_preempted: int = 0
+    num_free_blocks: int = 0  # after the step (finished sequences' blocks returned)
     num_used_blocks: int = 0  # held while the step ran (a shared block counts once)
+
+    @classmethod
+    def at(cls, start_s: float, duration_s: float, num_prefill_tokens: int, num_decode_tokens: int) -> StepRecord:
+        """A step known by its start, duration and token counts only."""
+        return cls(start_s, start_s + duration_s, duration_s, num_prefill_tokens, num_decode_tokens)
 
     @property
     def num_tokens(self) -> int:
         return self.num_prefill_tokens + self.num_decode_tokens
+
+    @property
+    def kind(self) -> str:
+        return step_kind(self)
+
+
+def step_kind(step) -> str:
+    """``"decode"``, ``"prefill"``, ``"mixed"`` or ``"idle"``, from a step's token counts."""
+    if step.num_prefill_tokens and step.num_decode_tokens:
+        return "mixed"
+    if step.num_prefill_tokens:
+        return "prefill"
+    return "decode" if step.num_decode_tokens else "idle"
 
 
 @dataclass

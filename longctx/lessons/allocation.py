@@ -32,30 +32,14 @@ from dataclasses import dataclass, field
 
 from longctx.kv.block_manager import BlockManager
 from longctx.memory import padded_tokens
+from longctx.sim.workload import Request
 
 CATEGORIES = ("used", "reserved", "internal", "external", "free")
 
 
-@dataclass(frozen=True)
-class BacklogRequest:
-    """One request: ``prompt_tokens`` prefilled at admission, then ``output_tokens`` decoded one per step."""
-
-    request_id: int
-    prompt_tokens: int
-    output_tokens: int
-
-    def __post_init__(self) -> None:
-        if self.prompt_tokens < 1 or self.output_tokens < 1:
-            raise ValueError(f"request {self.request_id}: prompt_tokens and output_tokens must be >= 1")
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.output_tokens
-
-
 def mixed_workload(
     num_requests: int, seed: int = 0, max_model_len: int = 4096, max_new_tokens: int = 1024
-) -> list[BacklogRequest]:
+) -> list[Request]:
     """A seeded mix: ~70 % chat turns (prompts ~ 250 tokens), ~30 % documents (1K to 3K tokens).
 
     Output lengths are log-normal (median ~ 130 tokens), at most ``max_new_tokens``; every request fits
@@ -65,7 +49,7 @@ def mixed_workload(
         raise ValueError("need num_requests >= 1, max_model_len >= 64 and max_new_tokens >= 1")
     rng = random.Random(seed)
     requests = []
-    for i in range(num_requests):
+    for _ in range(num_requests):
         if rng.random() < 0.7:
             prompt = int(rng.lognormvariate(5.5, 0.6))  # chat: median e^5.5 ~ 245 tokens
         else:
@@ -73,7 +57,7 @@ def mixed_workload(
         output = int(rng.lognormvariate(4.9, 0.7))  # median e^4.9 ~ 134 tokens
         prompt = max(1, min(prompt, max_model_len - 16))
         output = max(1, min(output, max_new_tokens, max_model_len - prompt))
-        requests.append(BacklogRequest(i, prompt, output))
+        requests.append(Request(0.0, prompt, output))
     return requests
 
 
@@ -220,15 +204,15 @@ class AllocationResult:
 def _account(result: AllocationResult, allocator, running: dict, waiting: deque) -> None:
     """Add one step's slots, by category, to ``result`` (and to its backlog tally while requests wait)."""
     tally = dict.fromkeys(CATEGORIES, 0)
-    for r, tokens in running.values():
-        alloc = allocator.allocated_slots(r.request_id)
+    for rid, (r, tokens) in running.items():
+        alloc = allocator.allocated_slots(rid)
         tally["used"] += tokens
         future = min(alloc, r.total_tokens) - tokens
         reserved = future if allocator.reserves_ahead else 0
         tally["reserved"] += reserved
         tally["internal"] += alloc - tokens - reserved
     free = allocator.free_slots()
-    head_need = allocator.slots_needed(waiting[0].prompt_tokens + 1) if waiting else None
+    head_need = allocator.slots_needed(waiting[0][1].prompt_tokens + 1) if waiting else None
     if head_need is not None and free >= head_need:
         tally["external"] = free  # enough free slots in total, but no hole is large enough
     else:
@@ -242,27 +226,28 @@ def _account(result: AllocationResult, allocator, running: dict, waiting: deque)
     result.steps += 1
 
 
-def simulate_allocation(requests: list[BacklogRequest], allocator, max_steps: int = 100_000) -> AllocationResult:
-    """Serve ``requests`` (all waiting at step 0) with ``allocator`` until all finish; returns the tally.
+def simulate_allocation(requests: list[Request], allocator, max_steps: int = 100_000) -> AllocationResult:
+    """Serve ``requests`` (all waiting at step 0, in order; a request's id is its position) with ``allocator``
+    until all finish; returns the tally.
 
     (Not ``longctx.sim.simulate``, which runs the serving engine on a cost model: this only allocates.)
     """
-    waiting = deque(requests)
-    running: dict[int, tuple[BacklogRequest, int]] = {}  # id -> (request, tokens stored so far)
+    waiting = deque(enumerate(requests))  # (id, request)
+    running: dict[int, tuple[Request, int]] = {}  # id -> (request, tokens stored so far)
     result = AllocationResult(allocator.name, allocator.capacity_tokens, 0)
-    for r in requests:
+    for rid, r in waiting:
         if allocator.slots_needed(r.total_tokens) > allocator.capacity_tokens:
-            raise ValueError(f"request {r.request_id} ({r.total_tokens} tokens) can never fit the pool")
+            raise ValueError(f"request {rid} ({r.total_tokens} tokens) can never fit the pool")
         if allocator.reserves_ahead and allocator.slots_needed(r.prompt_tokens + 1) < r.total_tokens:
-            raise ValueError(f"request {r.request_id} ({r.total_tokens} tokens) outgrows its contiguous reservation")
+            raise ValueError(f"request {rid} ({r.total_tokens} tokens) outgrows its contiguous reservation")
     while (waiting or running) and result.steps < max_steps:
         # 1. admit FCFS: prefill the prompt and its first output token
-        while waiting and allocator.can_admit(waiting[0].prompt_tokens + 1):
-            r = waiting.popleft()
-            allocator.admit(r.request_id, r.prompt_tokens + 1)
-            running[r.request_id] = (r, r.prompt_tokens + 1)
+        while waiting and allocator.can_admit(waiting[0][1].prompt_tokens + 1):
+            rid, r = waiting.popleft()
+            allocator.admit(rid, r.prompt_tokens + 1)
+            running[rid] = (r, r.prompt_tokens + 1)
         if not running:
-            raise ValueError(f"request {waiting[0].request_id} cannot be admitted into an empty pool")
+            raise ValueError(f"request {waiting[0][0]} cannot be admitted into an empty pool")
         _account(result, allocator, running, waiting)  # 2. the pool as it stands during this step
         # 3. every running request produces one token; finished ones leave
         for rid in sorted(running):
@@ -277,7 +262,7 @@ def simulate_allocation(requests: list[BacklogRequest], allocator, max_steps: in
             while not allocator.grow(rid, tokens + 1):
                 victim = max(running)  # the youngest (highest id, admitted last) gives its blocks back
                 allocator.free(victim)
-                waiting.appendleft(running.pop(victim)[0])
+                waiting.appendleft((victim, running.pop(victim)[0]))
                 result.preemptions += 1
                 if victim == rid:
                     break
@@ -287,7 +272,7 @@ def simulate_allocation(requests: list[BacklogRequest], allocator, max_steps: in
 
 
 def compare(
-    requests: list[BacklogRequest],
+    requests: list[Request],
     capacity_tokens: int,
     max_model_len: int,
     max_new_tokens: int | None = None,

@@ -33,8 +33,9 @@ from longctx.engine.engine import Engine
 from longctx.engine.executor import ToyExecutor
 from longctx.engine.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler
 from longctx.lessons.policy_state import decide, scheduler_state
+from longctx.sim.workload import Request
 
-__all__ = ["Decision", "ReplayScheduler", "ToyRequest", "chat_plus_long_prompts", "check_stall_free", "decide",
+__all__ = ["Decision", "ReplayScheduler", "chat_plus_long_prompts", "check_stall_free", "decide",
            "random_workload", "run_policy", "scheduler_state"]
 
 
@@ -88,26 +89,23 @@ class ReplayScheduler(Scheduler):
         )
 
 
-@dataclass(frozen=True)
-class ToyRequest:
-    prompt_tokens: int
-    max_tokens: int
-    arrival_s: float
-
-
 def chat_plus_long_prompts(
     num_streams: int = 4, long_prompts: tuple[int, ...] = (600,), stream_tokens: int = 40
-) -> list[ToyRequest]:
+) -> list[Request]:
     """``num_streams`` short chats decoding from t=0, then long prompts arriving while they decode."""
-    chats = [ToyRequest(8, stream_tokens, 0.0) for _ in range(num_streams)]
-    return chats + [ToyRequest(p, 4, 0.1 + 0.01 * i) for i, p in enumerate(long_prompts)]
+    chats = [Request(0.0, 8, stream_tokens) for _ in range(num_streams)]
+    return chats + [Request(0.1 + 0.01 * i, p, 4) for i, p in enumerate(long_prompts)]
 
 
-def random_workload(num_requests: int, seed: int) -> list[ToyRequest]:
+def _toy(prompt_tokens: int, output_tokens: int, arrival_s: float) -> Request:  # the draws' order, kept
+    return Request(arrival_s, prompt_tokens, output_tokens)
+
+
+def random_workload(num_requests: int, seed: int) -> list[Request]:
     """Seeded mixed workload: prompt lengths 1..400, outputs 1..30, arrivals spread over 0.5 s."""
     rng = random.Random(seed)
     return [
-        ToyRequest(rng.randint(1, 400), rng.randint(1, 30), rng.uniform(0, 0.5)) for _ in range(num_requests)
+        _toy(rng.randint(1, 400), rng.randint(1, 30), rng.uniform(0, 0.5)) for _ in range(num_requests)
     ]
 
 
@@ -123,7 +121,7 @@ def _decider(policy, allow_library: bool):
 
 def run_policy(
     scheduler,
-    workload: list[ToyRequest],
+    workload: list[Request],
     num_blocks: int = 4096,
     block_size: int = 16,
     max_steps: int = 20_000,
@@ -139,7 +137,7 @@ def run_policy(
     )
     engine = Engine(ToyExecutor(), replay, num_blocks=num_blocks, block_size=block_size, clock=VirtualClock())
     for r in workload:
-        engine.add_request([1] * r.prompt_tokens, max_tokens=r.max_tokens, arrival_s=r.arrival_s)
+        engine.add_request([1] * r.prompt_tokens, max_tokens=r.output_tokens, arrival_s=r.arrival_s)
     try:
         engine.run_until_done(max_steps=max_steps)
     except RuntimeError as exc:  # an empty batch, or no progress
@@ -192,7 +190,7 @@ def _check_step(d: Decision, budget: int, check_fill: bool) -> None:
 
 def check_stall_free(
     policy,
-    workload: list[ToyRequest],
+    workload: list[Request],
     *,
     check_fill: bool = True,
     token_budget: int | None = None,

@@ -20,7 +20,6 @@ import numpy as np
 from longctx.checks import positive_int
 from longctx.engine import ChunkedPrefillScheduler, MonolithicScheduler, Scheduler, StepRecord
 from longctx.memory import blocks_for_tokens
-from longctx.plots import IterationRecord, iteration_kind  # noqa: F401 (re-exported: the timeline's records)
 from longctx.sim.cost_model import CostFactors
 from longctx.sim.run import build_sim_engine
 
@@ -69,7 +68,7 @@ class StallScenario:
         return blocks_for_tokens(self.prompt_tokens, chunk_size)  # ceil(prompt / chunk)
 
     def timeline(self, costs: NapkinCosts, chunk_size: int | None = None, steps_before: int = 5,
-                 steps_after: int = 5) -> list[IterationRecord]:
+                 steps_after: int = 5) -> list[StepRecord]:
         """The iterations around the prompt's arrival at ``costs``; ``chunk_size=None``: monolithic prefill."""
         if chunk_size is not None:
             self.num_chunks(chunk_size)  # validates chunk_size
@@ -79,7 +78,7 @@ class StallScenario:
 
         def add(duration_s: float, prefill_tokens: int, decode_tokens: int) -> None:
             start = records[-1].start_s + records[-1].duration_s if records else 0.0
-            records.append(IterationRecord(start, duration_s, prefill_tokens, decode_tokens))
+            records.append(StepRecord.at(start, duration_s, prefill_tokens, decode_tokens))
 
         for _ in range(steps_before):
             add(costs.decode_step_s, 0, n)
@@ -195,12 +194,12 @@ def scheduler_name(scheduler: Scheduler) -> str:
     return "monolithic" if budget is None else f"chunked-{budget}"
 
 
-def decode_token_times(records: list[IterationRecord]) -> list[float]:
+def decode_token_times(records: list[StepRecord]) -> list[float]:
     """When a decoding stream receives each token: at the end of every iteration that decoded."""
     return [r.start_s + r.duration_s for r in records if r.num_decode_tokens > 0]
 
 
-def max_inter_token_latency_s(records: list[IterationRecord]) -> float:
+def max_inter_token_latency_s(records: list[StepRecord]) -> float:
     """Longest gap between two consecutive tokens of a decoding stream (the first gap counts from t=0)."""
     times = [0.0, *decode_token_times(records)]
     return max(b - a for a, b in zip(times, times[1:], strict=False))

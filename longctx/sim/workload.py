@@ -21,11 +21,21 @@ from longctx.checks import positive_int
 
 @dataclass(frozen=True)
 class Request:
-    """One simulated request: arrival time (s) and token counts."""
+    """One request of a workload, the course's one request type: its arrival (s) and token counts. The
+    simulator's workloads, lesson 02's toy workloads and lesson 03's allocation backlog are lists of them."""
 
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
+
+    def __post_init__(self) -> None:
+        if not (self.prompt_tokens >= 1 and self.output_tokens >= 1):
+            raise ValueError(f"a request needs prompt_tokens and output_tokens >= 1, got {self.prompt_tokens} "
+                             f"and {self.output_tokens}")
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.output_tokens
 
 
 @dataclass(frozen=True)
