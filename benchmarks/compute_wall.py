@@ -41,6 +41,7 @@ import longctx.model.llama as llama
 from longctx import flops, memory, specs
 from longctx.kv.cache import Chunk, PagedKVCache, build_attention_metadata
 from longctx.model.weights import load_model
+from longctx.provenance import load_gate
 
 OUT = Path(__file__).resolve().parent.parent / "longctx" / "data" / "recorded" / "compute_wall_cpu.json"
 BLOCK_SIZE = 16
@@ -168,8 +169,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--force", action="store_true", help="measure despite the load (marks the record unusable)")
     args = parser.parse_args(argv)
+    load_gate(args.threads, args.force)
     result = measure(args.lengths, args.repeats, args.threads)
+    result["provenance"]["usable"] = not args.force
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print_table(result)

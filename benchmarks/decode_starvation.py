@@ -35,6 +35,8 @@ import sys
 import time
 from pathlib import Path
 
+from longctx.provenance import load_gate
+
 STREAM_TOPICS = [
     "the water cycle",
     "how bees make honey",
@@ -66,6 +68,7 @@ def parse_args(argv=None):
     p.add_argument("--max-ratio", type=float, default=3.0, help="max ITL / decode-only median ITL allowed")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
+    p.add_argument("--force", action="store_true", help="write --json despite the load (a dry run)")
     args = p.parse_args(argv)
     args.budgets = [int(b) for b in args.budgets.split(",") if b.strip()]
     if args.prompt_tokens < 1 or args.streams < 1 or any(b < 1 for b in args.budgets):
@@ -144,6 +147,8 @@ def run_one(model, tokenizer, scheduler, args) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.json is not None:
+        load_gate(args.threads, args.force)
     import torch
 
     from longctx.engine import ChunkedPrefillScheduler, MonolithicScheduler

@@ -42,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-from longctx.provenance import git_commit, git_dirty, machine
+from longctx.provenance import git_commit, git_dirty, load_gate, machine  # noqa: F401 (load_gate: re-exported)
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDED = ROOT / "longctx" / "data" / "recorded"
@@ -76,17 +76,6 @@ def provenance(threads: int, usable: bool = True, gate_load: float | None = None
         "load_average_1min_start": os.getloadavg()[0] if gate_load is None else gate_load,
         "load_average_1min_after_setup": os.getloadavg()[0], "usable": bool(usable),
     }  # fmt: skip
-
-
-def load_gate(threads: int, force: bool) -> float:
-    """The one-minute load average; exits (status 3) when it exceeds ``threads`` unless ``force``."""
-    load = os.getloadavg()[0]
-    if load > threads and not force:
-        print(f"refusing to record: the one-minute load average is {load:.2f}, above the {threads} core(s) this "
-              f"run uses (other work would distort the timings). Wait for a quiet machine (see `uptime`), or "
-              f"pass --force for a dry run whose record is marked unusable.", file=sys.stderr)
-        raise SystemExit(3)
-    return load
 
 
 def wait_for_quiet(threads: int, force: bool, poll_s: float = 30.0) -> float:

@@ -43,6 +43,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np  # noqa: E402  (after the thread variables)
 
 from longctx.engine import ChunkedPrefillScheduler, Engine, VirtualClock, WallClock, summarize  # noqa: E402
+from longctx.provenance import git_commit, load_gate, machine  # noqa: E402
 from longctx.sim import CostModelExecutor, LogNormal, RecordingExecutor, Uniform, calibrate, make_workload  # noqa: E402
 from longctx.sim.hardware import measure_cpu_hardware  # noqa: E402
 
@@ -79,7 +80,9 @@ def run_sim(executor, workload, scheduler):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--record", action="store_true", help=f"write {RECORD.name}")
+    ap.add_argument("--force", action="store_true", help="record despite the load (marks the record unusable)")
     args = ap.parse_args()
+    gate_load = load_gate(int(os.environ["OMP_NUM_THREADS"]), args.force) if args.record else os.getloadavg()[0]
     import torch
 
     from longctx.model.weights import load_model
@@ -140,7 +143,8 @@ def main() -> None:
             "what": "simulator fidelity: calibrate on workload A (real engine, this CPU), predict workload B",
             "produced_by": "benchmarks/sim_fidelity.py",
             "date": datetime.date.today().isoformat(),
-            "python": platform.python_version(), "torch": torch.__version__,
+            "python": platform.python_version(), "torch": torch.__version__, "commit": git_commit(),
+            "machine": machine(), "load_average_1min_start": gate_load, "usable": not args.force,
             "cpu": {"peak_flops_per_s": hw.peak_flops_per_s, "bandwidth_bytes_per_s": hw.memory_bandwidth_bytes_per_s,
                     "torch_threads": torch.get_num_threads()},
             "calibration": {"factors": vars(cal.factors), "num_steps": cal.num_steps,

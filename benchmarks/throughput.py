@@ -75,7 +75,7 @@ from pathlib import Path
 
 import numpy as np
 
-from longctx.provenance import git_commit, machine
+from longctx.provenance import git_commit, load_gate, machine
 
 RECORD = Path(__file__).resolve().parents[1] / "longctx" / "data" / "recorded" / "throughput_cpu.json"
 TOPICS = ["photosynthesis", "the French revolution", "prime numbers", "how a refrigerator works", "tides",
@@ -264,7 +264,10 @@ def main(argv=None) -> int:
     p.add_argument("--contexts", type=int, nargs="+", default=[512, 2048])
     p.add_argument("--skip", nargs="*", default=[], choices=["serving", "all-at-once", "steps"])
     p.add_argument("--record", action="store_true", help=f"write {RECORD.name}")
+    p.add_argument("--force", action="store_true", help="record despite the load (marks the record unusable)")
     args = p.parse_args(argv)
+    if args.record:
+        load_gate(args.threads, args.force)
     import torch
 
     from longctx.model.tokenizer import load_tokenizer

@@ -1,8 +1,9 @@
 """Where a recorded number comes from, read once for every recording script: the code's commit (and whether
 the tree had uncommitted changes), the processor or GPU, the software, and the output of a short command.
 
-``benchmarks/*.py`` and ``longctx.gpu`` build their records' ``provenance`` from these. The load-average
-gate that refuses to record on a busy machine is ``benchmarks/niah_grid.load_gate``.
+``benchmarks/*.py`` and ``longctx.gpu`` build their records' ``provenance`` from these, and every script that
+records a measurement calls ``load_gate`` first: it refuses to record on a machine whose one-minute load
+average is above the cores the run uses.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import pathlib
 import platform
 import re
 import subprocess
+import sys
 
 _HERE = pathlib.Path(__file__).resolve().parent
 
@@ -39,6 +41,18 @@ def git_dirty() -> bool | None:
     out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
                          timeout=20, cwd=_HERE)
     return bool(out.stdout.strip())
+
+
+def load_gate(threads: int, force: bool = False) -> float:
+    """The one-minute load average; exits with status 3 and says why when it exceeds ``threads`` (the cores
+    the run uses), unless ``force`` (a dry run: its record should be marked unusable)."""
+    load = os.getloadavg()[0]
+    if load > threads and not force:
+        print(f"refusing to record: the one-minute load average is {load:.2f}, above the {threads} core(s) this "
+              f"run uses (other work would distort the timings). Wait for a quiet machine (see `uptime`), or "
+              f"pass --force for a dry run whose record is marked unusable.", file=sys.stderr)
+        raise SystemExit(3)
+    return load
 
 
 def cpu_name() -> str:

@@ -109,3 +109,16 @@ def test_records_made_in_parallel_merge_into_one(tmp_path):
     assert [r["load_average_1min_start"] for r in on_disk["meta"]["runs"]] == [0.5, 0.9]
     with pytest.raises(SystemExit, match="more than one input"):
         niah_grid.merge_records([a, a], tmp_path / "aa.json")
+
+
+@pytest.mark.parametrize("script,argv", [("throughput", ["--record"]), ("compute_wall", ["--out", "{tmp}/cw.json"]),
+                                         ("decode_starvation", ["--json", "{tmp}/ds.json"])])
+def test_every_recording_script_refuses_a_loaded_machine(script, argv, monkeypatch, tmp_path, capsys):
+    import importlib
+
+    module = importlib.import_module(script)
+    monkeypatch.setattr(niah_grid.os, "getloadavg", lambda: (9.5, 9.0, 9.0))
+    with pytest.raises(SystemExit) as stop:  # before any model is loaded or any file is written
+        module.main([a.format(tmp=tmp_path) for a in argv])
+    assert stop.value.code == 3 and "refusing to record: the one-minute load average is 9.50" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
