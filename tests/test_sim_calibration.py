@@ -31,6 +31,23 @@ def test_errors_name_where_the_model_misses_by_more_than_15_percent():
         assert all(r.low_tokens <= n <= r.high_tokens for n in r.over_15_percent)
 
 
+# Issue 26: at TP 1, 64-4,096 tokens, the fitted model is within 15 % of every profiled point except these
+# (kernel choices of the library that tile and wave quantization do not predict; 54 of 1,245 points).
+TP1_MISSES = {
+    "CodeLlama-34b-Instruct-hf": (328, 336, 344, 352, 360, 368, 376, 384),
+    "Llama-2-70b-hf": (480, 488, 536, 544),
+    "Qwen-72B": (328, 352, 376, 384, 536, 584, 592, 600, 608, 616, 624, 632, 640, 1296),
+    "internlm-20b": (),
+    "phi-2": (136, 144, 168, 176, 184, 192, *range(776, 929, 8), 1016, 1024),
+}
+
+
+def test_within_15_percent_at_tp1_except_the_named_points():
+    rows = profile_errors(tps=[1], ranges=((64, 4096),))
+    assert {r.model: r.over_15_percent for r in rows} == TP1_MISSES
+    assert all(abs(r.worst_error) < 0.26 for r in rows)  # and no miss is far off
+
+
 def test_leave_one_model_out_fits_without_the_held_model():
     result = leave_one_model_out(tps=[1])
     assert set(result) == set(load_profiles())
@@ -44,3 +61,4 @@ def test_the_benchmark_prints_every_model(capsys):
     for name in load_profiles():
         assert f"{name} TP 1 (measured/predicted)" in out
     assert "LOO worst" in out and "over 15 % at" in out
+    assert "TP 1: 1191 of 1245 points" in out

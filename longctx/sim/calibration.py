@@ -4,9 +4,11 @@ Two kinds of measurement:
 
 - **Published H100 operator profiles** (Vidur's, ``longctx.sim.profiles``): ``fit_profiles`` fits the
   operator form's GEMM factors (``compute_efficiency``, ``memory_efficiency``, ``serial_fraction``,
-  ``kernel_overhead_s``) on every profiled GEMM, and the small ops' ``elementwise_efficiency`` and
-  ``elementwise_overhead_s`` on every profiled norm, RoPE, activation and residual add (the embedding, one
-  lookup per step, is left out). Each point counts by its relative error. ``profile_errors`` compares the
+  ``kernel_overhead_s``; tile and wave quantization held, ``longctx.sim.operators``) on every profiled GEMM,
+  each point's relative error weighted by its share of its layer's four GEMMs (so the loss is the layer's
+  relative error, what ``linear_time_s`` is judged by), and the small ops' ``elementwise_efficiency`` and
+  ``elementwise_overhead_s`` on every profiled norm, RoPE, activation and residual add by relative error
+  (the embedding, one lookup per step, is left out). ``profile_errors`` compares the
   modelled ``linear_time_s`` with the measured linear time, per model, TP degree and token range;
   ``leave_one_model_out`` fits on all models but one and reports the error on that one. The simulator's
   H100 defaults (``longctx.sim.factors.FITTED_H100``) are ``fit_profiles()``'s result.
@@ -25,8 +27,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from longctx.sim.cost_model import GEMM_TILE_TOKENS, CostFactors
-from longctx.sim.operators import layers_time_s
+from longctx.sim.cost_model import GEMM_TILE_TOKENS, GEMM_WAVE_SMS, CostFactors
+from longctx.sim.operators import gemm_tile_area, layers_time_s
 from longctx.sim.profiles import GEMM_OPS, SMALL_OPS, ProfiledModel, load_profiles
 from longctx.sim.step_fit import Calibration, bounded_lstsq, calibrate
 from longctx.specs import HardwareSpec, get_hardware
@@ -67,15 +69,17 @@ class ProfileError:
 
 
 def _points(models: Sequence[ProfiledModel]):
-    """Arrays over every profiled GEMM point ``(n, k, m, seconds)`` and small-op point ``(bytes, seconds)``."""
+    """Arrays over every profiled GEMM point ``(n, k, m, seconds, share)`` (share: of its layer's four GEMMs
+    at that point) and small-op point ``(bytes, seconds)``."""
     g, s = [], []
     for pm in models:
         for tp in pm.tp_degrees:
             ns = pm.num_tokens[tp]
             dims = pm.shape.gemm_dims(tp)
+            share = [sum(x) for x in zip(*(pm.op_s(tp, op) for op in GEMM_OPS), strict=True)]  # layer GEMMs
             for op in GEMM_OPS:
                 k, m = dims[_GEMM_OF_OP[op]]
-                g += [(n, k, m, t) for n, t in zip(ns, pm.op_s(tp, op), strict=True)]
+                g += [(n, k, m, t, t / tot) for n, t, tot in zip(ns, pm.op_s(tp, op), share, strict=True)]
             per_token = _small_bytes_per_token(pm, tp)
             for op in SMALL_OPS:
                 if not pm.op_s(tp, op):
@@ -110,13 +114,15 @@ def _bounded_normal(gram: np.ndarray, rhs: np.ndarray, lower: np.ndarray) -> np.
     return np.maximum(sol, lower)
 
 
-def _fit_gemms(pts: np.ndarray, hw: HardwareSpec, tile: int, serial: float, iterations: int = 30):
-    """Best ``(theta = [kernel_overhead_s, 1/ce, 1/me], loss)`` for one serial fraction."""
-    n, k, m, y = pts.T
-    w = 1.0 / y
-    c = 2.0 * np.ceil(n / tile) * tile * k * m / hw.peak_flops_per_s * w  # weighted: relative errors
+def _fit_gemms(pts: np.ndarray, area: np.ndarray, hw: HardwareSpec, serial: float, iterations: int = 30):
+    """Best ``(theta = [kernel_overhead_s, 1/ce, 1/me], loss)`` for one serial fraction; ``area``: each
+    point's computed output elements (``gemm_tile_area``: whole tiles in whole waves). Each point's relative
+    error counts by its share of its layer's GEMM time: the loss is the layers' relative error."""
+    n, k, m, y, share = pts.T
+    w = share / y
+    c = 2.0 * k * area / hw.peak_flops_per_s * w
     mem = (WEIGHT_BYTES * k * m + ACT_BYTES * n * (k + m)) / hw.memory_bandwidth_bytes_per_s * w
-    lower, ones = np.array([0.0, 1.0, 1.0]), np.ones_like(y)
+    lower, ones = np.array([0.0, 1.0, 1.0]), share
 
     def rows(theta):
         cb = theta[1] * c >= theta[2] * mem
@@ -128,7 +134,7 @@ def _fit_gemms(pts: np.ndarray, hw: HardwareSpec, tile: int, serial: float, iter
         for _ in range(iterations):
             x = rows(theta)
             new = _bounded_normal(x.T @ x, x.T @ ones, lower)
-            loss = float(np.sum((rows(new) @ new - 1.0) ** 2))
+            loss = float(np.sum((rows(new) @ new - share) ** 2))
             if loss < best_loss - 1e-15:
                 best, best_loss = new, loss
             if np.allclose(new, theta, rtol=1e-12, atol=0):
@@ -138,9 +144,10 @@ def _fit_gemms(pts: np.ndarray, hw: HardwareSpec, tile: int, serial: float, iter
 
 
 def fit_profiles(models: Sequence[str] | None = None, hardware: HardwareSpec | str = "h100",
-                 tile_tokens: int = GEMM_TILE_TOKENS) -> ProfileFit:
+                 tile_tokens: int = GEMM_TILE_TOKENS, wave_sms: int = GEMM_WAVE_SMS) -> ProfileFit:
     """Fit the operator form's GEMM and small-op factors on the profiles of ``models`` (default: all
-    shipped) for ``hardware``'s datasheet peak and bandwidth; ``tile_tokens`` is held (module docstring)."""
+    shipped) for ``hardware``'s datasheet peak and bandwidth; ``tile_tokens`` and ``wave_sms`` are held
+    (module docstring)."""
     table = load_profiles()
     names = tuple(table) if models is None else tuple(models)
     unknown = [x for x in names if x not in table]
@@ -148,13 +155,14 @@ def fit_profiles(models: Sequence[str] | None = None, hardware: HardwareSpec | s
         raise ValueError(f"unknown profiled models {unknown}; allowed: {', '.join(table)}")
     hw = get_hardware(hardware)
     gpts, spts = _points([table[x] for x in names])
+    area = np.array([gemm_tile_area(int(n), m, tile_tokens, wave_sms) for n, _, m, _, _ in gpts])
     grid = np.linspace(0.0, 1.0, 11)
-    losses = [_fit_gemms(gpts, hw, tile_tokens, s)[1] for s in grid]
+    losses = [_fit_gemms(gpts, area, hw, s)[1] for s in grid]
     i = int(np.argmin(losses))
     lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
 
     def loss_of(serial: float) -> float:
-        return _fit_gemms(gpts, hw, tile_tokens, serial)[1]
+        return _fit_gemms(gpts, area, hw, serial)[1]
 
     a, b = hi - GOLDEN * (hi - lo), lo + GOLDEN * (hi - lo)
     fa, fb = loss_of(a), loss_of(b)
@@ -168,17 +176,21 @@ def fit_profiles(models: Sequence[str] | None = None, hardware: HardwareSpec | s
             b = lo + GOLDEN * (hi - lo)
             fb = loss_of(b)
     serial = round(float((lo + hi) / 2), 4)
-    theta, loss = _fit_gemms(gpts, hw, tile_tokens, serial)
+    theta, _ = _fit_gemms(gpts, area, hw, serial)
     bts, ys = spts.T
     sx = np.c_[np.ones_like(bts), bts / hw.memory_bandwidth_bytes_per_s] / ys[:, None]
     s_theta = bounded_lstsq(sx, np.ones_like(ys), np.array([0.0, 1.0]), {})
     factors = replace(CostFactors(), compute_efficiency=_sig(1 / theta[1]), memory_efficiency=_sig(1 / theta[2]),
                       serial_fraction=serial, kernel_overhead_s=_sig(theta[0]),
                       elementwise_efficiency=_sig(1 / s_theta[1]), elementwise_overhead_s=_sig(s_theta[0]),
-                      gemm_tile_tokens=tile_tokens)
+                      gemm_tile_tokens=tile_tokens, gemm_wave_sms=wave_sms)
     clipped = tuple(name for name, v in (("compute_efficiency", theta[1]), ("memory_efficiency", theta[2]),
                                          ("elementwise_efficiency", s_theta[1])) if v <= 1 + 1e-12)
-    return ProfileFit(factors, names, len(gpts), len(spts), float(np.sqrt(loss / len(gpts))),
+    n, k, m, y, _ = gpts.T
+    comp = theta[1] * 2.0 * k * area / hw.peak_flops_per_s
+    mem = theta[2] * (WEIGHT_BYTES * k * m + ACT_BYTES * n * (k + m)) / hw.memory_bandwidth_bytes_per_s
+    rel = (theta[0] + np.maximum(comp, mem) + serial * np.minimum(comp, mem)) / y - 1.0
+    return ProfileFit(factors, names, len(gpts), len(spts), float(np.sqrt(np.mean(rel ** 2))),
                       float(np.sqrt(np.mean((sx @ s_theta - 1) ** 2))), clipped)
 
 

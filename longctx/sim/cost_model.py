@@ -48,6 +48,7 @@ from longctx.sim.factors import (  # noqa: F401  (re-exported: the cost model's 
     FACTOR_NAMES,
     FITTED_H100,
     GEMM_TILE_TOKENS,
+    GEMM_WAVE_SMS,
     SECONDS,
     CostFactors,
     StepBreakdown,

@@ -12,14 +12,15 @@ COST_FORMS = ("operator", "batch")
 # Fitted on Vidur's H100 profiles (5 models, TP 1/2/4/8, 1 ... 4,096 tokens) by
 # longctx.sim.calibration.fit_profiles(); tests/test_sim_calibration.py refits and compares.
 FITTED_H100 = {
-    "compute_efficiency": 0.7589,
+    "compute_efficiency": 0.7991,  # of whole tiles in whole waves (longctx.sim.operators), not of 2 n k m
     "memory_efficiency": 1.0,
-    "serial_fraction": 0.3341,
-    "kernel_overhead_s": 5.9e-06,
-    "elementwise_efficiency": 0.77,
-    "elementwise_overhead_s": 2.0e-06,
+    "serial_fraction": 0.3233,
+    "kernel_overhead_s": 6.615e-06,
+    "elementwise_efficiency": 0.7658,
+    "elementwise_overhead_s": 2.015e-06,
 }
 GEMM_TILE_TOKENS = 128  # rows of a GEMM tile (chosen by the fit among 1, 64, 128, 256: the lowest error)
+GEMM_WAVE_SMS = 132  # tiles per wave: an H100 SXM's SMs (datasheet; 114 or 144 fit the profiles worse)
 # Assumed (not measured): attention kernels, the engine's per-step and per-sequence overheads.
 ASSUMED = {"attention_efficiency": 0.5, "step_overhead_s": 1e-3, "per_sequence_overhead_s": 5e-6}
 # The earlier assumed whole-batch factors (the "batch" form's default).
@@ -39,7 +40,9 @@ SECONDS = ("step_overhead_s", "per_sequence_overhead_s", "kernel_overhead_s", "e
 @dataclass(frozen=True)
 class CostFactors:
     """Efficiencies (fraction of datasheet peak, in (0, 1]), overheads (seconds, >= 0), the GEMM
-    ``serial_fraction`` (in [0, 1]: 0 = compute and memory overlap perfectly) and ``gemm_tile_tokens``.
+    ``serial_fraction`` (in [0, 1]: 0 = compute and memory overlap perfectly), ``gemm_tile_tokens`` (rows
+    of a GEMM tile; 1: no tile or wave quantization) and ``gemm_wave_sms`` (tiles per wave: the GPU's SMs,
+    132 on an H100 SXM; set 108 for an A100).
 
     The first five apply to both forms; the rest only to ``form="operator"`` (``longctx.sim.operators``).
     Defaults: fitted H100 values (``FITTED_H100``) and assumed ones (``ASSUMED``); see the module docstring.
@@ -55,6 +58,7 @@ class CostFactors:
     elementwise_efficiency: float = FITTED_H100["elementwise_efficiency"]
     elementwise_overhead_s: float = FITTED_H100["elementwise_overhead_s"]
     gemm_tile_tokens: int = GEMM_TILE_TOKENS
+    gemm_wave_sms: int = GEMM_WAVE_SMS
 
     def __post_init__(self) -> None:
         for name in EFFICIENCIES:
@@ -71,10 +75,13 @@ class CostFactors:
         t = self.gemm_tile_tokens
         if isinstance(t, bool) or not isinstance(t, int) or t < 1:
             raise ValueError(f"gemm_tile_tokens must be a positive integer (1: no tile rounding), got {t!r}")
+        w = self.gemm_wave_sms
+        if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+            raise ValueError(f"gemm_wave_sms must be a positive integer (the GPU's SMs), got {w!r}")
 
     @classmethod
     def ideal(cls) -> CostFactors:
-        """The bare roofline: full efficiency, no overhead, perfect overlap, no tile rounding."""
+        """The bare roofline: full efficiency, no overhead, perfect overlap, no tile or wave rounding."""
         return cls(1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1)
 
     @classmethod
@@ -90,6 +97,8 @@ class CostFactors:
             v = getattr(self, f.name)
             if f.name in FITTED_H100 and v == FITTED_H100[f.name] or f.name == "gemm_tile_tokens" and v == GEMM_TILE_TOKENS:
                 out[f.name] = "fitted (Vidur H100 profiles)"
+            elif f.name == "gemm_wave_sms" and v == GEMM_WAVE_SMS:
+                out[f.name] = "datasheet (H100 SXM)"
             elif v == ASSUMED.get(f.name, ASSUMED_BATCH.get(f.name)):
                 out[f.name] = "assumed"
             else:

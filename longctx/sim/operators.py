@@ -20,11 +20,24 @@ rows (the all-reduces are not included). Per GPU, with ``d = d_model``, ``hd = h
     embedding (per step)     2 d b_a                    gather rows, write them
 
 Time of one GEMM (``CostFactors``: efficiencies ``ce``, ``me``; ``serial_fraction`` s; ``gemm_tile_tokens``
-T; ``kernel_overhead_s`` o)::
+T; ``gemm_wave_sms`` S; ``kernel_overhead_s`` o)::
 
-    compute_s = 2 * ceil(n / T) * T * k * m / (peak * ce)       # tensor cores compute whole tiles of T rows
+    tiles(tn) = ceil(n / T) * ceil(m / tn)                     # output tiles of T x tn, tn in (256, 128)
+    waves(tn) = tiles / S if tiles <= S else ceil(tiles / S)   # tiles run S at a time, one per SM
+    compute_s = 2 * k * min over tn of [waves(tn) * S * T * tn] / (peak * ce)
     memory_s  = bytes / (bandwidth * me)
     time_s    = o + max(compute_s, memory_s) + s * min(compute_s, memory_s)
+
+Tensor cores compute whole output tiles (T = 128 rows of tokens by 256 or 128 columns: the shapes Hopper
+GEMM kernels use), S tiles at a time (one per SM: S = 132 on an H100 SXM), so a GEMM takes whole *waves*:
+one more token past a wave boundary costs a whole wave (512 -> 520 tokens through an 8,192-wide matrix: 128
+tiles of 128 x 256 fill one wave, 160 need two). The library picks the tile width that needs the least tile
+area; under one wave it splits K to fill the SMs (fractional waves). ``T = 1`` drops tile and wave
+quantization (``compute_s = 2 n k m / (peak ce)``). The fit on Vidur's profiles (``longctx.sim.calibration``)
+chose this form: at TP 1, 64 ... 4,096 tokens, the linear time misses by more than 15 % at 54 of 1,245
+profiled points, against 92 when rows are only rounded to 128 (and S = 114 or 144 fits worse than 132). What
+it cannot follow is the library's own kernel choices (e.g. a gate+up 44,032 wide twice as slow for 328 ...
+384 tokens as for 448): ``benchmarks/sim_profiles.py`` names those points.
 
 s = 0 is the ideal roofline (compute and memory overlap perfectly); s = 1 is no overlap. Near the ridge
 point real GEMMs lose efficiency: both terms matter there, which is what s > 0 expresses. A small op costs
@@ -37,6 +50,7 @@ import math
 from dataclasses import dataclass
 
 from longctx.checks import positive_int
+from longctx.sim.factors import GEMM_WAVE_SMS
 from longctx.specs import ModelSpec, get_model
 
 GEMMS = ("qkv", "o", "gate_up", "down")
@@ -109,20 +123,36 @@ def check_tp(tp: object) -> int:
     return positive_int("tp (tensor-parallel degree)", tp, floats=False)
 
 
+GEMM_TILE_COLUMNS = (256, 128)  # output columns of a GEMM tile: the library picks the cheaper (docstring)
+
+
+def gemm_tile_area(n: int, m: float, tile: int, sms: int) -> float:
+    """Output elements the tensor cores compute for ``n x m``: whole tiles, in whole waves (module docstring)."""
+    if tile == 1:
+        return n * m
+    best = math.inf
+    for tn in GEMM_TILE_COLUMNS:
+        tiles = math.ceil(n / tile) * math.ceil(m / tn)
+        waves = tiles / sms if tiles <= sms else math.ceil(tiles / sms)
+        best = min(best, waves * sms * tile * tn)
+    return best
+
+
 def gemm_time_s(n: int, k: float, m: float, factors, peak: float, bandwidth: float,
                 weight_bytes: float, act_bytes: float) -> float:
     """One GEMM of ``n`` token rows through a ``k x m`` weight (module docstring's formula), in seconds."""
-    tile = factors.gemm_tile_tokens
-    compute_s = 2.0 * math.ceil(n / tile) * tile * k * m / (peak * factors.compute_efficiency)
-    memory_s = (weight_bytes * k * m + act_bytes * n * (k + m)) / (bandwidth * factors.memory_efficiency)
+    compute_s, memory_s = gemm_ideal_s(n, k, m, factors.gemm_tile_tokens, peak, bandwidth, weight_bytes,
+                                       act_bytes, factors.gemm_wave_sms)
+    compute_s /= factors.compute_efficiency
+    memory_s /= factors.memory_efficiency
     hi, lo = (compute_s, memory_s) if compute_s >= memory_s else (memory_s, compute_s)
     return factors.kernel_overhead_s + hi + factors.serial_fraction * lo
 
 
 def gemm_ideal_s(n: int, k: float, m: float, tile: int, peak: float, bandwidth: float,
-                 weight_bytes: float, act_bytes: float) -> tuple[float, float]:
+                 weight_bytes: float, act_bytes: float, sms: int = GEMM_WAVE_SMS) -> tuple[float, float]:
     """``(compute_s, memory_s)`` of one GEMM at efficiency 1: what a fit scales by ``1 / efficiency``."""
-    return (2.0 * math.ceil(n / tile) * tile * k * m / peak,
+    return (2.0 * k * gemm_tile_area(n, m, tile, sms) / peak,
             (weight_bytes * k * m + act_bytes * n * (k + m)) / bandwidth)
 
 
