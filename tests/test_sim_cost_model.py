@@ -124,3 +124,23 @@ def test_engine_runs_with_cost_model_on_virtual_clock():
     eng.run_until_done()
     assert len(seq.token_times_s) == 5 and seq.ttft_s > 0
     assert eng.history[-1].end_s == pytest.approx(sum(r.duration_s for r in eng.history))
+
+
+@pytest.mark.parametrize("sms", [132, 108])
+def test_the_step_fits_design_row_is_the_operator_forms_step_time(sms):
+    """``step_terms.design_row`` (what fitting on measured steps solves) prices a step exactly as
+    ``step_time_s`` does, whatever ``gemm_wave_sms`` the factors carry (an A100 has 108 SMs)."""
+    import dataclasses
+
+    import numpy as np
+
+    from longctx.sim.step_terms import design_row, operator_terms
+
+    ex = CostModelExecutor("llama-3-8b", "h100")
+    ex = ex.with_factors(dataclasses.replace(ex.factors, gemm_wave_sms=sms))
+    k = ex.factors
+    theta = np.array([k.step_overhead_s, k.per_sequence_overhead_s, 1 / k.compute_efficiency,
+                      1 / k.attention_efficiency, 1 / k.memory_efficiency])
+    for seqs in ([(1, 100)] * 8, [(512, 0)], [(300, 2000), (1, 500), (1, 900)], [(4096, 4096)]):
+        row, const = design_row(operator_terms(ex, seqs), theta, k.serial_fraction)
+        assert float(row @ theta + const) == pytest.approx(ex.step_time_s(seqs), rel=1e-9), seqs

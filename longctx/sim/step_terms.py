@@ -44,7 +44,7 @@ def operator_terms(ex, sequences: Iterable[tuple[int, int]]) -> OperatorTerms:
     if s.vocab_size and n:
         parts.append((n, s.d_model, s.vocab_size, 1))
     ideal = [(reps, *gemm_ideal_s(rows, kk, mm, k.gemm_tile_tokens, peak, bw, ex.weight_elem_bytes,
-                                  ex.act_elem_bytes)) for rows, kk, mm, reps in parts]
+                                  ex.act_elem_bytes, k.gemm_wave_sms)) for rows, kk, mm, reps in parts]
     ebw = bw * k.elementwise_efficiency
     small = (s.num_layers * (s.small_ops_per_layer * k.elementwise_overhead_s
                              + tokens * s.small_op_bytes_per_token(ex.act_elem_bytes) / ebw)
