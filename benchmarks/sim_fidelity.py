@@ -10,7 +10,7 @@
 
     .venv/bin/python benchmarks/sim_fidelity.py [--record]
 
-Target: both errors within 15 %. Runs on one thread (set OMP_NUM_THREADS to change); other processes on
+Target: both errors within 5 % (issue 26). Runs on one thread (set OMP_NUM_THREADS to change); other processes on
 the CPU disturb the measurement: run it alone.
 
 What the fitted ``per_sequence_overhead_s`` is (recorded: 48 ms; 25 ms in a rerun on 2026-12-01 with the
@@ -44,7 +44,15 @@ import numpy as np  # noqa: E402  (after the thread variables)
 
 from longctx.engine import ChunkedPrefillScheduler, Engine, VirtualClock, WallClock, summarize  # noqa: E402
 from longctx.provenance import git_commit, load_gate, machine  # noqa: E402
-from longctx.sim import CostModelExecutor, LogNormal, RecordingExecutor, Uniform, calibrate, make_workload  # noqa: E402
+from longctx.sim import (  # noqa: E402
+    CostFactors,
+    CostModelExecutor,
+    LogNormal,
+    RecordingExecutor,
+    Uniform,
+    calibrate,
+    make_workload,
+)
 from longctx.sim.hardware import measure_cpu_hardware  # noqa: E402
 
 RECORD = pathlib.Path(__file__).resolve().parents[1] / "longctx" / "data" / "recorded" / "sim_fidelity.json"
@@ -94,7 +102,9 @@ def main() -> None:
     hw = measure_cpu_hardware()
     print(f"CPU ({torch.get_num_threads()} torch threads): {hw.peak_flops_per_s / 1e9:.1f} GFLOP/s fp32 GEMM, "
           f"{hw.memory_bandwidth_bytes_per_s / 1e9:.1f} GB/s copy", flush=True)
-    ex = CostModelExecutor("smollm2-135m", hw, weight_dtype="fp32", kv_dtype="fp32")
+    # A CPU runs no GEMM tiles in waves over SMs: the operator form without the H100's tile quantization;
+    # calibrate() fits the five step factors on A.
+    ex = CostModelExecutor("smollm2-135m", hw, CostFactors(gemm_tile_tokens=1), weight_dtype="fp32", kv_dtype="fp32")
 
     # warm-up (first torch calls are slow)
     run_real(model, make_workload(2, float("inf"), 64, 4, seed=99), ChunkedPrefillScheduler(256), vocab)
@@ -127,7 +137,7 @@ def main() -> None:
     out = []
     for name, pred, meas in rows:
         err = (pred - meas) / meas
-        target = "ok (<15 %)" if abs(err) <= 0.15 else "MISSED"
+        target = "ok (<= 5 %)" if abs(err) <= 0.05 else "MISSED"
         if name in ("median TTFT", "P99 ITL"):
             print(f"{name:<14}{1e3 * pred:>14.1f}{1e3 * meas:>13.1f}{100 * err:>8.1f}%  {target}")
         else:
