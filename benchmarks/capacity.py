@@ -7,8 +7,10 @@ and Mistral-7B on one H100, under P99 ITL SLOs of 40 ms (strict enough that ITL,
 for large budgets), 100 ms and 500 ms (relaxed). Each row also says which limit binds just above the
 capacity (``binding``: ``"itl"``, ``"delay"``, or ``"none"`` when the scan's top rate still passes). Workload: lognormal prompts
 (median 2,048, sigma 0.8, 64-7,168 tokens) and outputs (median 256, sigma 0.8, 8-1,024): an assumed
-long-prompt mix, not a recorded dataset. Cost-model factors: the uncalibrated defaults of
-``longctx.sim.cost_model``.
+long-prompt mix, not a recorded dataset. Cost model: ``CostModelExecutor``'s default operator form with
+``CostFactors()``: the GEMM and small-op factors fitted on Vidur's published H100 operator profiles
+(``longctx.sim.factors.FITTED_H100``), attention efficiency and the step and per-sequence overheads assumed;
+the record keeps the factors (``factors``) and where each comes from (``factor_sources``).
 
     .venv/bin/python benchmarks/capacity.py [--num-requests 400] [--plot capacity.png] [--record]
 
@@ -76,7 +78,9 @@ def main() -> None:
             "num_requests": args.num_requests,
             "workload": {"prompt_tokens": vars(CAPACITY_PROMPT), "output_tokens": vars(CAPACITY_OUTPUT),
                          "arrival": "poisson", "seed": 0},
+            "cost_form": "operator",
             "factors": vars(CostFactors()),
+            "factor_sources": CostFactors().sources(),
             "rows": rows,
         }, indent=1) + "\n")
         print(f"recorded {RECORD}")
