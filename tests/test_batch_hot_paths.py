@@ -99,3 +99,21 @@ def test_add_decodes_stops_at_the_budget_and_skips_preempted_sequences():
     batch.add(seqs[3], 1)  # needs a block, none is free: preempts the newest other (it is itself the newest)
     assert [s.seq_id for s in batch.preempted] == [3]
     assert batch.add_decodes(seqs) == [] and [e.seq.seq_id for e in batch] == [0, 1, 2]
+
+
+def test_the_engine_reuses_a_decodes_entry_and_forgets_it_when_the_sequence_ends():
+    from longctx.engine import ChunkedPrefillScheduler, Engine, ToyExecutor, VirtualClock
+
+    engine = Engine(ToyExecutor(), ChunkedPrefillScheduler(64), num_blocks=64, block_size=4, clock=VirtualClock())
+    seqs = [engine.add_request([1] * 10, max_tokens=6) for _ in range(4)]
+    engine.step()  # prefills all four
+    engine.step()  # their first decodes
+    first = engine.new_batch()  # two batches of the same state (the next step, twice)
+    engine.scheduler.schedule(first.running, list(engine.waiting), first)
+    second = engine.new_batch()
+    engine.scheduler.schedule(second.running, list(engine.waiting), second)
+    assert [e.seq for e in first.entries] == [e.seq for e in second.entries] == engine.running
+    assert all(a is b for a, b in zip(first.entries, second.entries, strict=True))  # one tuple per decode
+    assert engine.abort(seqs[0].seq_id)
+    engine.run_until_done()
+    assert engine._decode_chunks == {}  # finished and aborted sequences leave nothing behind

@@ -20,6 +20,10 @@ bookkeeping a step needs, so a policy reads like the paper's pseudo-code:
   in the batch, newest first (preemption by recompute, vLLM's policy); if none is left it is preempted
   itself. ``add`` returns False when the sequence cannot run this step.
 
+``add_decodes(seqs)`` is ``add(seq, 1)`` for each decode of ``seqs`` in one call (a stall-free policy's first
+loop; the simulator spends most of its time there). ``ScheduledChunk`` lives in ``longctx.engine.sequence``
+(import it from either module).
+
 Sequences and queues do not change while the policy runs (only the block manager does); ``commit`` then
 applies the step's decisions at once: preempted sequences lose their cache and go to the front of the
 waiting queue, admitted ones move to the running queue (a prefix-cache hit's tokens count as computed from
@@ -28,30 +32,11 @@ then on). The engine loop is schedule -> commit -> execute -> update.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
-from longctx.engine.sequence import Sequence, SequenceStatus
+from longctx.engine.sequence import ScheduledChunk, Sequence, SequenceStatus
 from longctx.kv.block_manager import BlockManager
 
 RUNNING, WAITING = SequenceStatus.RUNNING, SequenceStatus.WAITING
 _chunk = tuple.__new__  # _chunk(ScheduledChunk, (seq, n)) is ScheduledChunk(seq, n) without its __new__ call
-
-
-class ScheduledChunk(NamedTuple):
-    """One entry of a batch: advance ``seq`` by ``num_tokens`` tokens (1 for a decode, n for a prefill)."""
-
-    seq: Sequence
-    num_tokens: int
-
-    @property
-    def is_decode(self) -> bool:
-        return self.seq.is_decode
-
-    @property
-    def completes_prefill(self) -> bool:
-        """True when this entry reaches the end of its sequence, so the step samples a token for it
-        (read after ``commit``, before the step's update)."""
-        return self.num_tokens == self.seq.num_uncomputed_tokens
 
 
 class ScheduledBatch:
@@ -90,6 +75,7 @@ class ScheduledBatch:
         self._victim = len(running)  # preemption scans running from the newest end, once per step
         self._tables, self._block_size = block_manager._tables, block_manager.block_size  # (read by hot paths)
         self._caching = block_manager.enable_prefix_caching
+        self._decode_chunks: dict[int, ScheduledChunk] = {}  # seq id -> its (seq, 1) (the engine's lasts)
 
     # ---- what a policy reads ----
     def __len__(self) -> int:
@@ -132,7 +118,10 @@ class ScheduledBatch:
                     and computed - seq.num_evicted_tokens < len(table) * self._block_size):
                 if self._caching:  # the block this token fills is shareable now (same step too)
                     self.block_manager.cache_full_blocks(sid, seq.token_ids, computed + 1)
-                self.entries.append(_chunk(ScheduledChunk, (seq, 1)))
+                chunk = self._decode_chunks.get(sid)
+                if chunk is None or chunk[0] is not seq:
+                    chunk = self._decode_chunks[sid] = _chunk(ScheduledChunk, (seq, 1))
+                self.entries.append(chunk)
                 self._ids.add(sid)
                 self.num_tokens += 1
                 if left == 1 and outputs:  # a decode (Sequence.is_decode, inlined)
@@ -170,23 +159,26 @@ class ScheduledBatch:
                     self.add(seq, 1)
             return others
         entries, ids, gone, tables, bs = self.entries, self._ids, self._preempted_ids, self._tables, self._block_size
+        limit, chunks = (1 << 62) if budget is None else budget, self._decode_chunks
+        fast = not self._caching  # with prefix caching every add registers blocks: the general path
         for seq in seqs:
             n_out, computed = len(seq.output_token_ids), seq.num_computed_tokens
             if not n_out or len(seq.prompt_token_ids) + n_out - computed != 1:
                 others.append(seq)  # not a decode
-                continue
-            if budget is not None and self.num_tokens >= budget:
-                continue
-            sid = seq.seq_id
-            table = tables.get(sid)
-            if (table is None or self._caching or seq.status is not RUNNING or sid in ids or sid in gone
-                    or computed - seq.num_evicted_tokens >= len(table) * bs):
-                self.add(seq, 1)  # needs a block (or the prefix cache, or add's checks): the general path
-                continue
-            entries.append(_chunk(ScheduledChunk, (seq, 1)))
-            ids.add(sid)
-            self.num_tokens += 1
-            self.num_decode_tokens += 1
+            elif self.num_tokens < limit:
+                sid = seq.seq_id
+                table = tables.get(sid)
+                if (fast and table is not None and computed - seq.num_evicted_tokens < len(table) * bs
+                        and seq.status is RUNNING and sid not in ids and sid not in gone):
+                    chunk = chunks.get(sid)
+                    if chunk is None or chunk[0] is not seq:
+                        chunk = chunks[sid] = _chunk(ScheduledChunk, (seq, 1))
+                    entries.append(chunk)
+                    ids.add(sid)
+                    self.num_tokens += 1
+                    self.num_decode_tokens += 1
+                else:  # it needs a block (or the prefix cache, or add's checks): the general path
+                    self.add(seq, 1)
         return others
 
     def _checked(self, seq: Sequence, num_tokens) -> int:

@@ -88,6 +88,7 @@ class Engine:
         self.history: list[StepRecord] = []
         self.counters = EngineCounters()
         self._next_id = 0
+        self._decode_chunks: dict = {}  # seq id -> ScheduledChunk(seq, 1), reused by each step's batch
 
     @staticmethod
     def _pool(own: BlockManager | None, given: BlockManager | None, num_blocks: int | None,
@@ -160,6 +161,7 @@ class Engine:
                     queue.remove(seq)
                     self.block_manager.free(seq_id)
                     self.executor.forget(seq_id)
+                    self._decode_chunks.pop(seq_id, None)
                     seq.status = SequenceStatus.FINISHED
                     seq.finish_reason = "abort"
                     seq.finished_s = self.clock.now()
@@ -189,12 +191,10 @@ class Engine:
     def new_batch(self) -> ScheduledBatch:
         """An empty batch over this engine's pool and running queue, with the scheduler's limits."""
         s = self.scheduler
-        return ScheduledBatch(
-            self.block_manager,
-            list(self.running),
-            token_budget=getattr(s, "token_budget", None),
-            max_num_seqs=getattr(s, "max_num_seqs", DEFAULT_MAX_NUM_SEQS),
-        )
+        batch = ScheduledBatch(self.block_manager, list(self.running), token_budget=getattr(s, "token_budget", None),
+                               max_num_seqs=getattr(s, "max_num_seqs", DEFAULT_MAX_NUM_SEQS))
+        batch._decode_chunks = self._decode_chunks  # a decode's entry is the same tuple every step
+        return batch
 
     def step(self) -> StepRecord | None:
         """Run one iteration. Returns its record, or None when there was nothing to do."""
@@ -289,6 +289,7 @@ class Engine:
         for seq, reason in done:
             self.block_manager.free(seq.seq_id)
             self.executor.forget(seq.seq_id)
+            self._decode_chunks.pop(seq.seq_id, None)
             seq.status = SequenceStatus.FINISHED
             seq.finish_reason = reason
             seq.finished_s = now_s
