@@ -222,3 +222,25 @@ def test_capstone_scale_runs_in_seconds():
                  prefix_caching=True, shared_prefix_tokens=2048)
     assert r.metrics.completed == 64 and r.prefix_hit_tokens == 63 * 2048
     assert r.wall_s < 15
+
+
+def test_simulate_pauses_the_cycle_collector_and_restores_it():
+    import gc
+
+    from longctx.engine import ChunkedPrefillScheduler
+    from longctx.sim import make_workload, simulate
+    from longctx.sim.run import collector_paused
+
+    wl = make_workload(5, 20.0, 64, 4, seed=1)
+    was_on = gc.isenabled()
+    try:
+        for state in (True, False):
+            gc.enable() if state else gc.disable()
+            simulate(wl, ChunkedPrefillScheduler(64))
+            assert gc.isenabled() is state
+        gc.enable()
+        with collector_paused():
+            assert not gc.isenabled()
+        assert gc.isenabled()
+    finally:
+        gc.enable() if was_on else gc.disable()

@@ -20,6 +20,10 @@ bookkeeping a step needs, so a policy reads like the paper's pseudo-code:
   in the batch, newest first (preemption by recompute, vLLM's policy); if none is left it is preempted
   itself. ``add`` returns False when the sequence cannot run this step.
 
+``add_decodes(seqs)`` is ``add(seq, 1)`` for each decode of ``seqs`` in one call (a stall-free policy's first
+loop; the simulator spends most of its time there). ``ScheduledChunk`` lives in ``longctx.engine.sequence``
+(import it from either module).
+
 Sequences and queues do not change while the policy runs (only the block manager does); ``commit`` then
 applies the step's decisions at once: preempted sequences lose their cache and go to the front of the
 waiting queue, admitted ones move to the running queue (a prefix-cache hit's tokens count as computed from
@@ -28,29 +32,11 @@ then on). The engine loop is schedule -> commit -> execute -> update.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
-from longctx.engine.sequence import Sequence, SequenceStatus
+from longctx.engine.sequence import ScheduledChunk, Sequence, SequenceStatus
 from longctx.kv.block_manager import BlockManager
 
 RUNNING, WAITING = SequenceStatus.RUNNING, SequenceStatus.WAITING
-
-
-class ScheduledChunk(NamedTuple):
-    """One entry of a batch: advance ``seq`` by ``num_tokens`` tokens (1 for a decode, n for a prefill)."""
-
-    seq: Sequence
-    num_tokens: int
-
-    @property
-    def is_decode(self) -> bool:
-        return self.seq.is_decode
-
-    @property
-    def completes_prefill(self) -> bool:
-        """True when this entry reaches the end of its sequence, so the step samples a token for it
-        (read after ``commit``, before the step's update)."""
-        return self.num_tokens == self.seq.num_uncomputed_tokens
+_chunk = tuple.__new__  # _chunk(ScheduledChunk, (seq, n)) is ScheduledChunk(seq, n) without its __new__ call
 
 
 class ScheduledBatch:
@@ -84,8 +70,12 @@ class ScheduledBatch:
         self._ids: set[int] = set()  # seq ids in entries
         self._preempted_ids: set[int] = set()
         self._prefix_hits: dict[int, int] = {}  # seq id -> cached prompt tokens its admission took (commit)
+        self._admitted: list[Sequence] = []  # waiting sequences this step admits, in entry order (commit)
         self._num_holding = len(running)  # sequences holding blocks (running - preempted + admitted)
         self._victim = len(running)  # preemption scans running from the newest end, once per step
+        self._tables, self._block_size = block_manager._tables, block_manager.block_size  # (read by hot paths)
+        self._caching = block_manager.enable_prefix_caching
+        self._decode_chunks: dict[int, ScheduledChunk] = {}  # seq id -> its (seq, 1) (the engine's lasts)
 
     # ---- what a policy reads ----
     def __len__(self) -> int:
@@ -116,8 +106,27 @@ class ScheduledBatch:
         Raises ``ValueError`` for an illegal entry: ``num_tokens`` not in ``[1, seq.num_uncomputed_tokens]``,
         a sequence already in the batch or finished, or a total over ``token_budget``.
         """
-        if seq.seq_id in self._preempted_ids:
+        sid = seq.seq_id
+        if sid in self._preempted_ids:
             return False
+        if num_tokens.__class__ is int and num_tokens == 1 and seq.status is RUNNING and sid not in self._ids:
+            # the hot path (a running decode): one token within the budget and the last block, no pool call
+            computed, outputs, budget = seq.num_computed_tokens, seq.output_token_ids, self.token_budget
+            left = len(seq.prompt_token_ids) + len(outputs) - computed  # seq.num_uncomputed_tokens
+            table = self._tables.get(sid)
+            if (left and (budget is None or self.num_tokens < budget) and table is not None
+                    and computed - seq.num_evicted_tokens < len(table) * self._block_size):
+                if self._caching:  # the block this token fills is shareable now (same step too)
+                    self.block_manager.cache_full_blocks(sid, seq.token_ids, computed + 1)
+                chunk = self._decode_chunks.get(sid)
+                if chunk is None or chunk[0] is not seq:
+                    chunk = self._decode_chunks[sid] = _chunk(ScheduledChunk, (seq, 1))
+                self.entries.append(chunk)
+                self._ids.add(sid)
+                self.num_tokens += 1
+                if left == 1 and outputs:  # a decode (Sequence.is_decode, inlined)
+                    self.num_decode_tokens += 1
+                return True
         num_tokens = self._checked(seq, num_tokens)
         computed = seq.num_computed_tokens  # tokens before this entry's (with a prefix-cache hit, its tokens)
         if seq.status is WAITING:
@@ -125,16 +134,52 @@ class ScheduledBatch:
             if admitted is None:
                 return False
             computed, num_tokens = admitted
+            self._admitted.append(seq)
         elif not self._make_room(seq, computed - seq.num_evicted_tokens + num_tokens):
             return False
-        if self.block_manager.enable_prefix_caching:  # the blocks it fills are shareable now (same step too)
-            self.block_manager.cache_full_blocks(seq.seq_id, seq.token_ids, computed + num_tokens)
+        if self._caching:  # the blocks it fills are shareable now (same step too)
+            self.block_manager.cache_full_blocks(sid, seq.token_ids, computed + num_tokens)
         self.entries.append(ScheduledChunk(seq, num_tokens))
-        self._ids.add(seq.seq_id)
+        self._ids.add(sid)
         self.num_tokens += num_tokens
         if seq.output_token_ids and seq.num_tokens - computed == 1:  # a decode (Sequence.is_decode, inlined)
             self.num_decode_tokens += 1
         return True
+
+    def add_decodes(self, seqs) -> list[Sequence]:
+        """``add(seq, 1)`` for each decode of ``seqs`` (``Sequence.is_decode``) in order, while the token budget
+        lasts (no budget: all); returns the others (prefills), in order. A stall-free policy's first loop,
+        the simulator's hottest: a decode whose last block has room is appended without a call."""
+        others, budget = [], self.token_budget
+        if type(self).add is not ScheduledBatch.add:  # a subclass watches each add (the lessons' checks)
+            for seq in seqs:
+                if not seq.is_decode:
+                    others.append(seq)
+                elif budget is None or self.num_tokens < budget:
+                    self.add(seq, 1)
+            return others
+        entries, ids, gone, tables, bs = self.entries, self._ids, self._preempted_ids, self._tables, self._block_size
+        limit, chunks = (1 << 62) if budget is None else budget, self._decode_chunks
+        fast = not self._caching  # with prefix caching every add registers blocks: the general path
+        for seq in seqs:
+            n_out, computed = len(seq.output_token_ids), seq.num_computed_tokens
+            if not n_out or len(seq.prompt_token_ids) + n_out - computed != 1:
+                others.append(seq)  # not a decode
+            elif self.num_tokens < limit:
+                sid = seq.seq_id
+                table = tables.get(sid)
+                if (fast and table is not None and computed - seq.num_evicted_tokens < len(table) * bs
+                        and seq.status is RUNNING and sid not in ids and sid not in gone):
+                    chunk = chunks.get(sid)
+                    if chunk is None or chunk[0] is not seq:
+                        chunk = chunks[sid] = _chunk(ScheduledChunk, (seq, 1))
+                    entries.append(chunk)
+                    ids.add(sid)
+                    self.num_tokens += 1
+                    self.num_decode_tokens += 1
+                else:  # it needs a block (or the prefix cache, or add's checks): the general path
+                    self.add(seq, 1)
+        return others
 
     def _checked(self, seq: Sequence, num_tokens) -> int:
         """``num_tokens`` as an int, or ``ValueError`` when the entry is illegal (see ``add``)."""
@@ -233,15 +278,14 @@ class ScheduledBatch:
                 s.num_computed_tokens = s.num_evicted_tokens = 0
                 s.num_preemptions += 1
             waiting[:0] = sorted(self.preempted, key=lambda s: (s.arrival_s, s.seq_id))
-        for seq, _ in self.entries:
-            if seq.status is WAITING:
-                waiting.remove(seq)
-                running.append(seq)
-                seq.status = RUNNING
-                if seq.seq_id in self._prefix_hits:
-                    seq.num_computed_tokens = seq.num_prefix_cached_tokens = self._prefix_hits[seq.seq_id]
-                if seq.first_scheduled_s is None:
-                    seq.first_scheduled_s = now_s
+        for seq in self._admitted:  # not every entry: a step's admissions are few, its decodes many
+            waiting.remove(seq)
+            running.append(seq)
+            seq.status = RUNNING
+            if seq.seq_id in self._prefix_hits:
+                seq.num_computed_tokens = seq.num_prefix_cached_tokens = self._prefix_hits[seq.seq_id]
+            if seq.first_scheduled_s is None:
+                seq.first_scheduled_s = now_s
 
     def __repr__(self) -> str:
         body = ", ".join(f"{e.seq.seq_id}:{e.num_tokens}" for e in self.entries)

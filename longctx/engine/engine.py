@@ -14,6 +14,7 @@ Nothing here imports torch.
 from __future__ import annotations
 
 import bisect
+from operator import attrgetter, itemgetter
 
 from longctx.engine.admission import check_fits_pool, check_max_tokens, check_prompt_ids
 from longctx.engine.batch import ScheduledBatch
@@ -28,6 +29,7 @@ from longctx.kv.block_manager import BlockManager
 DEFAULT_MAX_MODEL_LEN = 8192  # SmolLM2's context length (its GGUF's llama.context_length)
 
 __all__ = ["DEFAULT_MAX_MODEL_LEN", "Engine", "EngineCounters", "StepRecord"]
+_SEQ_ID, _NUM_TOKENS = attrgetter("seq.seq_id"), itemgetter(1)  # of a ScheduledChunk (StepRecord, per step)
 
 
 class Engine:
@@ -86,6 +88,7 @@ class Engine:
         self.history: list[StepRecord] = []
         self.counters = EngineCounters()
         self._next_id = 0
+        self._decode_chunks: dict = {}  # seq id -> ScheduledChunk(seq, 1), reused by each step's batch
 
     @staticmethod
     def _pool(own: BlockManager | None, given: BlockManager | None, num_blocks: int | None,
@@ -158,6 +161,7 @@ class Engine:
                     queue.remove(seq)
                     self.block_manager.free(seq_id)
                     self.executor.forget(seq_id)
+                    self._decode_chunks.pop(seq_id, None)
                     seq.status = SequenceStatus.FINISHED
                     seq.finish_reason = "abort"
                     seq.finished_s = self.clock.now()
@@ -187,12 +191,10 @@ class Engine:
     def new_batch(self) -> ScheduledBatch:
         """An empty batch over this engine's pool and running queue, with the scheduler's limits."""
         s = self.scheduler
-        return ScheduledBatch(
-            self.block_manager,
-            list(self.running),
-            token_budget=getattr(s, "token_budget", None),
-            max_num_seqs=getattr(s, "max_num_seqs", DEFAULT_MAX_NUM_SEQS),
-        )
+        batch = ScheduledBatch(self.block_manager, list(self.running), token_budget=getattr(s, "token_budget", None),
+                               max_num_seqs=getattr(s, "max_num_seqs", DEFAULT_MAX_NUM_SEQS))
+        batch._decode_chunks = self._decode_chunks  # a decode's entry is the same tuple every step
+        return batch
 
     def step(self) -> StepRecord | None:
         """Run one iteration. Returns its record, or None when there was nothing to do."""
@@ -227,8 +229,8 @@ class Engine:
             duration_s=float(result.duration_s),
             num_prefill_tokens=batch.num_prefill_tokens,
             num_decode_tokens=batch.num_decode_tokens,
-            seq_ids=tuple([e[0].seq_id for e in entries]),
-            chunk_tokens=tuple([e[1] for e in entries]),
+            seq_ids=tuple(map(_SEQ_ID, entries)),
+            chunk_tokens=tuple(map(_NUM_TOKENS, entries)),
             num_preempted=len(batch.preempted),
             num_free_blocks=self.block_manager.num_free_blocks,
             num_used_blocks=held,
@@ -254,32 +256,43 @@ class Engine:
             raise RuntimeError(f"the executor returned {len(next_token_ids)} tokens for {len(entries)} entries")
         done = []
         bm, c = self.block_manager, self.counters
-        for i, (seq, n) in enumerate(entries):
-            seq.num_computed_tokens += n  # (its full blocks entered the prefix cache in batch.add)
+        real = next_token_ids is not None  # else no tokens (the simulator): every output is 0
+        num_prompt = num_generated = 0
+        i = -1
+        for seq, n in entries:
+            i += 1
+            computed = seq.num_computed_tokens = seq.num_computed_tokens + n  # (blocks cached in batch.add)
             if evicted and seq.seq_id in evicted:  # KV pruning: the pool gets the blocks past the kept tokens
                 seq.num_evicted_tokens += evicted[seq.seq_id]
                 c.num_press_evicted_tokens += evicted[seq.seq_id]
                 c.num_press_freed_blocks += bm.shrink(seq.seq_id, seq.num_cached_tokens)
-            outputs = seq.output_token_ids
-            if len(seq.prompt_token_ids) + len(outputs) > seq.num_computed_tokens:
+            outputs, prompt = seq.output_token_ids, len(seq.prompt_token_ids)
+            if prompt + len(outputs) > computed:
                 continue  # a prefill chunk that is not the last: no token yet
-            token = 0 if next_token_ids is None else int(next_token_ids[i])
+            token = int(next_token_ids[i]) if real else 0
             if not outputs:
-                c.num_prompt_tokens += len(seq.prompt_token_ids)
+                num_prompt += prompt
             outputs.append(token)
             seq.token_times_s.append(now_s)
-            c.num_generation_tokens += 1
+            num_generated += 1
             if len(outputs) >= seq.max_tokens:
                 done.append((seq, "length"))
-            elif next_token_ids is not None and token == seq.eos_token_id:
+            elif real and token == seq.eos_token_id:
                 done.append((seq, "stop"))
+        c.num_prompt_tokens += num_prompt
+        c.num_generation_tokens += num_generated
         if done:
-            for seq, reason in done:
-                bm.free(seq.seq_id)
-                self.executor.forget(seq.seq_id)
-                seq.status = SequenceStatus.FINISHED
-                seq.finish_reason = reason
-                seq.finished_s = now_s
-                self.finished.append(seq)
-            ids = {seq.seq_id for seq, _ in done}
-            self.running[:] = [s for s in self.running if s.seq_id not in ids]
+            self._finish(done, now_s)
+
+    def _finish(self, done: list[tuple[Sequence, str]], now_s: float) -> None:
+        """Free the blocks of the sequences that finished this step; move them to ``finished``."""
+        for seq, reason in done:
+            self.block_manager.free(seq.seq_id)
+            self.executor.forget(seq.seq_id)
+            self._decode_chunks.pop(seq.seq_id, None)
+            seq.status = SequenceStatus.FINISHED
+            seq.finish_reason = reason
+            seq.finished_s = now_s
+            self.finished.append(seq)
+        ids = {seq.seq_id for seq, _ in done}
+        self.running[:] = [s for s in self.running if s.seq_id not in ids]

@@ -128,12 +128,7 @@ class ChunkedPrefillScheduler(Scheduler):
         self.max_num_seqs = max_num_seqs
 
     def schedule(self, running, waiting, batch):
-        in_progress = []
-        for seq in running:  # 1. running decodes first: they never stall
-            if not seq.is_decode:
-                in_progress.append(seq)
-            elif batch.budget_left:
-                batch.add(seq, 1)
+        in_progress = batch.add_decodes(running)  # 1. running decodes first: they never stall
         for seq in in_progress:  # 2. prefills already in progress
             if batch.budget_left:
                 batch.add(seq, min(seq.num_uncomputed_tokens, batch.budget_left))

@@ -16,13 +16,15 @@ K/V entries thrown away, and ``num_cached_tokens`` (their difference) the entrie
 
 ``sampling`` (``SamplingParams``, or None for greedy) is how the executor picks the sequence's tokens.
 
-Times are seconds on the engine's clock.
+Times are seconds on the engine's clock. ``ScheduledChunk`` (one entry of a step's batch: a sequence and the
+tokens it advances; ``longctx.engine.batch`` imports it from here) is defined at the end.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from longctx.engine.sampling import SamplingParams
 from longctx.metrics import request_metrics
@@ -34,7 +36,7 @@ class SequenceStatus(enum.Enum):
     FINISHED = "finished"  # done; its blocks were freed
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)  # slots: the simulator reads these fields millions of times
 class Sequence:
     """One request. Created by ``Engine.add_request``; read it, don't mutate it from a scheduler."""
 
@@ -126,3 +128,20 @@ class Sequence:
             f"out={self.num_output_tokens}/{self.max_tokens}, computed={self.num_computed_tokens}"
             + (f", evicted={self.num_evicted_tokens})" if self.num_evicted_tokens else ")")
         )
+
+
+class ScheduledChunk(NamedTuple):
+    """One entry of a batch: advance ``seq`` by ``num_tokens`` tokens (1 for a decode, n for a prefill)."""
+
+    seq: Sequence
+    num_tokens: int
+
+    @property
+    def is_decode(self) -> bool:
+        return self.seq.is_decode
+
+    @property
+    def completes_prefill(self) -> bool:
+        """True when this entry reaches the end of its sequence, so the step samples a token for it
+        (read after ``commit``, before the step's update)."""
+        return self.num_tokens == self.seq.num_uncomputed_tokens

@@ -199,20 +199,22 @@ class BlockManager:
             del self._block_of[self._hash_of.pop(b)]
             self.num_evictions += 1
             taken.append(b)
+        ref = self._ref
         for b in taken:
-            self._ref[b] = 1
+            ref[b] = 1
         return taken
 
     def _release(self, blocks) -> None:
         """Drop one reference to each of ``blocks`` (tail first): blank ones return to the free stack,
         cached ones to the end of the LRU list."""
+        ref, hashed, free = self._ref, self._hash_of, self._free  # (locals: a sequence frees all its blocks)
         for b in reversed(blocks):
-            self._ref[b] -= 1
-            if self._ref[b] == 0:
-                if b in self._hash_of:
+            ref[b] -= 1
+            if ref[b] == 0:
+                if b in hashed:
                     self._evictable[b] = None
                 else:
-                    self._free.append(b)
+                    free.append(b)
 
     def allocate(self, seq_id: int, num_tokens: int) -> list[int]:
         """Grow the table of ``seq_id`` to hold ``num_tokens`` tokens in total; returns the new block ids.

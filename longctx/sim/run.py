@@ -19,6 +19,8 @@ the prefix's full blocks and nothing past it (``sim_prompt_ids``).
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import sys
 import time
 from dataclasses import dataclass, field
@@ -168,6 +170,21 @@ def build_sim_engine(
     return Engine(executor, scheduler, block_manager=bm, clock=VirtualClock(), max_model_len=max_model_len)
 
 
+@contextlib.contextmanager
+def collector_paused():
+    """Python's cyclic garbage collector off inside the block (back on after, if it was on). A simulation
+    makes no reference cycles (reference counting frees everything), and each collection would walk every
+    live sequence and its token lists: about 5 % of a 10,000-request run. The engine is gone by the time
+    the collector is back, so its first collection walks only what the caller keeps."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
 def _run_until_done(engine: Engine, num_requests: int, progress: bool) -> None:
     """Step ``engine`` until every request finished; ``progress``: a tqdm bar on stderr (finished requests,
     updated every 100)."""
@@ -187,6 +204,7 @@ def _run_until_done(engine: Engine, num_requests: int, progress: bool) -> None:
         bar.close()
 
 
+@collector_paused()  # (a context manager is also a decorator: each call of simulate runs inside one)
 def simulate(
     workload: list[Request],
     scheduler: Scheduler,
