@@ -35,6 +35,16 @@ sequence, ``Sequence`` with slots, ``commit`` over admitted sequences only, the 
 -> 4.6 / 5.1 / 6.2; loaded chunked-2048 14.7 / 15.8 / 17.7 -> 7.9 / 11.1 / 8.4 (the spread is the other
 process). Of what is left in the loaded case, about half is the scheduler's decode loop, a fifth the
 engine's update, a tenth each the cost model's pass over the batch and the per-request metrics.
+
+Then the cost model's pass became one loop over the batch (no list of pairs) and the per-request metrics
+one ``map``: this script, same day, quiet (load ~0.9, this run's own thread) and beside a busy-loop process
+on the other core (load ~1.2 to 2):
+
+    workload                steps max batch  sim time s   wall s    cpu s  req/wall s  target
+    light chunked-512      37,701        60       497.6     4.31     4.31       2,322  ok (<10 s)
+    light monolithic       32,259       124       497.7     4.63     4.63       2,158  ok (<10 s)
+    loaded chunked-2048    13,549       197       782.5     8.96     8.96       1,116  ok (<10 s)
+    (beside the busy loop: 6.48, 5.72 and 9.96 CPU s: the loaded case is at the target, not under it with room)
 """
 
 from __future__ import annotations

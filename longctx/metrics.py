@@ -25,6 +25,7 @@ default linear interpolation, like vLLM. Pure Python + numpy (no engine, no torc
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -64,14 +65,14 @@ class RequestMetrics:
         t = [float(x) for x in token_times_s]
         if not t:
             raise ValueError("a request needs at least one token time (a failed request has no latencies)")
-        if any(b < a for a, b in zip(t, t[1:], strict=False)) or t[0] < arrival_s:
+        itl_s = tuple(map(operator.sub, t[1:], t[:-1]))  # b - a for consecutive (a, b)
+        if (itl_s and min(itl_s) < 0) or t[0] < arrival_s:
             raise ValueError("token times must be non-decreasing and not before the arrival (send) time")
         end = t[-1] if end_s is None else max(float(end_s), t[-1])
         n = len(t) if num_output_tokens is None else int(num_output_tokens)
         if n < 1:
             raise ValueError(f"num_output_tokens must be >= 1 for a request with tokens, got {num_output_tokens}")
         ttft_s, e2e_s = t[0] - arrival_s, end - arrival_s
-        itl_s = tuple(b - a for a, b in zip(t, t[1:], strict=False))
         tpot_s = (e2e_s - ttft_s) / (n - 1) if n > 1 else None
         return cls(request_id, float(arrival_s), int(num_prompt_tokens), n, ttft_s, itl_s, tpot_s, e2e_s)
 

@@ -191,7 +191,9 @@ class CostModelExecutor(Executor):
         """Modelled seconds of one step over ``(new_tokens, cached_tokens)`` pairs."""
         if self.form == "batch":
             return self.breakdown(sequences).time_s
-        tokens, pairs, cached, n = self._totals(sequences)
+        return self._operator_step_s(*self._totals(sequences))
+
+    def _operator_step_s(self, tokens: int, pairs: int, cached: int, n: int) -> float:
         k, hw = self.factors, self.hardware
         attention = max(pairs * self._attention_flops_per_pair / (hw.peak_flops_per_s * k.attention_efficiency),
                         (cached + tokens) * self.kv_bytes_per_token / (hw.memory_bandwidth_bytes_per_s
@@ -205,6 +207,16 @@ class CostModelExecutor(Executor):
         # (new tokens, cached KV tokens): Sequence.num_cached_tokens, inlined (hot in the simulator). A
         # prefix-cache hit is already in num_computed_tokens (ScheduledBatch.add): its tokens are read as
         # cached context, never charged as new (prefilled) tokens.
+        if self.form == "operator" and not self.kv_compression_ratio:  # the simulator's hot path: one pass
+            tokens = pairs = cached = 0
+            attention = self.attention
+            for e in batch.entries:
+                c, seq = e.num_tokens, e.seq
+                s = seq.num_computed_tokens - seq.num_evicted_tokens
+                tokens += c
+                cached += s
+                pairs += s + 1 if c == 1 else flops.attention_pairs(c, s, attention)  # as _totals
+            return ExecutionResult(self._operator_step_s(tokens, pairs, cached, len(batch.entries)), None, None)
         seqs = [(e.num_tokens, e.seq.num_computed_tokens - e.seq.num_evicted_tokens) for e in batch.entries]
         evicted = None
         if self.kv_compression_ratio:
