@@ -161,8 +161,8 @@ def hf_greedy(model, ids: list[int], steps: int) -> list[int]:
     x = torch.tensor([ids])
     with torch.inference_mode():
         for _ in range(steps):
-            res = model(input_ids=x, past_key_values=past, use_cache=True)
-            past = res.past_key_values
+            res = model(input_ids=x, cache=past, use_cache=True)  # transformers 5.24: "cache", not past_key_values
+            past = res.cache
             nxt = int(res.logits[0, -1].argmax())
             out.append(nxt)
             x = torch.tensor([[nxt]])
