@@ -42,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-from longctx.provenance import git_commit, git_dirty, load_gate, machine  # noqa: F401 (load_gate: re-exported)
+from longctx.provenance import git_commit, git_dirty, load_gate, machine, wait_for_quiet  # noqa: F401 (re-exported)
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDED = ROOT / "longctx" / "data" / "recorded"
@@ -76,16 +76,6 @@ def provenance(threads: int, usable: bool = True, gate_load: float | None = None
         "load_average_1min_start": os.getloadavg()[0] if gate_load is None else gate_load,
         "load_average_1min_after_setup": os.getloadavg()[0], "usable": bool(usable),
     }  # fmt: skip
-
-
-def wait_for_quiet(threads: int, force: bool, poll_s: float = 30.0) -> float:
-    """Pause while other work's load (the load minus this run's own threads) exceeds ``threads``."""
-    while True:
-        load = os.getloadavg()[0]
-        if force or load - threads <= threads:
-            return load
-        print(f"{now()} paused: load {load:.2f} (others ~{load - threads:.2f} > {threads})", file=sys.stderr, flush=True)
-        time.sleep(poll_s)
 
 
 def trial_seed(length: int, depth: float, i: int) -> int:

@@ -39,10 +39,9 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import numpy as np  # noqa: E402  (after the thread variables)
-from niah_grid import wait_for_quiet  # noqa: E402  (this folder: between repeats, wait while others load the CPU)
 
 from longctx.engine import ChunkedPrefillScheduler, Engine, VirtualClock, WallClock, summarize  # noqa: E402
-from longctx.provenance import git_commit, load_gate, machine  # noqa: E402
+from longctx.provenance import git_commit, load_gate, machine, wait_for_quiet  # noqa: E402
 from longctx.sim import (  # noqa: E402
     CostFactors,
     CostModelExecutor,

@@ -3,7 +3,7 @@ the tree had uncommitted changes), the processor or GPU, the software, and the o
 
 ``benchmarks/*.py`` and ``longctx.gpu`` build their records' ``provenance`` from these, and every script that
 records a measurement calls ``load_gate`` first: it refuses to record on a machine whose one-minute load
-average is above the cores the run uses.
+average is above the cores the run uses; ``wait_for_quiet`` pauses between its measurements while others load it.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import platform
 import re
 import subprocess
 import sys
+import time
 
 _HERE = pathlib.Path(__file__).resolve().parent
 
@@ -53,6 +54,18 @@ def load_gate(threads: int, force: bool = False) -> float:
               f"pass --force for a dry run whose record is marked unusable.", file=sys.stderr)
         raise SystemExit(3)
     return load
+
+
+def wait_for_quiet(threads: int, force: bool = False, poll_s: float = 30.0) -> float:
+    """Between a run's measurements: pause while other work's load (the load minus this run's own
+    ``threads``) exceeds ``threads``; returns the load it went on at."""
+    while True:
+        load = os.getloadavg()[0]
+        if force or load - threads <= threads:
+            return load
+        print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} paused: load {load:.2f} (others ~{load - threads:.2f} > "
+              f"{threads})", file=sys.stderr, flush=True)
+        time.sleep(poll_s)
 
 
 def cpu_name() -> str:

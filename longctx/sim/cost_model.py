@@ -207,16 +207,9 @@ class CostModelExecutor(Executor):
         # (new tokens, cached KV tokens): Sequence.num_cached_tokens, inlined (hot in the simulator). A
         # prefix-cache hit is already in num_computed_tokens (ScheduledBatch.add): its tokens are read as
         # cached context, never charged as new (prefilled) tokens.
-        if self.form == "operator" and not self.kv_compression_ratio:  # the simulator's hot path: one pass
-            tokens = pairs = cached = 0
-            attention = self.attention
-            for e in batch.entries:
-                c, seq = e.num_tokens, e.seq
-                s = seq.num_computed_tokens - seq.num_evicted_tokens
-                tokens += c
-                cached += s
-                pairs += s + 1 if c == 1 else flops.attention_pairs(c, s, attention)  # as _totals
-            return ExecutionResult(self._operator_step_s(tokens, pairs, cached, len(batch.entries)), None, None)
+        if self.form == "operator" and not self.kv_compression_ratio:  # the simulator's hot path: no list
+            pairs = ((e.num_tokens, e.seq.num_computed_tokens - e.seq.num_evicted_tokens) for e in batch.entries)
+            return ExecutionResult(self._operator_step_s(*self._totals(pairs)), None, None)
         seqs = [(e.num_tokens, e.seq.num_computed_tokens - e.seq.num_evicted_tokens) for e in batch.entries]
         evicted = None
         if self.kv_compression_ratio:
