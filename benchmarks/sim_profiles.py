@@ -14,7 +14,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from longctx.sim.calibration import fit_profiles, leave_one_model_out, linear_time_points, profile_errors
+from longctx.sim.calibration import (
+    fit_profiles,
+    leave_one_model_out,
+    linear_time_points,
+    monotone_error_bound,
+    profile_errors,
+)
 from longctx.sim.factors import FITTED_H100
 from longctx.sim.profiles import load_profiles
 
@@ -54,6 +60,12 @@ def main(argv=None) -> int:
         total = sum(e.num_points for e in rows)
         print(f"  TP {tp}: {total - sum(map(len, missed.values()))} of {total} points; misses: "
               + ("; ".join(f"{m} at {', '.join(map(str, ns))}" for m, ns in missed.items()) or "none"))
+    print("\nthe floor: the smallest worst error any model whose time never falls with more tokens could reach at TP 1,"
+          "\n64-4096 tokens (the measured time falls between the two token counts shown), against the fitted model's:")
+    worst = {e.model: e.worst_error for e in profile_errors(tps=[1], ranges=((64, 4096),))}
+    for name in table:
+        bound, a, b = monotone_error_bound(name, 1)
+        print(f"  {name:<28} floor {bound:6.1%} ({a} -> {b} tokens)   fitted {worst[name]:+6.1%}")
     return 0
 
 

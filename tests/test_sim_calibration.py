@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from longctx.sim.calibration import fit_profiles, leave_one_model_out, profile_errors
+from longctx.sim.calibration import (
+    fit_profiles,
+    leave_one_model_out,
+    linear_time_points,
+    monotone_error_bound,
+    profile_errors,
+)
 from longctx.sim.factors import FITTED_H100, CostFactors
 from longctx.sim.profiles import load_profiles
 
@@ -61,4 +67,33 @@ def test_the_benchmark_prints_every_model(capsys):
     for name in load_profiles():
         assert f"{name} TP 1 (measured/predicted)" in out
     assert "LOO worst" in out and "over 15 % at" in out
-    assert "TP 1: 1191 of 1245 points" in out
+    assert "TP 1: 1191 of 1245 points" in out and "the floor" in out
+
+
+def test_no_factors_beat_the_monotone_floor():
+    """The operator form never gets faster with more tokens, so its worst error is at least the floor; the
+    floor is under 15 % for every model: the data do not forbid the target, the form's four factors miss it."""
+    for name in load_profiles():
+        pts = [(n, p) for n, _, p in linear_time_points(name, 1) if 64 <= n <= 4096]
+        assert all(p1 <= p2 * (1 + 1e-12) for (_, p1), (_, p2) in zip(pts, pts[1:])), name
+        floor, a, b = monotone_error_bound(name, 1)
+        worst = max(abs(e.worst_error) for e in profile_errors(models=[name], tps=[1], ranges=((64, 4096),)))
+        assert 0 < floor < 0.15 and a < b and worst >= floor - 1e-12, (name, floor, worst)
+
+
+def test_the_monotone_floor_on_a_hand_case(monkeypatch):
+    from longctx.sim import calibration
+
+    class Fake:
+        num_tokens = {1: [64, 128, 256, 512]}
+        tp_degrees = (1,)
+
+        def linear_time_s(self, tp):
+            return [1.0, 3.0, 2.0, 4.0]  # falls 3 -> 2 between 128 and 256: floor (3 - 2) / (3 + 2)
+
+    monkeypatch.setattr(calibration, "load_profiles", lambda: {"fake": Fake()})
+    assert monotone_error_bound("fake") == pytest.approx((0.2, 128, 256))
+    with pytest.raises(ValueError, match="no profile at TP 2"):
+        monotone_error_bound("fake", 2)
+    with pytest.raises(ValueError, match="unknown profiled model"):
+        monotone_error_bound("nope")

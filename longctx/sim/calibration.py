@@ -233,6 +233,30 @@ def profile_errors(factors: CostFactors | None = None, models: Sequence[str] | N
     return out
 
 
+def monotone_error_bound(model: str, tp: int = 1, low_tokens: int = 64, high_tokens: int = 4096) -> tuple[float, int, int]:
+    """The smallest worst-case relative error that *any* model whose time never falls as tokens are added can
+    reach on ``model``'s measured linear time over ``low_tokens ... high_tokens``, and the pair of token counts
+    ``(a, b)``, ``a < b``, that forces it: ``(t_a - t_b) / (t_a + t_b)`` for the measured ``t_a > t_b``.
+
+    A non-decreasing ``f`` within ``e`` of both needs ``t_a (1 - e) <= f(a) <= f(b) <= t_b (1 + e)``; the
+    largest such pair sets the bound, and it is reached (isotonic minimax). The operator form is non-decreasing
+    in the token count, so no choice of its factors beats this; ``(0.0, 0, 0)`` when the measurement never falls.
+    """
+    pm = load_profiles().get(model)
+    if pm is None:
+        raise ValueError(f"unknown profiled model {model!r}; allowed: {', '.join(load_profiles())}")
+    if tp not in pm.num_tokens:
+        raise ValueError(f"{model} has no profile at TP {tp}; profiled: {', '.join(map(str, pm.tp_degrees))}")
+    pts = [(n, t) for n, t in zip(pm.num_tokens[tp], pm.linear_time_s(tp), strict=True) if low_tokens <= n <= high_tokens]
+    best, pair, low_after = 0.0, (0, 0), None
+    for n, t in reversed(pts):  # walk down the token counts, keeping the smallest later time
+        if low_after is not None and t > low_after[1] and (t - low_after[1]) / (t + low_after[1]) > best:
+            best, pair = (t - low_after[1]) / (t + low_after[1]), (n, low_after[0])
+        if low_after is None or t < low_after[1]:
+            low_after = (n, t)
+    return float(best), int(pair[0]), int(pair[1])
+
+
 def leave_one_model_out(tps: Sequence[int] | None = None, ranges=TOKEN_RANGES) -> dict[str, tuple[ProfileFit, list[ProfileError]]]:
     """For each profiled model: the fit on all the others and its errors on the one left out."""
     names = tuple(load_profiles())
@@ -241,4 +265,4 @@ def leave_one_model_out(tps: Sequence[int] | None = None, ranges=TOKEN_RANGES) -
 
 
 __all__ = ["Calibration", "ProfileError", "ProfileFit", "TOKEN_RANGES", "calibrate", "fit_profiles",
-           "leave_one_model_out", "linear_time_points", "profile_errors"]
+           "leave_one_model_out", "linear_time_points", "monotone_error_bound", "profile_errors"]
