@@ -112,7 +112,8 @@ def test_records_made_in_parallel_merge_into_one(tmp_path):
 
 
 @pytest.mark.parametrize("script,argv", [("throughput", ["--record"]), ("compute_wall", ["--out", "{tmp}/cw.json"]),
-                                         ("decode_starvation", ["--json", "{tmp}/ds.json"])])
+                                         ("decode_starvation", ["--json", "{tmp}/ds.json"]),
+                                         ("sim_fidelity", ["--record"])])
 def test_every_recording_script_refuses_a_loaded_machine(script, argv, monkeypatch, tmp_path, capsys):
     import importlib
 
