@@ -17,19 +17,23 @@
 Why B is 48 requests at 0.5 req/s: the earlier B (12 requests at 1 req/s) was ill-conditioned: with steps 3 %
 slower its simulated P99 ITL rose 21 % (the P99 of ~250 gaps is the third-largest: whether two prompts
 share a step), and identical real runs spread 1.03-1.40 s. At 48 requests and 0.5 req/s P99 ITL and median
-ITL move by about as much as the steps do, median TTFT by up to about 2.5 times as much (a slower step delays
-the arrivals queued behind it; step 4 prints each), so a 5 % error can be told from schedule luck.
-The workload was chosen on the simulator's conditioning alone, before any real run of it.
+ITL move by about as much as the steps do, median TTFT by up to about 3 times as much (the record: -8.0 % for
+steps 3 % faster; a faster step lets queued arrivals start sooner). Step 4 prints each, so a 5 % error can be
+told from schedule luck. The workload was chosen on the simulator's conditioning alone, before any real run.
 
 Target: median TTFT and P99 ITL within 5 % (issue 26). Recorded 2026-12-03: +0.5 % and -2.3 % (each run's
-error within -2.8 ... +4.5 %); a second run the same day, not recorded: -1.4 % and -3.2 %. Median ITL, not
-targeted, is 11-15 % too slow in both: B's many small decode-only batches lie outside what A's batches
-(10 prompts at once) cover, and the fitted step and per-sequence overheads overprice them. Runs on one thread (set OMP_NUM_THREADS to change);
-``--record`` refuses to start above that many cores of one-minute load average (``--force``: a dry run, marked
-unusable). The CPU is priced by the operator form without the H100's GEMM tiles and waves
-(``gemm_tile_tokens=1``); ``calibrate`` fits the step overhead, the per-sequence overhead and the compute,
-attention and memory efficiencies on A (the serial fraction and small-op factors stay the fitted H100 ones:
-on A, serial fractions 0, 0.5 and 1 fit within 0.2 points of median error of each other).
+error within -2.8 ... +4.5 %); a second run the same day, not recorded: -1.4 % and -3.2 %. A third with
+``--repeats 1`` missed, -7.1 % and -9.6 %: A's 27 steps of one run do not pin the five factors' split between
+overheads, compute and memory (memory efficiency 0.49 there, 0.98-1.0 from 81 steps), and B's 512-token
+chunks are twice A's largest, so that split decides the extrapolation. Calibrate on three runs (the default).
+
+Median ITL, not targeted, came out 11-15 % too slow in the two three-run calibrations (-3 % in the one-run
+one). Measured per batch size on one more real run of B, priced by a three-run calibration: decode-only
+steps of 1, 2, 3, 4, 5 sequences took 66.8, 70.6, 82.8, 118.7, 121.4 ms (311, 86, 92, 24, 12 steps), a
+stair between 3 and 4 rows that a step time linear in the batch size (step and per-sequence overheads)
+cannot follow: it priced 1 sequence 6 % too fast, 2 and 3 8-10 % too slow, 4 13 % too fast. Most of B's
+generated tokens come from steps of 1-3 sequences, so the median gap lands on the overpriced ones. The
+script prints this table for its own runs (why the CPU kernels change at 4 rows is not investigated).
 
 The fitted ``per_sequence_overhead_s`` stands for work inside the model's forward pass that grows with each
 decoding sequence and that the roofline's ``max(compute, memory)`` cannot express: on this CPU engine, skinny
@@ -182,7 +186,7 @@ def main(argv=None) -> None:
           + ", ".join(f"{100 * (sc - 1):+.0f} %" for sc in CONDITIONING) + ": " + "; ".join(
               f"{m} " + "/".join(f"{100 * conditioning[sc][m]:+.1f} %" for sc in CONDITIONING) for m in METRICS),
           flush=True)
-    runs, step_err = [], []
+    runs, step_err, decode_steps = [], [], {}
     for rep in range(args.repeats):  # the simulation is deterministic; the real engine is measured each time
         load = wait_for_quiet(threads, args.force)
         t0 = time.perf_counter()
@@ -193,6 +197,10 @@ def main(argv=None) -> None:
                      "error": {m: (predicted[m] - measured[m]) / measured[m] for m in METRICS}})
         step_err += [abs(ex.with_factors(cal.factors).step_time_s(st.sequences) - st.duration_s) / st.duration_s
                      for st in steps_b]
+        for st in steps_b:
+            if all(new == 1 for new, _ in st.sequences):  # decode-only: the steps behind the ITL
+                decode_steps.setdefault(len(st.sequences), []).append(
+                    (st.duration_s, ex.with_factors(cal.factors).step_time_s(st.sequences)))
         print(f"workload B, repeat {rep} (load {load:.2f}, {runs[-1]['wall_s']:.1f} s): " + ", ".join(
             f"{m} {100 * runs[-1]['error'][m]:+.1f} %" for m in METRICS), flush=True)
     print(f"\nworkload B: {len(wl_b)} requests, Poisson {B_RATE} req/s, chunked-512, {args.repeats} real runs against "
@@ -210,6 +218,14 @@ def main(argv=None) -> None:
                     "errors_per_repeat": errs})
     print(f"per-step |error| on B's real batches: median {100 * np.median(step_err):.1f} %, "
           f"P90 {100 * np.percentile(step_err, 90):.1f} %")
+    by_batch = []
+    for size in sorted(decode_steps):
+        meas_s, pred_s = (float(np.median(x)) for x in zip(*decode_steps[size], strict=True))
+        by_batch.append({"sequences": size, "steps": len(decode_steps[size]), "measured_s": meas_s,
+                         "predicted_s": pred_s, "error": pred_s / meas_s - 1})
+    print("decode-only steps of B by batch size (medians): " + "; ".join(
+        f"{r['sequences']}: {1e3 * r['measured_s']:.1f} ms measured, {1e3 * r['predicted_s']:.1f} predicted "
+        f"({100 * r['error']:+.0f} %, n={r['steps']})" for r in by_batch))
     if args.record:
         RECORD.write_text(json.dumps({
             "what": "simulator fidelity: calibrate on workload A (real engine, this CPU), predict workload B",
@@ -225,6 +241,7 @@ def main(argv=None) -> None:
             "conditioning": {str(sc): v for sc, v in conditioning.items()},
             "rows": out, "repeats": runs,
             "step_error_median": float(np.median(step_err)),
+            "decode_steps_by_batch": by_batch,
         }, indent=1) + "\n")
         print(f"recorded {RECORD}")
 
