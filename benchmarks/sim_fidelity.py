@@ -56,18 +56,16 @@ import time
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-from dataclasses import replace  # noqa: E402
-
 import numpy as np  # noqa: E402  (after the thread variables)
 
 from longctx.engine import ChunkedPrefillScheduler, Engine, VirtualClock, WallClock, summarize  # noqa: E402
-from longctx.engine.executor import ExecutionResult, Executor  # noqa: E402
 from longctx.provenance import git_commit, git_dirty, load_gate, machine, wait_for_quiet  # noqa: E402
 from longctx.sim import (  # noqa: E402
     CostFactors,
     CostModelExecutor,
     LogNormal,
     RecordingExecutor,
+    ScaledExecutor,
     Uniform,
     calibrate,
     make_workload,
@@ -78,27 +76,6 @@ RECORD = pathlib.Path(__file__).resolve().parents[1] / "longctx" / "data" / "rec
 NUM_BLOCKS, BLOCK_SIZE = 512, 16
 B_REQUESTS, B_RATE = 48, 0.5  # req/s; see the module docstring for why
 CONDITIONING = (0.97, 1.03)  # step-time scales of step 4
-
-
-class ScaledSteps(Executor):
-    """Every step of ``inner`` (a cost model) takes ``scale`` times as long: the conditioning intervention."""
-
-    def __init__(self, inner: Executor, scale: float) -> None:
-        self.inner, self.scale = inner, scale
-
-    @property
-    def block_manager(self):
-        return self.inner.block_manager
-
-    def check_prompt(self, num_tokens: int) -> None:
-        self.inner.check_prompt(num_tokens)
-
-    def forget(self, seq_id: int) -> None:
-        self.inner.forget(seq_id)
-
-    def execute(self, batch) -> ExecutionResult:
-        result = self.inner.execute(batch)
-        return replace(result, duration_s=result.duration_s * self.scale)
 
 
 def run_real(model, workload, scheduler, vocab_size, seed=0):
@@ -179,7 +156,7 @@ def main(argv=None) -> None:
     predicted = dict(zip(METRICS, metric_values(sim_b), strict=True))
     conditioning = {}
     for scale in CONDITIONING:
-        m_s = metric_values(summarize(run_sim(ScaledSteps(ex.with_factors(cal.factors), scale), wl_b,
+        m_s = metric_values(summarize(run_sim(ScaledExecutor(ex.with_factors(cal.factors), scale), wl_b,
                                               ChunkedPrefillScheduler(512))))
         conditioning[scale] = {m: v / predicted[m] - 1 for m, v in zip(METRICS, m_s, strict=True)}
     print("conditioning (simulator only): each metric's change with every step "

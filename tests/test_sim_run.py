@@ -244,3 +244,27 @@ def test_simulate_pauses_the_cycle_collector_and_restores_it():
         assert gc.isenabled()
     finally:
         gc.enable() if was_on else gc.disable()
+
+
+def test_a_scaled_executor_stretches_every_step_and_nothing_else():
+    """ScaledExecutor (sim_fidelity's conditioning intervention): the same schedule, every step `scale` times
+    as long; the wrapped cost model's pool is the engine's; a bad scale or a non-executor is refused."""
+    from longctx.engine import Engine, VirtualClock
+    from longctx.sim import CostModelExecutor, ScaledExecutor
+
+    def run(executor):
+        engine = Engine(executor, ChunkedPrefillScheduler(64), num_blocks=64, block_size=16, clock=VirtualClock(),
+                        max_model_len=1024)
+        for i in range(3):
+            engine.add_request([0] * (40 + 30 * i), 5, arrival_s=0.0)  # all at once: the schedule cannot drift
+        engine.run_until_done()
+        return engine.history
+
+    base = CostModelExecutor("llama-3-8b", "h100")
+    plain, slow = run(base), run(ScaledExecutor(CostModelExecutor("llama-3-8b", "h100"), 2.0))
+    assert [s.seq_ids for s in plain] == [s.seq_ids for s in slow]
+    assert [s.duration_s * 2 for s in plain] == pytest.approx([s.duration_s for s in slow], rel=1e-12)
+    with pytest.raises(ValueError, match="scale must be a finite number > 0"):
+        ScaledExecutor(base, 0)
+    with pytest.raises(ValueError, match="wraps a longctx.engine.Executor"):
+        ScaledExecutor("not an executor", 1.5)

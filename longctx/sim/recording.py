@@ -1,14 +1,15 @@
 """Recording what a real engine's steps were: each batch's entries and its measured duration.
 
-``RecordingExecutor`` wraps any executor and follows the executor protocol: the inner executor's pool,
-prompt checks and per-request state (``block_manager``, ``check_prompt``, ``forget``) stay the inner one's,
-so a wrapped ``TorchExecutor`` still prunes, samples and owns its cache. The ``MeasuredStep``\\ s it keeps
+``RecordingExecutor`` (and ``ScaledExecutor``, which stretches every step's time) wraps any executor and
+follows the executor protocol (``WrappedExecutor``): the inner executor's pool, prompt checks and
+per-request state (``block_manager``, ``check_prompt``, ``forget``) stay the inner one's, so a wrapped
+``TorchExecutor`` still prunes, samples and owns its cache. The ``MeasuredStep``\\ s it keeps
 are what ``longctx.sim.calibration.calibrate`` fits the cost model to. No torch here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from longctx.engine.executor import ExecutionResult, Executor
 
@@ -22,15 +23,14 @@ class MeasuredStep:
 
 
 @dataclass
-class RecordingExecutor(Executor):
-    """Wraps any executor and records each batch's composition and measured duration (no torch here)."""
+class WrappedExecutor(Executor):
+    """Base of an executor that wraps another: the inner one's pool, prompt checks and per-request state."""
 
     inner: Executor
-    steps: list[MeasuredStep] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not isinstance(self.inner, Executor):
-            raise ValueError(f"RecordingExecutor wraps a longctx.engine.Executor, got {type(self.inner).__name__}")
+            raise ValueError(f"{type(self).__name__} wraps a longctx.engine.Executor, got {type(self.inner).__name__}")
 
     @property
     def block_manager(self):
@@ -42,8 +42,32 @@ class RecordingExecutor(Executor):
     def forget(self, seq_id: int) -> None:
         self.inner.forget(seq_id)
 
+
+@dataclass
+class RecordingExecutor(WrappedExecutor):
+    """Wraps any executor and records each batch's composition and measured duration (no torch here)."""
+
+    steps: list[MeasuredStep] = field(default_factory=list)
+
     def execute(self, batch) -> ExecutionResult:
         seqs = tuple((e.num_tokens, e.seq.num_cached_tokens) for e in batch.entries)  # (new, cached KV)
         result = self.inner.execute(batch)
         self.steps.append(MeasuredStep(seqs, float(result.duration_s)))
         return result
+
+
+@dataclass
+class ScaledExecutor(WrappedExecutor):
+    """Every step of ``inner`` takes ``scale`` times as long (e.g. a cost model 3 % slower): an intervention
+    that shows how much a serving metric moves with the step times (``benchmarks/sim_fidelity.py``)."""
+
+    scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.scale, bool) or not (isinstance(self.scale, (int, float)) and 0 < self.scale < float("inf")):
+            raise ValueError(f"scale must be a finite number > 0, got {self.scale!r}")
+
+    def execute(self, batch) -> ExecutionResult:
+        result = self.inner.execute(batch)
+        return replace(result, duration_s=result.duration_s * self.scale)
