@@ -3,6 +3,7 @@ benchmarks/sim_profiles.py states the fit's error per model, TP degree and token
 
 from __future__ import annotations
 
+import itertools
 import sys
 from pathlib import Path
 
@@ -75,7 +76,7 @@ def test_no_factors_beat_the_monotone_floor():
     floor is under 15 % for every model: the data do not forbid the target, the form's four factors miss it."""
     for name in load_profiles():
         pts = [(n, p) for n, _, p in linear_time_points(name, 1) if 64 <= n <= 4096]
-        assert all(p1 <= p2 * (1 + 1e-12) for (_, p1), (_, p2) in zip(pts, pts[1:])), name
+        assert all(p1 <= p2 * (1 + 1e-12) for (_, p1), (_, p2) in itertools.pairwise(pts)), name
         floor, a, b = monotone_error_bound(name, 1)
         worst = max(abs(e.worst_error) for e in profile_errors(models=[name], tps=[1], ranges=((64, 4096),)))
         assert 0 < floor < 0.15 and a < b and worst >= floor - 1e-12, (name, floor, worst)
