@@ -2,12 +2,14 @@
 
 1. Measure this CPU (numpy GEMM peak, copy bandwidth) as a ``HardwareSpec``.
 2. Workload A (calibration): the real engine (SmolLM2-135M, fp32, ``TorchExecutor``) serves 10 requests
-   sent at once, chunked prefill with a 256-token budget, ``--repeats`` times; every step's composition and
-   time is recorded and ``calibrate`` fits the cost model's efficiencies and overheads on all of them.
+   sent at once, chunked prefill with a 256-token budget, ``--repeats`` times, each run followed by a run of
+   B (so a slow drift of a shared machine's speed reaches calibration and test alike); every step's
+   composition and time is recorded and ``calibrate`` fits the cost model's efficiencies and overheads on
+   all of A's steps.
 3. Workload B (prediction, different lengths, arrivals and budget): 48 requests, Poisson arrivals at 0.5
    req/s, lognormal prompts, chunked prefill with a 512-token budget. Simulated once (calibrated cost model,
-   virtual clock, same requests) and run ``--repeats`` times on the real engine (wall clock; each run waits
-   for a quiet CPU); the errors are of the median measured value, with each run's error beside it.
+   virtual clock, same requests) against the ``--repeats`` real runs (wall clock; each run waits for a quiet
+   CPU); the errors are of the median measured value, with each run's error beside it.
 4. Conditioning (an intervention on the simulator alone): B is simulated again with every step 3 % slower
    and 3 % faster. A metric that moves much more than 3 % is decided by schedule coincidences (which
    arrival lands in which step), not by the cost model, and no 5 % claim about it can be judged.
@@ -142,43 +144,43 @@ def main(argv=None) -> None:
     run_real(model, make_workload(2, float("inf"), 64, 4, seed=99), ChunkedPrefillScheduler(256), vocab)
 
     wl_a = make_workload(10, float("inf"), Uniform(32, 500), Uniform(8, 24), seed=1)
-    t0, steps_a = time.perf_counter(), []
-    for _ in range(args.repeats):  # pooled: one run's noise would be the calibration's
+    wl_b = make_workload(B_REQUESTS, B_RATE, LogNormal(250, 0.6, low=32, high=1000), Uniform(12, 32), seed=2)
+    t0, steps_a, real_runs = time.perf_counter(), [], []
+    for rep in range(args.repeats):  # A and B alternate: a drift of the machine's speed reaches both alike
         wait_for_quiet(threads, args.force)
         steps_a += run_real(model, wl_a, ChunkedPrefillScheduler(256), vocab)[1]
-    cal = calibrate(ex, steps_a)
-    print(f"calibration on A ({args.repeats} runs): {len(steps_a)} steps in {time.perf_counter() - t0:.1f} s; fit median |error| "
-          f"{100 * cal.median_abs_rel_error:.1f} %, max {100 * cal.max_abs_rel_error:.1f} %; clipped {cal.clipped}", flush=True)
+        load = wait_for_quiet(threads, args.force)
+        t1 = time.perf_counter()
+        real_b, steps_b = run_real(model, wl_b, ChunkedPrefillScheduler(512), vocab, seed=2)
+        real_runs.append((rep, load, time.perf_counter() - t1, real_b, steps_b))
+        print(f"repeat {rep}: A then B measured (load {load:.2f} before B, B took {real_runs[-1][2]:.1f} s)", flush=True)
+    cal = calibrate(ex, steps_a)  # pooled: one run's noise would be the calibration's
+    print(f"calibration on A ({args.repeats} runs): {len(steps_a)} steps, {time.perf_counter() - t0:.1f} s with B; fit "
+          f"median |error| {100 * cal.median_abs_rel_error:.1f} %, max {100 * cal.max_abs_rel_error:.1f} %; clipped "
+          f"{cal.clipped}", flush=True)
     print("  factors: " + ", ".join(f"{k}={v:.3g}" for k, v in vars(cal.factors).items()))
 
-    wl_b = make_workload(B_REQUESTS, B_RATE, LogNormal(250, 0.6, low=32, high=1000), Uniform(12, 32), seed=2)
-    sim_b = summarize(run_sim(ex.with_factors(cal.factors), wl_b, ChunkedPrefillScheduler(512)))
+    fitted = ex.with_factors(cal.factors)
+    sim_b = summarize(run_sim(fitted, wl_b, ChunkedPrefillScheduler(512)))
     predicted = dict(zip(METRICS, metric_values(sim_b), strict=True))
     conditioning = {}
     for scale in CONDITIONING:
-        m_s = metric_values(summarize(run_sim(ScaledExecutor(ex.with_factors(cal.factors), scale), wl_b,
-                                              ChunkedPrefillScheduler(512))))
+        m_s = metric_values(summarize(run_sim(ScaledExecutor(fitted, scale), wl_b, ChunkedPrefillScheduler(512))))
         conditioning[scale] = {m: v / predicted[m] - 1 for m, v in zip(METRICS, m_s, strict=True)}
     print("conditioning (simulator only): each metric's change with every step "
           + ", ".join(f"{100 * (sc - 1):+.0f} %" for sc in CONDITIONING) + ": " + "; ".join(
               f"{m} " + "/".join(f"{100 * conditioning[sc][m]:+.1f} %" for sc in CONDITIONING) for m in METRICS),
           flush=True)
     runs, step_err, decode_steps = [], [], {}
-    for rep in range(args.repeats):  # the simulation is deterministic; the real engine is measured each time
-        load = wait_for_quiet(threads, args.force)
-        t0 = time.perf_counter()
-        real_b, steps_b = run_real(model, wl_b, ChunkedPrefillScheduler(512), vocab, seed=2)
+    for rep, load, wall, real_b, steps_b in real_runs:  # one deterministic simulation against each real run
         measured = dict(zip(METRICS, metric_values(summarize(real_b)), strict=True))
-        runs.append({"repeat": rep, "load_1min_start": round(load, 2), "wall_s": time.perf_counter() - t0,
-                     "measured_s": measured,
+        runs.append({"repeat": rep, "load_1min_start": round(load, 2), "wall_s": wall, "measured_s": measured,
                      "error": {m: (predicted[m] - measured[m]) / measured[m] for m in METRICS}})
-        step_err += [abs(ex.with_factors(cal.factors).step_time_s(st.sequences) - st.duration_s) / st.duration_s
-                     for st in steps_b]
+        step_err += [abs(fitted.step_time_s(st.sequences) - st.duration_s) / st.duration_s for st in steps_b]
         for st in steps_b:
             if all(new == 1 for new, _ in st.sequences):  # decode-only: the steps behind the ITL
-                decode_steps.setdefault(len(st.sequences), []).append(
-                    (st.duration_s, ex.with_factors(cal.factors).step_time_s(st.sequences)))
-        print(f"workload B, repeat {rep} (load {load:.2f}, {runs[-1]['wall_s']:.1f} s): " + ", ".join(
+                decode_steps.setdefault(len(st.sequences), []).append((st.duration_s, fitted.step_time_s(st.sequences)))
+        print(f"workload B, repeat {rep} (load {load:.2f}, {wall:.1f} s): " + ", ".join(
             f"{m} {100 * runs[-1]['error'][m]:+.1f} %" for m in METRICS), flush=True)
     print(f"\nworkload B: {len(wl_b)} requests, Poisson {B_RATE} req/s, chunked-512, {args.repeats} real runs against "
           f"one simulation")
