@@ -10,7 +10,9 @@
    req/s, lognormal prompts, chunked prefill with a 512-token budget. Simulated once (calibrated cost model,
    virtual clock, same requests) against the ``--repeats`` real runs (wall clock; each run waits for a quiet
    CPU); the errors are of the median measured value, with each run's error beside it.
-4. Conditioning (an intervention on the simulator alone): B is simulated again with every step 3 % slower
+4. The calibration's own spread: each run of A is left out in turn and the refit predicts B again (how far
+   the prediction moves with the calibration's noise).
+5. Conditioning (an intervention on the simulator alone): B is simulated again with every step 3 % slower
    and 3 % faster. A metric that moves much more than 3 % is decided by schedule coincidences (which
    arrival lands in which step), not by the cost model, and no 5 % claim about it can be judged.
 
@@ -20,7 +22,7 @@ Why B is 48 requests at 0.5 req/s: the earlier B (12 requests at 1 req/s) was il
 slower its simulated P99 ITL rose 21 % (the P99 of ~250 gaps is the third-largest: whether two prompts
 share a step), and identical real runs spread 1.03-1.40 s. At 48 requests and 0.5 req/s P99 ITL and median
 ITL move by about as much as the steps do, median TTFT by up to about 3 times as much (the record: -8.0 % for
-steps 3 % faster; a faster step lets queued arrivals start sooner). Step 4 prints each, so a 5 % error can be
+steps 3 % faster; a faster step lets queued arrivals start sooner). Step 5 prints each, so a 5 % error can be
 told from schedule luck. The workload was chosen on the simulator's conditioning alone, before any real run.
 
 Target: median TTFT and P99 ITL within 5 % (issue 26). Recorded 2026-12-03: +0.5 % and -2.3 % (each run's
@@ -77,7 +79,7 @@ from longctx.sim.hardware import measure_cpu_hardware  # noqa: E402
 RECORD = pathlib.Path(__file__).resolve().parents[1] / "longctx" / "data" / "recorded" / "sim_fidelity.json"
 NUM_BLOCKS, BLOCK_SIZE = 512, 16
 B_REQUESTS, B_RATE = 48, 0.5  # req/s; see the module docstring for why
-CONDITIONING = (0.97, 1.03)  # step-time scales of step 4
+CONDITIONING = (0.97, 1.03)  # step-time scales of step 5 (module docstring)
 
 
 def run_real(model, workload, scheduler, vocab_size, seed=0):
@@ -145,15 +147,16 @@ def main(argv=None) -> None:
 
     wl_a = make_workload(10, float("inf"), Uniform(32, 500), Uniform(8, 24), seed=1)
     wl_b = make_workload(B_REQUESTS, B_RATE, LogNormal(250, 0.6, low=32, high=1000), Uniform(12, 32), seed=2)
-    t0, steps_a, real_runs = time.perf_counter(), [], []
+    t0, runs_a, real_runs = time.perf_counter(), [], []
     for rep in range(args.repeats):  # A and B alternate: a drift of the machine's speed reaches both alike
         wait_for_quiet(threads, args.force)
-        steps_a += run_real(model, wl_a, ChunkedPrefillScheduler(256), vocab)[1]
+        runs_a.append(run_real(model, wl_a, ChunkedPrefillScheduler(256), vocab)[1])
         load = wait_for_quiet(threads, args.force)
         t1 = time.perf_counter()
         real_b, steps_b = run_real(model, wl_b, ChunkedPrefillScheduler(512), vocab, seed=2)
         real_runs.append((rep, load, time.perf_counter() - t1, real_b, steps_b))
         print(f"repeat {rep}: A then B measured (load {load:.2f} before B, B took {real_runs[-1][2]:.1f} s)", flush=True)
+    steps_a = [st for run in runs_a for st in run]
     cal = calibrate(ex, steps_a)  # pooled: one run's noise would be the calibration's
     print(f"calibration on A ({args.repeats} runs): {len(steps_a)} steps, {time.perf_counter() - t0:.1f} s with B; fit "
           f"median |error| {100 * cal.median_abs_rel_error:.1f} %, max {100 * cal.max_abs_rel_error:.1f} %; clipped "
@@ -163,6 +166,14 @@ def main(argv=None) -> None:
     fitted = ex.with_factors(cal.factors)
     sim_b = summarize(run_sim(fitted, wl_b, ChunkedPrefillScheduler(512)))
     predicted = dict(zip(METRICS, metric_values(sim_b), strict=True))
+    # the calibration's own spread: leave each run of A out in turn, refit, predict B again
+    loo = [metric_values(summarize(run_sim(ex.with_factors(calibrate(ex, [st for j, run in enumerate(runs_a) if j != i
+                                                                             for st in run]).factors),
+                                           wl_b, ChunkedPrefillScheduler(512)))) for i in range(len(runs_a))]
+    calibration_spread = {m: [v[j] / predicted[m] - 1 for v in loo] for j, m in enumerate(METRICS)}
+    if len(runs_a) > 1:
+        print("calibration spread (A's runs left out in turn, refit): each metric's prediction moves " + "; ".join(
+            f"{m} {100 * min(v):+.1f} to {100 * max(v):+.1f} %" for m, v in calibration_spread.items()), flush=True)
     conditioning = {}
     for scale in CONDITIONING:
         m_s = metric_values(summarize(run_sim(ScaledExecutor(fitted, scale), wl_b, ChunkedPrefillScheduler(512))))
@@ -218,6 +229,7 @@ def main(argv=None) -> None:
                             "median_abs_rel_error": cal.median_abs_rel_error},
             "workload_b": {"requests": B_REQUESTS, "rate_per_s": B_RATE, "budget": 512},
             "conditioning": {str(sc): v for sc, v in conditioning.items()},
+            "calibration_spread_leave_one_run_out": calibration_spread,
             "rows": out, "repeats": runs,
             "step_error_median": float(np.median(step_err)),
             "decode_steps_by_batch": by_batch,
