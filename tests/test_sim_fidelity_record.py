@@ -41,10 +41,27 @@ def test_each_error_is_the_prediction_against_the_median_run():
         assert row["errors_per_repeat"] == pytest.approx([row["predicted_s"] / m - 1 for m in runs])
 
 
-def test_the_targeted_metrics_are_within_5_percent_and_well_conditioned():
+def test_the_calibrations_own_spread_is_recorded():
+    spread = RECORD["calibration_spread_leave_one_run_out"]  # one refit per run of A left out
+    assert set(spread) == set(sim_fidelity.METRICS)
+    assert all(len(v) == len(RECORD["repeats"]) for v in spread.values())
+
+
+def test_the_targeted_metrics_as_far_as_the_evidence_goes():
+    """P99 ITL: within 5 % (six measurements of six, the script's docstring). Median TTFT: within 5 % in four of
+    six, so the record is held to what all six support, 10 %; both metrics well-conditioned."""
+    bound = {"P99 ITL": 0.05, "median TTFT": 0.10}
     for row in RECORD["rows"]:
         if row["metric"] in sim_fidelity.TARGETED:
-            assert abs(row["error"]) <= 0.05, row
+            assert abs(row["error"]) <= bound[row["metric"]], row
             # the metric moves by at most 3x a 3 % change of every step (the 12-request B moved 7x): its error
             # says something of the cost model, not only of which arrival lands in which step
             assert all(abs(c[row["metric"]]) <= 0.09 for c in RECORD["conditioning"].values()), row
+
+
+def test_the_docstring_quotes_the_record():
+    doc = sim_fidelity.__doc__
+    for row in RECORD["rows"]:
+        if row["metric"] in sim_fidelity.TARGETED:
+            table_row = next(line for line in doc.splitlines() if line.strip().startswith(row["metric"]))
+            assert f"{100 * row['error']:+.1f}" in table_row.split("%")[0].split()[-1:], (row, table_row)
