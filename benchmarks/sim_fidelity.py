@@ -20,10 +20,11 @@
 
 Why B is 48 requests at 0.5 req/s: the earlier B (12 requests at 1 req/s) was ill-conditioned: with steps 3 %
 slower its simulated P99 ITL rose 21 % (the P99 of ~250 gaps is the third-largest: whether two prompts
-share a step), and identical real runs spread 1.03-1.40 s. At 48 requests and 0.5 req/s P99 ITL and median
-ITL move by about as much as the steps do, median TTFT by up to about 3 times as much (the record: -8.0 % for
-steps 3 % faster; a faster step lets queued arrivals start sooner). Step 5 prints each, so a 5 % error can be
-told from schedule luck. The workload was chosen on the simulator's conditioning alone, before any real run.
+share a step), and identical real runs spread 1.03-1.40 s. At 48 requests and 0.5 req/s P99 ITL moves by
+about as much as the steps do in every calibration, median TTFT by up to 2.7 times as much (-8.0 % for steps
+3 % faster in the first measurement: a faster step lets queued arrivals start sooner), median ITL sometimes by
+far more (-16.7 % in the record: it sits on the stair described below). Step 5 prints each, so a 5 % error can
+be told from schedule luck. The workload was chosen on the simulator's conditioning alone, before any real run.
 
 Target: median TTFT and P99 ITL within 5 % (issue 26). Six three-run measurements, 2026-12-03, one 2-core VM,
 quiet (the first three with all of A's runs before B's, the last three alternating; the record is the last):
@@ -39,12 +40,11 @@ calibration's own spread (step 4) moved the TTFT prediction by -2.3 ... +3.7 % i
 One-run calibrations are worse: with ``--repeats 1`` one measurement missed by -7.1 % and -9.6 % (A's 27 steps
 do not pin the split between overheads, compute and memory, and B's 512-token chunks are twice A's largest).
 
-Median ITL, not targeted, came out -6.5 ... +22 % (and moved up to 20 % for a 3 % step change in two of the
-calibrations: ill-conditioned there). Measured per batch size on one more real run of B, priced by a three-run calibration: decode-only
-steps of 1, 2, 3, 4, 5 sequences took 66.8, 70.6, 82.8, 118.7, 121.4 ms (311, 86, 92, 24, 12 steps), a
-stair between 3 and 4 rows that a step time linear in the batch size (step and per-sequence overheads)
-cannot follow: it priced 1 sequence 6 % too fast, 2 and 3 8-10 % too slow, 4 13 % too fast. Most of B's
-generated tokens come from steps of 1-3 sequences, so the median gap lands on the overpriced ones. The
+Median ITL, not targeted, came out -6.5 ... +22 %. Measured per batch size on one more real run of B, priced by
+a three-run calibration: decode-only steps of 1, 2, 3, 4, 5 sequences took 66.8, 70.6, 82.8, 118.7, 121.4 ms
+(311, 86, 92, 24, 12 steps), a stair between 3 and 4 rows that a step time linear in the batch size (step and
+per-sequence overheads) cannot follow: that calibration priced 1 sequence 6 % too fast, 2 and 3 8-10 % too
+slow, 4 13 % too fast; the median gap falls among the steps of 2-3 sequences, so it came out too slow. The
 script prints this table for its own runs (why the CPU kernels change at 4 rows is not investigated).
 
 The fitted ``per_sequence_overhead_s`` stands for work inside the model's forward pass that grows with each
