@@ -45,7 +45,14 @@ a three-run calibration: decode-only steps of 1, 2, 3, 4, 5 sequences took 66.8,
 (311, 86, 92, 24, 12 steps), a stair between 3 and 4 rows that a step time linear in the batch size (step and
 per-sequence overheads) cannot follow: that calibration priced 1 sequence 6 % too fast, 2 and 3 8-10 % too
 slow, 4 13 % too fast; the median gap falls among the steps of 2-3 sequences, so it came out too slow. The
-script prints this table for its own runs (why the CPU kernels change at 4 rows is not investigated).
+script prints this table for its own runs. The stair is the CPU GEMM's, measured by forcing the row count:
+``torch.nn.functional.linear`` on one core through SmolLM2's 576 x 3,072 gate+up took 319, 325, 322 us for
+1-3 rows, 582-594 for 4-6, 859-863 for 7-9, ~1,100 for 10-12, ~1,370 for 13-15, and 766 us at 16 rows: below
+16 rows the kernel streams the weights once per 3 rows, then a blocked kernel takes over (QKV, down and the
+LM head step at 4 and 7 rows alike). Pricing that (weight bytes counted ceil(n / 3) times below 16 rows) was
+tried on this stop's recorded steps: A's fit improved (median error 3.7 -> 2.5 %) but the B predictions did
+not (median TTFT +2.2 %, P99 ITL +4.5 % against -1.1 % and +1.9 % without it; the fitted memory efficiency hit
+its bound of 1), so it was left out.
 
 The fitted ``per_sequence_overhead_s`` stands for work inside the model's forward pass that grows with each
 decoding sequence and that the roofline's ``max(compute, memory)`` cannot express: on this CPU engine, skinny
