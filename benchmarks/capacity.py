@@ -5,7 +5,10 @@ median scheduling delay stays under 2 s (Agrawal et al., OSDI 2024, §5.1). Mono
 (vLLM V0, <= 8,192 batched tokens) versus chunked prefill with budgets 512, 1024 and 2048, for Llama-3-8B
 and Mistral-7B on one H100, under P99 ITL SLOs of 40 ms (strict enough that ITL, not queueing, decides
 for large budgets), 100 ms and 500 ms (relaxed). Each row also says which limit binds just above the
-capacity (``binding``: ``"itl"``, ``"delay"``, or ``"none"`` when the scan's top rate still passes). Workload: lognormal prompts
+capacity (``binding``: ``"itl"``, ``"delay"``, or ``"none"`` when the scan's top rate still passes), and
+the capacity under every workload seed of ``--seeds`` (``capacity_qps_by_seed``; ``capacity_qps`` is seed
+0's, ``capacity_qps_median`` the median over seeds): one seed is one sample of the arrivals and lengths, and differences smaller than the spread across
+seeds are not differences. Workload: lognormal prompts
 (median 2,048, sigma 0.8, 64-7,168 tokens) and outputs (median 256, sigma 0.8, 8-1,024): an assumed
 long-prompt mix, not a recorded dataset. Cost model: ``CostModelExecutor``'s default operator form with
 ``CostFactors()``: the GEMM and small-op factors fitted on Vidur's published H100 operator profiles
@@ -26,6 +29,7 @@ import datetime
 import json
 import pathlib
 import platform
+import statistics
 import time
 
 from longctx.sim.cost_model import CostFactors
@@ -49,21 +53,30 @@ def main() -> None:
     ap.add_argument("--plot", default=None, help="save a bar chart (png/pdf)")
     ap.add_argument("--record", action="store_true", help=f"write {RECORD.name} for the lessons")
     ap.add_argument("--slos", type=float, nargs="+", default=[0.04, 0.1, 0.5], help="P99 ITL SLOs (s)")
+    ap.add_argument("--seeds", type=int, default=5,
+                    help="workload seeds (0 ... seeds-1): each row's capacity_qps is seed 0's, with every seed's beside it")
     args = ap.parse_args()
+    if args.seeds < 1:
+        ap.error(f"--seeds must be >= 1, got {args.seeds}")
     t0 = time.perf_counter()
-    rows = capacity_table(hardware=args.gpu, num_requests=args.num_requests, iterations=args.iterations,
-                          slos_s=args.slos)
-    for r in rows:
+    by_seed = [capacity_table(hardware=args.gpu, num_requests=args.num_requests, iterations=args.iterations,
+                              slos_s=args.slos, seed=seed) for seed in range(args.seeds)]
+    rows = by_seed[0]
+    for i, r in enumerate(rows):
         r["binding"] = binding(r, args.num_requests)
+        r["capacity_qps_by_seed"] = [table[i]["capacity_qps"] for table in by_seed]
+        r["capacity_qps_median"] = statistics.median(r["capacity_qps_by_seed"])
     wall_s = time.perf_counter() - t0
-    print(f"{'model':<12}{'SLO P99 ITL':>12}  {'scheduler':<14}{'capacity req/s':>15}{'x monolithic':>14}")
+    print(f"{'model':<12}{'SLO P99 ITL':>12}  {'scheduler':<14}{'capacity req/s':>15}{'x monolithic':>14}"
+          f"  {'seeds (min-max)':>16}")
     for r in rows:
         base = next(x["capacity_qps"] for x in rows if x["model"] == r["model"]
                     and x["slo_p99_itl_s"] == r["slo_p99_itl_s"] and x["scheduler"] == "monolithic")
         r["gain_vs_monolithic"] = r["capacity_qps"] / base if base else None
         gain = "-" if r["gain_vs_monolithic"] is None else f"{r['gain_vs_monolithic']:.2f}x"
+        seeds = r["capacity_qps_by_seed"]
         print(f"{r['model']:<12}{1e3 * r['slo_p99_itl_s']:>10.0f}ms  {r['scheduler']:<14}"
-              f"{r['capacity_qps']:>15.2f}{gain:>14}  binds: {r['binding']}")
+              f"{r['capacity_qps']:>15.2f}{gain:>14}  {min(seeds):>7.2f}-{max(seeds):<8.2f} binds: {r['binding']}")
     print(f"({wall_s:.0f} s; {args.num_requests} requests per load; Sarathi-Serve: 2.6x for Mistral-7B on A100)")
     if args.plot:
         plot(rows, args.plot)
@@ -77,7 +90,7 @@ def main() -> None:
             "python": platform.python_version(),
             "num_requests": args.num_requests,
             "workload": {"prompt_tokens": vars(CAPACITY_PROMPT), "output_tokens": vars(CAPACITY_OUTPUT),
-                         "arrival": "poisson", "seed": 0},
+                         "arrival": "poisson", "seed": 0, "seeds": list(range(args.seeds))},
             "cost_form": "operator",
             "factors": vars(CostFactors()),
             "factor_sources": CostFactors().sources(),

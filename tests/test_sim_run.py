@@ -83,6 +83,11 @@ def test_recorded_capacity_and_live_curve():
 
     rec = load_recorded()
     assert {"model", "scheduler", "slo_p99_itl_s", "capacity_qps"} <= set(rec["rows"][0])
+    seeds = rec["workload"]["seeds"]
+    assert len(seeds) >= 5 and seeds[0] == rec["workload"]["seed"] == 0
+    for row in rec["rows"]:  # seed 0's capacity, every seed's beside it, and their median
+        assert len(row["capacity_qps_by_seed"]) == len(seeds) and row["capacity_qps"] == row["capacity_qps_by_seed"][0]
+        assert row["capacity_qps_median"] == pytest.approx(sorted(row["capacity_qps_by_seed"])[len(seeds) // 2])
     with pytest.raises(ValueError, match="no recorded result"):
         load_recorded("sim_nothing.json")
     curve = p99_itl_curve(rates_qps=(2.0,), num_requests=20)
@@ -268,3 +273,18 @@ def test_a_scaled_executor_stretches_every_step_and_nothing_else():
         ScaledExecutor(base, 0)
     with pytest.raises(ValueError, match="wraps a longctx.engine.Executor"):
         ScaledExecutor("not an executor", 1.5)
+
+
+def test_lesson_02_quotes_the_recorded_medians():
+    """Lesson 02's capacity prose states the medians over seeds that sim_capacity.json holds."""
+    from pathlib import Path
+
+    from longctx.sim.scenarios import load_recorded
+
+    nb = json.loads((Path(__file__).resolve().parents[1] / "solutions" / "02_chunked_prefill"
+                     / "02_chunked_prefill.ipynb").read_text())
+    prose = " ".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown").replace("\n", " ")
+    cap = {(r["model"], r["slo_p99_itl_s"], r["scheduler"]): r["capacity_qps_median"] for r in load_recorded()["rows"]}
+    budgets = ", ".join(f"{cap['llama-3-8b', 0.1, f'chunked-{b}']:.1f}" for b in (512, 1024))
+    assert f"{budgets} and {cap['llama-3-8b', 0.1, 'chunked-2048']:.1f} requests/s" in " ".join(prose.split())
+    assert f"Llama-3-8B {cap['llama-3-8b', 0.5, 'monolithic']:.1f} against {cap['llama-3-8b', 0.5, 'chunked-512']:.1f}" in " ".join(prose.split())
