@@ -7,8 +7,8 @@ and Mistral-7B on one H100, under P99 ITL SLOs of 40 ms (strict enough that ITL,
 for large budgets), 100 ms and 500 ms (relaxed). Each row also says which limit binds just above the
 capacity (``binding``: ``"itl"``, ``"delay"``, or ``"none"`` when the scan's top rate still passes), and
 the capacity under every workload seed of ``--seeds`` (``capacity_qps_by_seed``; ``capacity_qps`` is seed
-0's, ``capacity_qps_median`` the median over seeds): one seed is one sample of the arrivals and lengths, and differences smaller than the spread across
-seeds are not differences. Workload: lognormal prompts
+0's, ``capacity_qps_median`` the median over seeds): one seed is one sample of the arrivals and lengths,
+and differences smaller than the spread across seeds are not differences. Workload: lognormal prompts
 (median 2,048, sigma 0.8, 64-7,168 tokens) and outputs (median 256, sigma 0.8, 8-1,024): an assumed
 long-prompt mix, not a recorded dataset. Cost model: ``CostModelExecutor``'s default operator form with
 ``CostFactors()``: the GEMM and small-op factors fitted on Vidur's published H100 operator profiles

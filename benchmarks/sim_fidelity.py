@@ -32,7 +32,8 @@ quiet (the first three with all of A's runs before B's, the last three alternati
     median TTFT   +0.5   -1.4   -8.5   -0.0   -6.5   -2.9 %    mean -3.1 %, 95 % t-interval [-7.0, +0.7] %
     P99 ITL       -2.3   -3.2   -2.9   +0.8   -2.9   -1.8 %    mean -2.0 %, 95 % t-interval [-3.6, -0.5] %
 
-P99 ITL is within 5 % every time, and so is the interval of its mean. Median TTFT is within 5 % in 4 of 6 and
+P99 ITL is within 5 % in all six, and so is the interval of its mean (a later two-run check, with the VM then about
+30 % faster, missed: P99 ITL -7.5 %, median TTFT +0.9 %). Median TTFT is within 5 % in 4 of 6 and
 its interval reaches -7 %: **not shown to be within 5 %**. The measurement is as wide as the target: over 15 real
 runs of the identical B the median TTFT spread 0.569-0.695 s (coefficient of variation 5.2 %), same-size steps
 of A scatter -5 ... +10 % around one fit, and TTFT moves up to 2.7 times a change of every step (step 5). The
@@ -94,6 +95,7 @@ from longctx.sim.hardware import measure_cpu_hardware  # noqa: E402
 RECORD = pathlib.Path(__file__).resolve().parents[1] / "longctx" / "data" / "recorded" / "sim_fidelity.json"
 NUM_BLOCKS, BLOCK_SIZE = 512, 16
 B_REQUESTS, B_RATE = 48, 0.5  # req/s; see the module docstring for why
+A_BUDGET, B_BUDGET = 256, 512  # chunked prefill's token budget in A and in B
 CONDITIONING = (0.97, 1.03)  # step-time scales of step 5 (module docstring)
 
 
@@ -132,6 +134,17 @@ def run_sim(executor, workload, scheduler):
     return engine.run_until_done()
 
 
+def predict(executor, workload) -> dict[str, float]:
+    """``METRICS`` of ``workload`` simulated on ``executor`` under B's scheduler, in seconds."""
+    finished = run_sim(executor, workload, ChunkedPrefillScheduler(B_BUDGET))
+    return dict(zip(METRICS, metric_values(summarize(finished)), strict=True))
+
+
+def relative(values: dict[str, float], base: dict[str, float]) -> dict[str, float]:
+    """Each metric's ``values / base - 1``."""
+    return {m: values[m] / base[m] - 1 for m in METRICS}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--record", action="store_true", help=f"write {RECORD.name}")
@@ -146,7 +159,7 @@ def main(argv=None) -> None:
 
     from longctx.model.weights import load_model
 
-    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    torch.set_num_threads(threads)
 
     model = load_model()
     vocab = model.config.vocab_size
@@ -158,17 +171,17 @@ def main(argv=None) -> None:
     ex = CostModelExecutor("smollm2-135m", hw, CostFactors(gemm_tile_tokens=1), weight_dtype="fp32", kv_dtype="fp32")
 
     # warm-up (first torch calls are slow)
-    run_real(model, make_workload(2, float("inf"), 64, 4, seed=99), ChunkedPrefillScheduler(256), vocab)
+    run_real(model, make_workload(2, float("inf"), 64, 4, seed=99), ChunkedPrefillScheduler(A_BUDGET), vocab)
 
     wl_a = make_workload(10, float("inf"), Uniform(32, 500), Uniform(8, 24), seed=1)
     wl_b = make_workload(B_REQUESTS, B_RATE, LogNormal(250, 0.6, low=32, high=1000), Uniform(12, 32), seed=2)
     t0, runs_a, real_runs = time.perf_counter(), [], []
     for rep in range(args.repeats):  # A and B alternate: a drift of the machine's speed reaches both alike
         wait_for_quiet(threads, args.force)
-        runs_a.append(run_real(model, wl_a, ChunkedPrefillScheduler(256), vocab)[1])
+        runs_a.append(run_real(model, wl_a, ChunkedPrefillScheduler(A_BUDGET), vocab)[1])
         load = wait_for_quiet(threads, args.force)
         t1 = time.perf_counter()
-        real_b, steps_b = run_real(model, wl_b, ChunkedPrefillScheduler(512), vocab, seed=2)
+        real_b, steps_b = run_real(model, wl_b, ChunkedPrefillScheduler(B_BUDGET), vocab, seed=2)
         real_runs.append((rep, load, time.perf_counter() - t1, real_b, steps_b))
         print(f"repeat {rep}: A then B measured (load {load:.2f} before B, B took {real_runs[-1][2]:.1f} s)", flush=True)
     steps_a = [st for run in runs_a for st in run]
@@ -179,20 +192,16 @@ def main(argv=None) -> None:
     print("  factors: " + ", ".join(f"{k}={v:.3g}" for k, v in vars(cal.factors).items()))
 
     fitted = ex.with_factors(cal.factors)
-    sim_b = summarize(run_sim(fitted, wl_b, ChunkedPrefillScheduler(512)))
-    predicted = dict(zip(METRICS, metric_values(sim_b), strict=True))
-    # the calibration's own spread: leave each run of A out in turn, refit, predict B again
-    loo = [metric_values(summarize(run_sim(ex.with_factors(calibrate(ex, [st for j, run in enumerate(runs_a) if j != i
-                                                                             for st in run]).factors),
-                                           wl_b, ChunkedPrefillScheduler(512)))) for i in range(len(runs_a))]
-    calibration_spread = {m: [v[j] / predicted[m] - 1 for v in loo] for j, m in enumerate(METRICS)}
+    predicted = predict(fitted, wl_b)
+    loo = []  # the calibration's own spread: leave each run of A out in turn, refit, predict B again
+    for i in range(len(runs_a)):
+        kept = [st for j, run in enumerate(runs_a) if j != i for st in run]
+        loo.append(relative(predict(ex.with_factors(calibrate(ex, kept).factors), wl_b), predicted))
+    calibration_spread = {m: [v[m] for v in loo] for m in METRICS}
     if len(runs_a) > 1:
         print("calibration spread (A's runs left out in turn, refit): each metric's prediction moves " + "; ".join(
             f"{m} {100 * min(v):+.1f} to {100 * max(v):+.1f} %" for m, v in calibration_spread.items()), flush=True)
-    conditioning = {}
-    for scale in CONDITIONING:
-        m_s = metric_values(summarize(run_sim(ScaledExecutor(fitted, scale), wl_b, ChunkedPrefillScheduler(512))))
-        conditioning[scale] = {m: v / predicted[m] - 1 for m, v in zip(METRICS, m_s, strict=True)}
+    conditioning = {scale: relative(predict(ScaledExecutor(fitted, scale), wl_b), predicted) for scale in CONDITIONING}
     print("conditioning (simulator only): each metric's change with every step "
           + ", ".join(f"{100 * (sc - 1):+.0f} %" for sc in CONDITIONING) + ": " + "; ".join(
               f"{m} " + "/".join(f"{100 * conditioning[sc][m]:+.1f} %" for sc in CONDITIONING) for m in METRICS),
@@ -201,14 +210,15 @@ def main(argv=None) -> None:
     for rep, load, wall, real_b, steps_b in real_runs:  # one deterministic simulation against each real run
         measured = dict(zip(METRICS, metric_values(summarize(real_b)), strict=True))
         runs.append({"repeat": rep, "load_1min_start": round(load, 2), "wall_s": wall, "measured_s": measured,
-                     "error": {m: (predicted[m] - measured[m]) / measured[m] for m in METRICS}})
-        step_err += [abs(fitted.step_time_s(st.sequences) - st.duration_s) / st.duration_s for st in steps_b]
+                     "error": relative(predicted, measured)})
         for st in steps_b:
+            priced = fitted.step_time_s(st.sequences)
+            step_err.append(abs(priced - st.duration_s) / st.duration_s)
             if all(new == 1 for new, _ in st.sequences):  # decode-only: the steps behind the ITL
-                decode_steps.setdefault(len(st.sequences), []).append((st.duration_s, fitted.step_time_s(st.sequences)))
+                decode_steps.setdefault(len(st.sequences), []).append((st.duration_s, priced))
         print(f"workload B, repeat {rep} (load {load:.2f}, {wall:.1f} s): " + ", ".join(
             f"{m} {100 * runs[-1]['error'][m]:+.1f} %" for m in METRICS), flush=True)
-    print(f"\nworkload B: {len(wl_b)} requests, Poisson {B_RATE} req/s, chunked-512, {args.repeats} real runs against "
+    print(f"\nworkload B: {len(wl_b)} requests, Poisson {B_RATE} req/s, chunked-{B_BUDGET}, {args.repeats} real runs against "
           f"one simulation")
     print(f"{'metric':<14}{'predicted ms':>14}{'measured ms (median)':>22}{'error':>9}{'range of errors':>20}  target")
     out = []
@@ -242,7 +252,7 @@ def main(argv=None) -> None:
                     "torch_threads": torch.get_num_threads()},
             "calibration": {"factors": vars(cal.factors), "num_steps": cal.num_steps,
                             "median_abs_rel_error": cal.median_abs_rel_error},
-            "workload_b": {"requests": B_REQUESTS, "rate_per_s": B_RATE, "budget": 512},
+            "workload_b": {"requests": B_REQUESTS, "rate_per_s": B_RATE, "budget": B_BUDGET},
             "conditioning": {str(sc): v for sc, v in conditioning.items()},
             "calibration_spread_leave_one_run_out": calibration_spread,
             "rows": out, "repeats": runs,

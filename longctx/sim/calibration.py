@@ -198,12 +198,18 @@ def _sig(x: float, digits: int = 4) -> float:
     return float(f"{float(x):.{digits}g}")
 
 
-def linear_time_points(model: str, tp: int = 1, factors: CostFactors | None = None,
-                       hardware: HardwareSpec | str = "h100") -> list[tuple[int, float, float]]:
-    """``(num_tokens, measured_s, predicted_s)`` of a profiled model's linear time at every token count."""
+def _profiled(model: str) -> ProfiledModel:
+    """The shipped profile of ``model``, or ``ValueError`` naming the profiled models."""
     pm = load_profiles().get(model)
     if pm is None:
         raise ValueError(f"unknown profiled model {model!r}; allowed: {', '.join(load_profiles())}")
+    return pm
+
+
+def linear_time_points(model: str, tp: int = 1, factors: CostFactors | None = None,
+                       hardware: HardwareSpec | str = "h100") -> list[tuple[int, float, float]]:
+    """``(num_tokens, measured_s, predicted_s)`` of a profiled model's linear time at every token count."""
+    pm = _profiled(model)
     k, hw = factors or CostFactors(), get_hardware(hardware)
     measured = pm.linear_time_s(tp)
     sh = pm.shape  # its own op set: LayerShape counts its norms; two residual adds in both
@@ -242,16 +248,14 @@ def monotone_error_bound(model: str, tp: int = 1, low_tokens: int = 64, high_tok
     largest such pair sets the bound, and it is reached (isotonic minimax). The operator form is non-decreasing
     in the token count, so no choice of its factors beats this; ``(0.0, 0, 0)`` when the measurement never falls.
     """
-    pm = load_profiles().get(model)
-    if pm is None:
-        raise ValueError(f"unknown profiled model {model!r}; allowed: {', '.join(load_profiles())}")
+    pm = _profiled(model)
     if tp not in pm.num_tokens:
         raise ValueError(f"{model} has no profile at TP {tp}; profiled: {', '.join(map(str, pm.tp_degrees))}")
     pts = [(n, t) for n, t in zip(pm.num_tokens[tp], pm.linear_time_s(tp), strict=True) if low_tokens <= n <= high_tokens]
     best, pair, low_after = 0.0, (0, 0), None
     for n, t in reversed(pts):  # walk down the token counts, keeping the smallest later time
-        if low_after is not None and t > low_after[1] and (t - low_after[1]) / (t + low_after[1]) > best:
-            best, pair = (t - low_after[1]) / (t + low_after[1]), (n, low_after[0])
+        if low_after is not None and (gap := (t - low_after[1]) / (t + low_after[1])) > best:
+            best, pair = gap, (n, low_after[0])
         if low_after is None or t < low_after[1]:
             low_after = (n, t)
     return float(best), int(pair[0]), int(pair[1])
