@@ -1,4 +1,4 @@
-"""Wilson intervals, Fisher's exact test and the bootstrap (longctx.evals.stats): hand-checked values and
+"""Wilson intervals, Fisher's exact test, the bootstrap and the t-interval of a mean (longctx.evals.stats): hand-checked values and
 invariants."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from longctx.evals.stats import Rate, bootstrap_diff, compare_rates, fisher_exact, wilson_interval
+from longctx.evals.stats import Rate, bootstrap_diff, compare_rates, fisher_exact, mean_interval, wilson_interval
 
 
 def test_wilson_matches_hand_worked_values():
@@ -86,7 +86,19 @@ def test_rate_and_comparison():
     assert not compare_rates(Rate(2, 6), Rate(4, 6))["significant"]
 
 
+def test_mean_interval_matches_hand_worked_values():
+    # 1, 2, 3: mean 2, s = 1, t(0.975, 2) = 4.303 -> 2 +- 4.303 / sqrt(3)
+    assert mean_interval([1, 2, 3]) == pytest.approx((2.0, 2 - 4.303 / 3 ** 0.5, 2 + 4.303 / 3 ** 0.5))
+    # six values, s = 0.01871: t(0.975, 5) = 2.571
+    mean, low, high = mean_interval([0.01, -0.02, 0.03, 0.0, -0.01, 0.02])
+    assert mean == pytest.approx(0.005) and high - mean == pytest.approx(2.571 * 0.0187083 / 6 ** 0.5, rel=1e-4)
+    # past 30 degrees of freedom the normal's quantile
+    assert mean_interval([0, 1] * 20)[2] - 0.5 == pytest.approx(1.96 * 0.5064 / 40 ** 0.5, rel=1e-3)
+
+
 @pytest.mark.parametrize("call,match", [
+    (lambda: mean_interval([1.0]), "at least 2"),
+    (lambda: mean_interval([1.0, float("inf")]), "finite"),
     (lambda: wilson_interval(3, 2), "0 <= k <= n"),
     (lambda: wilson_interval(1.5, 4), "whole counts"),
     (lambda: wilson_interval(0, 0), "n >= 1"),

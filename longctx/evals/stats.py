@@ -11,6 +11,9 @@
   ``mean(a) - mean(b)`` from resampling each group with replacement, and a two-sided bootstrap p-value
   (twice the smaller tail of the resampled differences around 0).
 
+- ``mean_interval(values)``: the mean of a few independent measurements and its 95 % Student-t interval,
+  ``mean ± t(0.975, n-1) s / sqrt(n)`` (for e.g. a simulator's error over repeated real runs).
+
 ``Rate`` and ``compare_rates`` bundle these for tables: ``Rate.of([True, False, ...])`` is ``k``, ``n``,
 the rate and its interval; ``compare_rates(a, b)`` says whether two rates differ at ``alpha``.
 """
@@ -23,6 +26,22 @@ from dataclasses import dataclass
 import numpy as np
 
 Z_95 = 1.959963984540054  # the 97.5 % quantile of the standard normal
+
+# The 97.5 % quantiles of Student's t with 1 ... 30 degrees of freedom (any table); beyond 30, the normal's.
+_T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+          2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+          2.045, 2.042)
+
+
+def mean_interval(values) -> tuple[float, float, float]:
+    """``(mean, low, high)``: the mean of ``values`` (independent measurements, at least 2) and its 95 %
+    Student-t interval."""
+    x = np.asarray(list(values), dtype=float)
+    if x.ndim != 1 or len(x) < 2 or not np.all(np.isfinite(x)):
+        raise ValueError(f"mean_interval needs at least 2 finite numbers, got {len(x)} values")
+    t = _T_975[len(x) - 2] if len(x) - 1 <= len(_T_975) else Z_95
+    mean, half = float(x.mean()), t * float(x.std(ddof=1)) / math.sqrt(len(x))
+    return mean, mean - half, mean + half
 
 
 def _counts(k, n) -> tuple[int, int]:

@@ -15,6 +15,8 @@ logit row per entry), and the attention of each entry::
 
   ``linear_time_s(n, tp)`` is ``linear_s`` without the LM head: what Vidur's H100 profiles measure. The
   attention term is the course's FLOPs and KV bytes on a roofline, *not* measured by those profiles.
+  With a measured ``GemmProfile`` (``gemm_profile=``, ``longctx.sim.gemm_profile``) the GEMMs and the LM
+  head are its seconds instead of rooflines: how ``benchmarks/sim_fidelity.py`` models the engine on a CPU.
 
 ``"batch"`` (the earlier, whole-batch form, which lessons teach as "the roofline"): one roofline for the
 whole step::
@@ -54,7 +56,8 @@ from longctx.sim.factors import (  # noqa: F401  (re-exported: the cost model's 
     StepBreakdown,
     StepFeatures,
 )
-from longctx.sim.operators import LayerShape, check_tp, gemm_time_s, layers_time_s
+from longctx.sim.gemm_profile import GemmProfile
+from longctx.sim.operators import GEMMS, LayerShape, check_tp, gemm_time_s, layers_time_s, small_ops_time_s
 from longctx.specs import HardwareSpec, ModelSpec, dtype_bytes, get_hardware, get_model
 
 
@@ -75,6 +78,9 @@ class CostModelExecutor(Executor):
             ends, ``floor(ratio * T)`` of its ``T`` cached tokens are evicted (their blocks freed, later
             steps read fewer KV bytes). The press's own scoring time is not charged. 0: no pruning.
         form: ``"operator"`` (default) or ``"batch"`` (module docstring).
+        gemm_profile: a ``GemmProfile`` of ``model`` measured on the machine being modelled
+            (``longctx.sim.gemm_profile``): the operator form then prices the GEMMs and the LM head from it
+            (measured seconds, tensor parallelism 1) instead of from their rooflines.
     """
 
     def __init__(
@@ -88,6 +94,7 @@ class CostModelExecutor(Executor):
         params: str = "matmul",
         kv_compression_ratio: float = 0.0,
         form: str = "operator",
+        gemm_profile: GemmProfile | None = None,
     ) -> None:
         if not 0.0 <= float(kv_compression_ratio) < 1.0:
             raise ValueError(f"kv_compression_ratio must be in [0, 1), got {kv_compression_ratio!r}")
@@ -98,6 +105,10 @@ class CostModelExecutor(Executor):
         self.kv_compression_ratio = float(kv_compression_ratio)
         self.form = form
         self.model = m = get_model(model)
+        if gemm_profile is not None and (form != "operator" or gemm_profile.model != m.name):
+            raise ValueError(f"gemm_profile needs form='operator' and a profile of {m.name}; got form={form!r} and a "
+                             f"profile of {gemm_profile.model}")
+        self.gemm_profile = gemm_profile
         self.hardware = get_hardware(hardware)
         if factors is None:
             factors = CostFactors() if form == "operator" else CostFactors.assumed()
@@ -126,6 +137,13 @@ class CostModelExecutor(Executor):
         """All layers' GEMMs and small ops, plus the embedding, for ``n`` tokens on one of ``tp`` GPUs."""
         key = (n, tp)
         t = self._layers_cache.get(key)
+        if t is None and self.gemm_profile is not None:
+            if tp != 1:
+                raise ValueError(f"a GemmProfile is measured at tensor parallelism 1; got tp={tp}")
+            p, hw = self.gemm_profile, self.hardware
+            t = self._layers_cache[key] = (sum(p.seconds_at(g, n) for g in GEMMS)
+                                           + small_ops_time_s(self.shape, n, self.factors, hw.memory_bandwidth_bytes_per_s,
+                                                              self.act_elem_bytes))
         if t is None:
             hw = self.hardware
             t = self._layers_cache[key] = layers_time_s(self.shape, n, self.factors, hw.peak_flops_per_s,
@@ -137,7 +155,10 @@ class CostModelExecutor(Executor):
         t = self._head_cache.get(rows)
         if t is None:
             v = self.shape.vocab_size
-            t = self._head_cache[rows] = self._gemm_s(rows, self.shape.d_model, v) if v and rows else 0.0
+            if self.gemm_profile is not None:
+                t = self._head_cache[rows] = self.gemm_profile.seconds_at("lm_head", rows)
+            else:
+                t = self._head_cache[rows] = self._gemm_s(rows, self.shape.d_model, v) if v and rows else 0.0
         return t
 
     def linear_time_s(self, num_tokens: int, tp: int = 1) -> float:
@@ -221,7 +242,7 @@ class CostModelExecutor(Executor):
 
     def with_factors(self, factors: CostFactors) -> CostModelExecutor:
         return CostModelExecutor(self.model, self.hardware, factors, self.weight_dtype, self.kv_dtype,
-                                 self.attention, self.params, self.kv_compression_ratio, self.form)
+                                 self.attention, self.params, self.kv_compression_ratio, self.form, self.gemm_profile)
 
     def __repr__(self) -> str:
         return f"CostModelExecutor({self.model.name}, {self.hardware.name}, form={self.form!r}, {self.factors})"

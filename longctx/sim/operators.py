@@ -164,7 +164,13 @@ def layers_time_s(shape: LayerShape, n: int, factors, peak: float, bandwidth: fl
     """
     gemms = sum(gemm_time_s(n, k, m, factors, peak, bandwidth, weight_bytes, act_bytes)
                 for k, m in shape.gemm_dims(tp).values())
+    return shape.num_layers * gemms + small_ops_time_s(shape, n, factors, bandwidth, act_bytes, tp)
+
+
+def small_ops_time_s(shape: LayerShape, n: int, factors, bandwidth: float, act_bytes: float = 2.0,
+                     tp: int = 1) -> float:
+    """All layers' small per-token ops and the embedding for ``n`` tokens on one of ``tp`` GPUs, seconds."""
     ebw = bandwidth * factors.elementwise_efficiency
     small = shape.small_ops_per_layer * factors.elementwise_overhead_s + n * shape.small_op_bytes_per_token(act_bytes, tp) / ebw
     embedding = factors.elementwise_overhead_s + n * 2 * shape.d_model * act_bytes / ebw
-    return shape.num_layers * (gemms + small) + embedding
+    return shape.num_layers * small + embedding

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from longctx.sim.operators import gemm_ideal_s
+from longctx.sim.operators import gemm_ideal_s, small_ops_time_s
 
 
 @dataclass(frozen=True)
@@ -43,18 +43,18 @@ def operator_terms(ex, sequences: Iterable[tuple[int, int]]) -> OperatorTerms:
     parts = [(tokens, kk, mm, s.num_layers) for kk, mm in s.gemm_dims(1).values()]
     if s.vocab_size and n:
         parts.append((n, s.d_model, s.vocab_size, 1))
+    if ex.gemm_profile is not None:  # measured GEMMs (plus the modelled small ops): fixed, not fitted
+        parts, fixed = [], ex._layers_s(tokens, 1) + ex._lm_head_s(n)
+    else:
+        fixed = small_ops_time_s(s, tokens, k, bw, ex.act_elem_bytes)
     ideal = [(reps, *gemm_ideal_s(rows, kk, mm, k.gemm_tile_tokens, peak, bw, ex.weight_elem_bytes,
                                   ex.act_elem_bytes, k.gemm_wave_sms)) for rows, kk, mm, reps in parts]
-    ebw = bw * k.elementwise_efficiency
-    small = (s.num_layers * (s.small_ops_per_layer * k.elementwise_overhead_s
-                             + tokens * s.small_op_bytes_per_token(ex.act_elem_bytes) / ebw)
-             + k.elementwise_overhead_s + tokens * 2 * s.d_model * ex.act_elem_bytes / ebw)
     return OperatorTerms(
         gemm_compute_s=np.array([r * c for r, c, _ in ideal]),
         gemm_memory_s=np.array([r * m for r, _, m in ideal]),
         attention_compute_s=pairs * ex._attention_flops_per_pair / peak,
         attention_memory_s=(cached + tokens) * ex.kv_bytes_per_token / bw,
-        fixed_s=small + k.kernel_overhead_s * sum(r for r, _, _ in ideal),
+        fixed_s=fixed + k.kernel_overhead_s * sum(r for r, _, _ in ideal),
         num_sequences=n,
     )
 

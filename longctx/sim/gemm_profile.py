@@ -1,0 +1,140 @@
+"""A measured GEMM profile: this machine's time for each of a model's weight matrices at each row count.
+
+Vidur prices a GPU step from profiled operators rather than from a roofline; ``GemmProfile`` does the same
+for the real engine on a CPU. A roofline cannot follow a CPU GEMM library's row-count choices: on one 2-core
+VM (Intel Xeon) ``torch.nn.functional.linear`` streamed the weights once per 3 rows below 16 rows; on another
+(AMD EPYC) 3 rows took 2.6 times as long as 4 through SmolLM2's LM head (36 vs 17 ms), because 1-3 rows run
+as separate matrix-vector products and 4 as one blocked kernel. A fit of efficiencies to such a stair is a
+compromise that differs from machine to machine; a profile of the machine is not.
+
+``measure_gemm_profile(model)`` times, for every row count asked, the GEMMs the engine runs in one step
+(``longctx.model.llama``: q, k and v projections, o, gate and up, down, per layer; the LM head once), as the
+engine runs them: each layer its own weights, so the weights stream from memory as they do in a step rather
+than sitting in cache. Seconds are summed per group (``qkv``, ``o``, ``gate_up``, ``down``: over all layers;
+``lm_head``: once) and the median of ``repeats`` passes kept.
+
+``GemmProfile.seconds(group, rows)`` is exact at a measured row count, linear between two, and linear in the
+rows beyond the last (the slope of the last two). ``CostModelExecutor(..., gemm_profile=p)`` prices a step's
+GEMMs from it (``longctx.sim.cost_model``); the small per-token ops, the attention and the overheads stay
+modelled. torch is imported by ``measure_gemm_profile`` only.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+import time
+from dataclasses import dataclass, field
+
+from longctx.checks import positive_int
+from longctx.specs import ModelSpec, get_model
+
+GROUPS = ("qkv", "o", "gate_up", "down", "lm_head")
+DEFAULT_ROWS = (*range(1, 17), 20, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 640)
+
+
+@dataclass(frozen=True)
+class GemmProfile:
+    """Measured seconds per GEMM group (``GROUPS``) at each of ``rows`` (ascending); ``source`` says where."""
+
+    model: str
+    rows: tuple[int, ...]
+    seconds: dict[str, tuple[float, ...]]
+    source: str = ""
+    _cache: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        rows = tuple(self.rows)
+        for r in rows:
+            positive_int("GemmProfile rows", r, floats=False)
+        if len(rows) < 2 or list(rows) != sorted(set(rows)):
+            raise ValueError(f"GemmProfile rows must be at least two ascending row counts, got {rows!r}")
+        if set(self.seconds) != set(GROUPS):
+            raise ValueError(f"GemmProfile seconds must have exactly the groups {', '.join(GROUPS)}; "
+                             f"got {', '.join(sorted(self.seconds))}")
+        for g, ts in self.seconds.items():
+            if len(ts) != len(rows) or not all(isinstance(t, (int, float)) and t > 0 for t in ts):
+                raise ValueError(f"GemmProfile seconds[{g!r}] must be {len(rows)} times > 0, one per row count")
+
+    def seconds_at(self, group: str, rows: int) -> float:
+        """Seconds of ``group`` for ``rows`` token rows: exact at a measured count, linear between two,
+        proportional below the first, and beyond the last along the last two's slope (never below the last)."""
+        key = (group, rows)
+        t = self._cache.get(key)
+        if t is None:
+            if group not in self.seconds:
+                raise ValueError(f"unknown GEMM group {group!r}; allowed: {', '.join(GROUPS)}")
+            xs, ys = self.rows, self.seconds[group]
+            i = bisect.bisect_left(xs, rows)
+            if rows <= 0:
+                t = 0.0
+            elif i < len(xs) and xs[i] == rows:
+                t = ys[i]
+            elif i == 0:
+                t = ys[0] * rows / xs[0]
+            elif i == len(xs):
+                t = max(ys[-1], ys[-1] + (ys[-1] - ys[-2]) * (rows - xs[-1]) / (xs[-1] - xs[-2]))
+            else:
+                t = ys[i - 1] + (ys[i] - ys[i - 1]) * (rows - xs[i - 1]) / (xs[i] - xs[i - 1])
+            self._cache[key] = t
+        return t
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "rows": list(self.rows), "seconds": {g: list(v) for g, v in self.seconds.items()},
+                "source": self.source}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> GemmProfile:
+        return cls(d["model"], tuple(d["rows"]), {g: tuple(v) for g, v in d["seconds"].items()}, d.get("source", ""))
+
+
+def measure_gemm_profile(model: ModelSpec | str = "smollm2-135m", rows=DEFAULT_ROWS, repeats: int = 3,
+                         dtype: str = "fp32", seed: int = 0) -> GemmProfile:
+    """This machine's ``GemmProfile`` of ``model``'s GEMMs (module docstring); uses torch's current threads."""
+    import torch
+    import torch.nn.functional as F
+
+    m = get_model(model)
+    repeats = positive_int("repeats", repeats, floats=False)
+    rows = tuple(sorted({positive_int("rows", r, floats=False) for r in rows}))
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    gen = torch.Generator().manual_seed(seed)
+    d, hd, ff = m.d_model, m.head_dim, m.intermediate_size
+
+    def w(out_features: int, in_features: int):
+        return torch.randn(out_features, in_features, generator=gen, dtype=torch.float32).to(torch_dtype)
+
+    layers = [{"q": w(m.num_heads * hd, d), "k": w(m.num_kv_heads * hd, d), "v": w(m.num_kv_heads * hd, d),
+               "o": w(d, m.num_heads * hd), "gate": w(ff, d), "up": w(ff, d), "down": w(d, ff)}
+              for _ in range(m.num_layers)]
+    head = w(m.vocab_size, d)
+    groups = {"qkv": ("q", "k", "v"), "o": ("o",), "gate_up": ("gate", "up"), "down": ("down",)}
+    out: dict[str, list[float]] = {g: [] for g in GROUPS}
+    with torch.inference_mode():
+        for n in rows:
+            x_d = torch.randn(n, d, generator=gen).to(torch_dtype)
+            x_ff = torch.randn(n, ff, generator=gen).to(torch_dtype)
+            passes: dict[str, list[float]] = {g: [] for g in GROUPS}
+            for rep in range(repeats + 1):  # the first pass warms up
+                acc = dict.fromkeys(GROUPS, 0.0)
+                for layer in layers:
+                    for g, names in groups.items():
+                        x = x_ff if g == "down" else x_d
+                        t0 = time.perf_counter()
+                        for name in names:
+                            F.linear(x, layer[name])
+                        acc[g] += time.perf_counter() - t0
+                t0 = time.perf_counter()
+                F.linear(x_d, head)
+                acc["lm_head"] = time.perf_counter() - t0
+                if rep:
+                    for g in GROUPS:
+                        passes[g].append(acc[g])
+            for g in GROUPS:
+                out[g].append(statistics.median(passes[g]))
+    source = (f"measured by longctx.sim.gemm_profile on this machine: torch {torch.__version__}, "
+              f"{torch.get_num_threads()} threads, {dtype}, median of {repeats} passes")
+    return GemmProfile(m.name, rows, {g: tuple(v) for g, v in out.items()}, source)
+
+
+__all__ = ["DEFAULT_ROWS", "GROUPS", "GemmProfile", "measure_gemm_profile"]
