@@ -1,11 +1,14 @@
 """Simulator fidelity: calibrate on one workload run by the real engine on this CPU, predict another.
 
-1. Measure this CPU (numpy GEMM peak, copy bandwidth) as a ``HardwareSpec``.
+1. Measure this CPU (numpy GEMM peak, copy bandwidth) as a ``HardwareSpec``, and its **GEMM profile**
+   (``longctx.sim.gemm_profile``: the engine's own GEMMs and small per-token ops timed at 1 ... 640 rows,
+   Vidur's method on a CPU). The record's cost model prices those from the profile; the attention and the
+   step and per-sequence overheads stay modelled and fitted. The roofline-GEMM model runs beside it on the
+   same real runs, for comparison (below: why a profile).
 2. Workload A (calibration): the real engine (SmolLM2-135M, fp32, ``TorchExecutor``) serves 10 requests
    sent at once, chunked prefill with a 256-token budget, ``--repeats`` times, each run followed by a run of
    B (so a slow drift of a shared machine's speed reaches calibration and test alike); every step's
-   composition and time is recorded and ``calibrate`` fits the cost model's efficiencies and overheads on
-   all of A's steps.
+   composition and time is recorded and ``calibrate`` fits the cost model's factors on all of A's steps.
 3. Workload B (prediction, different lengths, arrivals and budget): 48 requests, Poisson arrivals at 0.5
    req/s, lognormal prompts, chunked prefill with a 512-token budget. Simulated once (calibrated cost model,
    virtual clock, same requests) against the ``--repeats`` real runs (wall clock; each run waits for a quiet
@@ -20,9 +23,13 @@
    the pooled calibration. Each run of B is compared with the prediction at the speed of the run of A just
    before it (``ScaledExecutor``); the per-run errors give a mean and a 95 % t-interval. The rule, fixed
    before this step's first run: a targeted metric is **shown within 5 %** when that interval lies inside
-   +-5 %; "mean within 5 %, interval wider" is not shown. Both with and without the pairing are printed.
+   +-5 % and the machine was steady (7); "mean within 5 %, interval wider" is not shown. Both with and
+   without the pairing are printed.
+7. The instrument's steadiness: a speed probe (``longctx.sim.hardware.probe_gemm_s``, one fixed GEMM for a
+   second) before each A and before and after each B. If its largest reading exceeds its smallest by more
+   than 10 %, the machine's own speed moved by more than the target and the verdict is "cannot be judged".
 
-    .venv/bin/python benchmarks/sim_fidelity.py [--repeats 6] [--record] [--force]
+    .venv/bin/python benchmarks/sim_fidelity.py [--repeats 6] [--record] [--force] [--save-runs FILE]
 
 Why B is 48 requests at 0.5 req/s: the earlier B (12 requests at 1 req/s) was ill-conditioned: with steps 3 %
 slower its simulated P99 ITL rose 21 % (the P99 of ~250 gaps is the third-largest: whether two prompts
@@ -100,7 +107,7 @@ from longctx.sim import (  # noqa: E402
 )
 from longctx.sim.gemm_profile import GROUPS as GEMM_GROUPS  # noqa: E402
 from longctx.sim.gemm_profile import measure_gemm_profile  # noqa: E402
-from longctx.sim.hardware import measure_cpu_hardware  # noqa: E402
+from longctx.sim.hardware import measure_cpu_hardware, probe_gemm_s  # noqa: E402
 
 RECORD = pathlib.Path(__file__).resolve().parents[1] / "longctx" / "data" / "recorded" / "sim_fidelity.json"
 NUM_BLOCKS, BLOCK_SIZE = 512, 16
@@ -130,6 +137,7 @@ def run_real(model, workload, scheduler, vocab_size, seed=0):
 METRICS = ("median TTFT", "P99 ITL", "median ITL", "median E2E")
 TARGETED = ("median TTFT", "P99 ITL")  # issue 26: within 5 %
 TARGET = 0.05
+STEADY_SPREAD = 0.10  # the speed probe's largest / smallest - 1 over a measurement (module docstring)
 
 
 def metric_values(m) -> tuple[float, float, float, float]:
@@ -161,7 +169,7 @@ def run_speed(fitted, steps) -> float:
     return float(np.median([st.duration_s / fitted.step_time_s(st.sequences) for st in steps]))
 
 
-def paired_errors(runs) -> dict[str, dict]:
+def paired_errors(runs, steady: bool = True) -> dict[str, dict]:
     """Per metric, step 6's errors (each run of B against the prediction at its run of A's speed): each run's,
     their mean and 95 % t-interval, and the verdict of the rule fixed before the runs (module docstring)."""
     out = {}
@@ -170,6 +178,8 @@ def paired_errors(runs) -> dict[str, dict]:
         mean, low, high = mean_interval(errs) if len(errs) > 1 else (errs[0], -np.inf, np.inf)
         if m not in TARGETED:
             verdict = "(extra)"
+        elif not steady:
+            verdict = "cannot be judged: the machine was unsteady"
         elif -TARGET <= low and high <= TARGET:
             verdict = "shown within 5 %"
         elif abs(mean) <= TARGET:
@@ -180,7 +190,7 @@ def paired_errors(runs) -> dict[str, dict]:
     return out
 
 
-def evaluate(label: str, ex, runs_a, real_runs, wl_b) -> dict:
+def evaluate(label: str, ex, runs_a, real_runs, wl_b, steady: bool = True) -> dict:
     """Steps 2-6 for one cost model ``ex``: calibrate on A's runs, predict B, compare, print; the record's fields."""
     steps_a = [st for run in runs_a for st in run]
     cal = calibrate(ex, steps_a)  # pooled: one run's noise would be the calibration's
@@ -228,7 +238,7 @@ def evaluate(label: str, ex, runs_a, real_runs, wl_b) -> dict:
               f"{100 * min(errs):>9.1f} to {100 * max(errs):+.1f}%  {target}")
         out.append({"metric": m, "predicted_s": predicted[m], "measured_s": meas, "error": err,
                     "errors_per_repeat": errs})
-    paired = paired_errors(runs)
+    paired = paired_errors(runs, steady)
     print(f"step 6, each run of B against the prediction at its own run of A's speed (A's measured / priced step "
           f"time: {', '.join(f'{x:.3f}' for x in speeds)}); mean of the {len(runs)} runs' errors, 95 % t-interval:")
     for m, row in paired.items():
@@ -291,22 +301,30 @@ def main(argv=None) -> None:
 
     wl_a = make_workload(10, float("inf"), Uniform(32, 500), Uniform(8, 24), seed=1)
     wl_b = make_workload(B_REQUESTS, B_RATE, LogNormal(250, 0.6, low=32, high=1000), Uniform(12, 32), seed=2)
-    t0, runs_a, real_runs = time.perf_counter(), [], []
+    t0, runs_a, real_runs, probes = time.perf_counter(), [], [], []
     for rep in range(args.repeats):  # A and B alternate: a drift of the machine's speed reaches both alike
         wait_for_quiet(threads, args.force)
+        probes.append(probe_gemm_s())
         runs_a.append(run_real(model, wl_a, ChunkedPrefillScheduler(A_BUDGET), vocab)[1])
         load = wait_for_quiet(threads, args.force)
+        probes.append(probe_gemm_s())
         t1 = time.perf_counter()
         real_b, steps_b = run_real(model, wl_b, ChunkedPrefillScheduler(B_BUDGET), vocab, seed=2)
         measured = dict(zip(METRICS, metric_values(summarize(real_b)), strict=True))
         real_runs.append((rep, load, time.perf_counter() - t1, measured, steps_b))
+        probes.append(probe_gemm_s())
         print(f"repeat {rep}: A then B measured (load {load:.2f} before B, B took {real_runs[-1][2]:.1f} s)", flush=True)
     print(f"measured in {time.perf_counter() - t0:.0f} s")
+    spread = max(probes) / min(probes) - 1
+    steady = spread <= STEADY_SPREAD
+    print(f"speed probe (one fixed GEMM, ms) before each A, before and after each B: "
+          f"{' '.join(f'{1e3 * p:.2f}' for p in probes)}; spread {100 * spread:.0f} %: "
+          + ("steady" if steady else f"UNSTEADY (> {100 * STEADY_SPREAD:.0f} %): no 5 % claim can be judged"), flush=True)
     if args.save_runs:  # everything evaluate() reads, for a re-analysis without re-measuring
         args.save_runs.write_bytes(pickle.dumps({"hardware": hw, "profile": profile, "runs_a": runs_a,
-                                                 "real_runs": real_runs}))
-    result = evaluate("GEMMs from this machine's profile (the record's model)", profiled, runs_a, real_runs, wl_b)
-    without = evaluate("GEMMs on their rooflines (for comparison)", roofline, runs_a, real_runs, wl_b)
+                                                 "real_runs": real_runs, "probes": probes}))
+    result = evaluate("GEMMs from this machine's profile (the record's model)", profiled, runs_a, real_runs, wl_b, steady)
+    without = evaluate("GEMMs on their rooflines (for comparison)", roofline, runs_a, real_runs, wl_b, steady)
     if args.record:
         RECORD.write_text(json.dumps({
             "what": "simulator fidelity: calibrate on workload A (real engine, this CPU), predict workload B",
@@ -318,6 +336,7 @@ def main(argv=None) -> None:
                     "torch_threads": torch.get_num_threads()},
             "workload_b": {"requests": B_REQUESTS, "rate_per_s": B_RATE, "budget": B_BUDGET},
             "gemm_profile": profile.to_dict(),
+            "speed_probe_s": probes, "speed_probe_spread": spread, "steady": steady,
             **result,
             "roofline_gemms": without,
         }, indent=1) + "\n")

@@ -15,8 +15,8 @@ logit row per entry), and the attention of each entry::
 
   ``linear_time_s(n, tp)`` is ``linear_s`` without the LM head: what Vidur's H100 profiles measure. The
   attention term is the course's FLOPs and KV bytes on a roofline, *not* measured by those profiles.
-  With a measured ``GemmProfile`` (``gemm_profile=``, ``longctx.sim.gemm_profile``) the GEMMs and the LM
-  head are its seconds instead of rooflines: how ``benchmarks/sim_fidelity.py`` models the engine on a CPU.
+  With a measured ``GemmProfile`` (``gemm_profile=``, ``longctx.sim.gemm_profile``) the GEMMs, the small
+  ops and the LM head are its seconds instead of rooflines: how ``benchmarks/sim_fidelity.py`` models the engine on a CPU.
 
 ``"batch"`` (the earlier, whole-batch form, which lessons teach as "the roofline"): one roofline for the
 whole step::
@@ -56,8 +56,8 @@ from longctx.sim.factors import (  # noqa: F401  (re-exported: the cost model's 
     StepBreakdown,
     StepFeatures,
 )
-from longctx.sim.gemm_profile import GemmProfile
-from longctx.sim.operators import GEMMS, LayerShape, check_tp, gemm_time_s, layers_time_s, small_ops_time_s
+from longctx.sim.gemm_profile import LAYER_GROUPS, GemmProfile
+from longctx.sim.operators import LayerShape, check_tp, embedding_time_s, gemm_time_s, layers_time_s
 from longctx.specs import HardwareSpec, ModelSpec, dtype_bytes, get_hardware, get_model
 
 
@@ -80,7 +80,7 @@ class CostModelExecutor(Executor):
         form: ``"operator"`` (default) or ``"batch"`` (module docstring).
         gemm_profile: a ``GemmProfile`` of ``model`` measured on the machine being modelled
             (``longctx.sim.gemm_profile``): the operator form then prices the GEMMs and the LM head from it
-            (measured seconds, tensor parallelism 1) instead of from their rooflines.
+            and the small ops (measured seconds, tensor parallelism 1) instead of from their rooflines.
     """
 
     def __init__(
@@ -141,8 +141,8 @@ class CostModelExecutor(Executor):
             if tp != 1:
                 raise ValueError(f"a GemmProfile is measured at tensor parallelism 1; got tp={tp}")
             p, hw = self.gemm_profile, self.hardware
-            t = self._layers_cache[key] = (sum(p.seconds_at(g, n) for g in GEMMS)
-                                           + small_ops_time_s(self.shape, n, self.factors, hw.memory_bandwidth_bytes_per_s,
+            t = self._layers_cache[key] = (sum(p.seconds_at(g, n) for g in LAYER_GROUPS)  # + the embedding lookup
+                                           + embedding_time_s(self.shape, n, self.factors, hw.memory_bandwidth_bytes_per_s,
                                                               self.act_elem_bytes))
         if t is None:
             hw = self.hardware

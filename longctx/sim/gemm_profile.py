@@ -1,4 +1,5 @@
-"""A measured GEMM profile: this machine's time for each of a model's weight matrices at each row count.
+"""A measured GEMM profile: this machine's time for each of a model's weight matrices (and its small per-token
+ops) at each row count.
 
 Vidur prices a GPU step from profiled operators rather than from a roofline; ``GemmProfile`` does the same
 for the real engine on a CPU. A roofline cannot follow a CPU GEMM library's row-count choices: on one 2-core
@@ -10,12 +11,15 @@ compromise that differs from machine to machine; a profile of the machine is not
 ``measure_gemm_profile(model)`` times, for every row count asked, the GEMMs the engine runs in one step
 (``longctx.model.llama``: q, k and v projections, o, gate and up, down, per layer; the LM head once), as the
 engine runs them: each layer its own weights, so the weights stream from memory as they do in a step rather
-than sitting in cache. Seconds are summed per group (``qkv``, ``o``, ``gate_up``, ``down``: over all layers;
-``lm_head``: once) and the median of ``repeats`` passes kept.
+than sitting in cache. Beside the GEMMs it times the small per-token ops with the engine's own functions
+(``small_ops``: both RMSNorms, RoPE on q and k, SiLU times up, the two residual adds and the KV-cache
+write of every layer): in eager torch each is several passes over the activations, which a bytes-moved
+roofline prices at one. Seconds are summed per group (``qkv``, ``o``, ``gate_up``, ``down``, ``small_ops``:
+over all layers; ``lm_head``: once) and the median of ``repeats`` passes kept.
 
 ``GemmProfile.seconds(group, rows)`` is exact at a measured row count, linear between two, and linear in the
 rows beyond the last (the slope of the last two). ``CostModelExecutor(..., gemm_profile=p)`` prices a step's
-GEMMs from it (``longctx.sim.cost_model``); the small per-token ops, the attention and the overheads stay
+GEMMs and small ops from it (``longctx.sim.cost_model``); the attention and the step overheads stay
 modelled. torch is imported by ``measure_gemm_profile`` only.
 """
 
@@ -29,7 +33,8 @@ from dataclasses import dataclass, field
 from longctx.checks import positive_int
 from longctx.specs import ModelSpec, get_model
 
-GROUPS = ("qkv", "o", "gate_up", "down", "lm_head")
+GROUPS = ("qkv", "o", "gate_up", "down", "small_ops", "lm_head")
+LAYER_GROUPS = GROUPS[:5]  # summed over all layers; the LM head runs once a step
 DEFAULT_ROWS = (*range(1, 17), 20, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 640)
 
 
@@ -94,6 +99,8 @@ def measure_gemm_profile(model: ModelSpec | str = "smollm2-135m", rows=DEFAULT_R
     import torch
     import torch.nn.functional as F
 
+    from longctx.model.llama import RMSNorm, apply_rope, rope_cos_sin
+
     m = get_model(model)
     repeats = positive_int("repeats", repeats, floats=False)
     rows = tuple(sorted({positive_int("rows", r, floats=False) for r in rows}))
@@ -109,21 +116,40 @@ def measure_gemm_profile(model: ModelSpec | str = "smollm2-135m", rows=DEFAULT_R
               for _ in range(m.num_layers)]
     head = w(m.vocab_size, d)
     groups = {"qkv": ("q", "k", "v"), "o": ("o",), "gate_up": ("gate", "up"), "down": ("down",)}
+    norms = [(RMSNorm(d, 1e-5, dtype=torch_dtype), RMSNorm(d, 1e-5, dtype=torch_dtype)) for _ in layers]
+    slots = max(rows)
+    caches = [(torch.zeros(slots, m.num_kv_heads, hd, dtype=torch_dtype),
+               torch.zeros(slots, m.num_kv_heads, hd, dtype=torch_dtype)) for _ in layers]
     out: dict[str, list[float]] = {g: [] for g in GROUPS}
     with torch.inference_mode():
         for n in rows:
             x_d = torch.randn(n, d, generator=gen).to(torch_dtype)
             x_ff = torch.randn(n, ff, generator=gen).to(torch_dtype)
+            q = torch.randn(n, m.num_heads, hd, generator=gen).to(torch_dtype)
+            kv = torch.randn(n, m.num_kv_heads, hd, generator=gen).to(torch_dtype)
+            cos, sin = rope_cos_sin(torch.arange(n), hd, m.rope_theta, torch_dtype)
+            slot_mapping = torch.arange(n)
             passes: dict[str, list[float]] = {g: [] for g in GROUPS}
             for rep in range(repeats + 1):  # the first pass warms up
                 acc = dict.fromkeys(GROUPS, 0.0)
-                for layer in layers:
+                for layer, (n1, n2), (kc, vc) in zip(layers, norms, caches, strict=True):
                     for g, names in groups.items():
                         x = x_ff if g == "down" else x_d
                         t0 = time.perf_counter()
                         for name in names:
                             F.linear(x, layer[name])
                         acc[g] += time.perf_counter() - t0
+                    t0 = time.perf_counter()  # the layer's small ops, as longctx.model.llama runs them
+                    normed = n1(x_d)
+                    apply_rope(q, cos, sin)
+                    apply_rope(kv, cos, sin)
+                    kc[slot_mapping] = kv
+                    vc[slot_mapping] = kv
+                    h = x_d + normed  # attention's residual add
+                    normed = n2(h)
+                    F.silu(x_ff) * x_ff
+                    h + normed  # the MLP's residual add
+                    acc["small_ops"] += time.perf_counter() - t0
                 t0 = time.perf_counter()
                 F.linear(x_d, head)
                 acc["lm_head"] = time.perf_counter() - t0
@@ -137,4 +163,4 @@ def measure_gemm_profile(model: ModelSpec | str = "smollm2-135m", rows=DEFAULT_R
     return GemmProfile(m.name, rows, {g: tuple(v) for g, v in out.items()}, source)
 
 
-__all__ = ["DEFAULT_ROWS", "GROUPS", "GemmProfile", "measure_gemm_profile"]
+__all__ = ["DEFAULT_ROWS", "GROUPS", "LAYER_GROUPS", "GemmProfile", "measure_gemm_profile"]

@@ -2,7 +2,12 @@
 
 ``measure_cpu_hardware`` times numpy's fp32 GEMM (the best of a few sizes: the "peak") and a large array
 copy (read + write bytes: the "bandwidth"). The simulator then models the real engine on this CPU, and
-``calibrate`` fits how far the real engine's steps fall short of these two numbers. numpy only.
+``calibrate`` fits how far the real engine's steps fall short of these two numbers.
+
+``probe_gemm_s`` is a speed probe: the median time of one fixed GEMM (256 x 576 through 576 x 3,072, fp32:
+a SmolLM2 gate+up at a 256-token chunk) over about a second. Repeated through a measurement it shows how
+steady the machine was: on a shared VM both compute- and memory-bound kernels have been seen to wander by
+25-31 % between 5-second windows within two minutes. numpy only.
 """
 
 from __future__ import annotations
@@ -55,3 +60,17 @@ def measure_cpu_hardware(name: str = "cpu-measured") -> HardwareSpec:
     return HardwareSpec(name, peak, bw, mem,
                         source=f"measured on this machine by longctx.sim.hardware ({os.cpu_count()} cores): "
                                "numpy fp32 GEMM best of 512/1024/2048, 256 MiB copy")
+
+
+def probe_gemm_s(seconds: float = 1.0, seed: int = 0) -> float:
+    """Median seconds of one fixed fp32 GEMM (``[256, 576] @ [576, 3072]``) over about ``seconds`` (module docstring)."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((256, 576), dtype=np.float32)
+    b = rng.standard_normal((576, 3072), dtype=np.float32)
+    a @ b  # warm-up
+    times, end = [], time.perf_counter() + seconds
+    while time.perf_counter() < end or len(times) < 5:
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))

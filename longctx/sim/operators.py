@@ -172,5 +172,9 @@ def small_ops_time_s(shape: LayerShape, n: int, factors, bandwidth: float, act_b
     """All layers' small per-token ops and the embedding for ``n`` tokens on one of ``tp`` GPUs, seconds."""
     ebw = bandwidth * factors.elementwise_efficiency
     small = shape.small_ops_per_layer * factors.elementwise_overhead_s + n * shape.small_op_bytes_per_token(act_bytes, tp) / ebw
-    embedding = factors.elementwise_overhead_s + n * 2 * shape.d_model * act_bytes / ebw
-    return shape.num_layers * small + embedding
+    return shape.num_layers * small + embedding_time_s(shape, n, factors, bandwidth, act_bytes)
+
+
+def embedding_time_s(shape: LayerShape, n: int, factors, bandwidth: float, act_bytes: float = 2.0) -> float:
+    """The embedding lookup of ``n`` tokens (once a step): gather ``n`` rows of ``d_model``, write them."""
+    return factors.elementwise_overhead_s + n * 2 * shape.d_model * act_bytes / (bandwidth * factors.elementwise_efficiency)
