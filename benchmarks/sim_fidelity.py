@@ -2,7 +2,8 @@
 
 1. Measure this CPU (numpy GEMM peak, copy bandwidth) as a ``HardwareSpec``, and its **GEMM profile**
    (``longctx.sim.gemm_profile``: the engine's own GEMMs and small per-token ops timed at 1 ... 640 rows,
-   Vidur's method on a CPU). The record's cost model prices those from the profile; the attention and the
+   Vidur's method on a CPU), once before each repeat; the median of those profiles is the one used (a
+   single profile carries the machine's speed of that minute). The record's cost model prices those from the profile; the attention and the
    step and per-sequence overheads stay modelled and fitted. The roofline-GEMM model runs beside it on the
    same real runs, for comparison (below: why a profile).
 2. Workload A (calibration): the real engine (SmolLM2-135M, fp32, ``TorchExecutor``) serves 10 requests
@@ -106,7 +107,7 @@ from longctx.sim import (  # noqa: E402
     make_workload,
 )
 from longctx.sim.gemm_profile import GROUPS as GEMM_GROUPS  # noqa: E402
-from longctx.sim.gemm_profile import measure_gemm_profile  # noqa: E402
+from longctx.sim.gemm_profile import GemmProfile, measure_gemm_profile  # noqa: E402
 from longctx.sim.hardware import measure_cpu_hardware, probe_gemm_s  # noqa: E402
 
 RECORD = pathlib.Path(__file__).resolve().parents[1] / "longctx" / "data" / "recorded" / "sim_fidelity.json"
@@ -137,6 +138,7 @@ def run_real(model, workload, scheduler, vocab_size, seed=0):
 METRICS = ("median TTFT", "P99 ITL", "median ITL", "median E2E")
 TARGETED = ("median TTFT", "P99 ITL")  # issue 26: within 5 %
 TARGET = 0.05
+PROFILE_ROWS = (*range(1, 17), 24, 32, 48, 64, 128, 256, 384, 512, 640)  # B's steps hold 1 ... 512 tokens
 STEADY_SPREAD = 0.10  # the speed probe's largest / smallest - 1 over a measurement (module docstring)
 
 
@@ -167,6 +169,24 @@ def relative(values: dict[str, float], base: dict[str, float]) -> dict[str, floa
 def run_speed(fitted, steps) -> float:
     """How slow the machine ran in one run of A: its steps' median measured / priced time (1.0: as fitted)."""
     return float(np.median([st.duration_s / fitted.step_time_s(st.sequences) for st in steps]))
+
+
+TOKEN_BANDS = ((1, 1, "decode-only"), (2, 128, "2-128"), (129, 256, "129-256"), (257, 400, "257-400"),
+               (401, 10**9, "401+"))
+
+
+def steps_by_tokens(fitted, steps_a, steps_b) -> list[dict]:
+    """Median measured / priced time of A's and B's real steps, by the step's new tokens (decode-only: one per
+    sequence): where in the step sizes the calibrated model is off."""
+    out = []
+    for name, steps in (("A", steps_a), ("B", steps_b)):
+        for lo, hi, label in TOKEN_BANDS:
+            sel = [st for st in steps if (all(n == 1 for n, _ in st.sequences) if hi == 1 else
+                   not all(n == 1 for n, _ in st.sequences) and lo <= sum(n for n, _ in st.sequences) <= hi)]
+            if sel:
+                out.append({"workload": name, "tokens": label, "steps": len(sel), "ratio": float(np.median(
+                    [st.duration_s / fitted.step_time_s(st.sequences) for st in sel]))})
+    return out
 
 
 def paired_errors(runs, steady: bool = True) -> dict[str, dict]:
@@ -255,7 +275,11 @@ def evaluate(label: str, ex, runs_a, real_runs, wl_b, steady: bool = True) -> di
     print("decode-only steps of B by batch size (medians): " + "; ".join(
         f"{r['sequences']}: {1e3 * r['measured_s']:.1f} ms measured, {1e3 * r['predicted_s']:.1f} predicted "
         f"({100 * r['error']:+.0f} %, n={r['steps']})" for r in by_batch), flush=True)
-    return {"calibration": {"factors": vars(cal.factors), "num_steps": cal.num_steps,
+    by_tokens = steps_by_tokens(fitted, steps_a, [st for run in real_runs for st in run[4]])
+    print("measured / priced step time by new tokens in the step (medians): " + "; ".join(
+        f"{r['workload']} {r['tokens']}: {r['ratio']:.3f} (n={r['steps']})" for r in by_tokens), flush=True)
+    return {"steps_by_tokens": by_tokens,
+            "calibration": {"factors": vars(cal.factors), "num_steps": cal.num_steps,
                             "median_abs_rel_error": cal.median_abs_rel_error},
             "conditioning": {str(sc): v for sc, v in conditioning.items()},
             "calibration_spread_leave_one_run_out": calibration_spread,
@@ -285,17 +309,7 @@ def main(argv=None) -> None:
     hw = measure_cpu_hardware()
     print(f"CPU ({torch.get_num_threads()} torch threads): {hw.peak_flops_per_s / 1e9:.1f} GFLOP/s fp32 GEMM, "
           f"{hw.memory_bandwidth_bytes_per_s / 1e9:.1f} GB/s copy", flush=True)
-    wait_for_quiet(threads, args.force)
-    profile = measure_gemm_profile("smollm2-135m")  # step 1: this machine's GEMMs at each row count
-    print("GEMM profile (ms, all layers; the LM head once), rows: " + "; ".join(
-        f"{n}: " + "/".join(f"{1e3 * profile.seconds[g][i]:.1f}" for g in GEMM_GROUPS)
-        for i, n in enumerate(profile.rows) if n <= 16 or n in (64, 256, 512)) + f"  ({'/'.join(GEMM_GROUPS)})", flush=True)
-    # A CPU runs no GEMM tiles in waves over SMs: the operator form without the H100's tile quantization.
-    roofline = CostModelExecutor("smollm2-135m", hw, CostFactors(gemm_tile_tokens=1), weight_dtype="fp32",
-                                 kv_dtype="fp32")
-    profiled = CostModelExecutor("smollm2-135m", hw, CostFactors(gemm_tile_tokens=1), weight_dtype="fp32",
-                                 kv_dtype="fp32", gemm_profile=profile)
-
+    profiles = []  # step 1: this machine's GEMMs at each row count, once before each repeat (their median)
     # warm-up (first torch calls are slow)
     run_real(model, make_workload(2, float("inf"), 64, 4, seed=99), ChunkedPrefillScheduler(A_BUDGET), vocab)
 
@@ -304,6 +318,7 @@ def main(argv=None) -> None:
     t0, runs_a, real_runs, probes = time.perf_counter(), [], [], []
     for rep in range(args.repeats):  # A and B alternate: a drift of the machine's speed reaches both alike
         wait_for_quiet(threads, args.force)
+        profiles.append(measure_gemm_profile("smollm2-135m", rows=PROFILE_ROWS, repeats=1))
         probes.append(probe_gemm_s())
         runs_a.append(run_real(model, wl_a, ChunkedPrefillScheduler(A_BUDGET), vocab)[1])
         load = wait_for_quiet(threads, args.force)
@@ -315,13 +330,25 @@ def main(argv=None) -> None:
         probes.append(probe_gemm_s())
         print(f"repeat {rep}: A then B measured (load {load:.2f} before B, B took {real_runs[-1][2]:.1f} s)", flush=True)
     print(f"measured in {time.perf_counter() - t0:.0f} s")
+    profile = GemmProfile.median_of(profiles)
+    profile_spread = profile.spread(profiles)
+    print("GEMM profile (ms, all layers; the LM head once), rows: " + "; ".join(
+        f"{n}: " + "/".join(f"{1e3 * profile.seconds[g][i]:.1f}" for g in GEMM_GROUPS)
+        for i, n in enumerate(profile.rows) if n <= 16 or n in (64, 256, 512)) + f"  ({'/'.join(GEMM_GROUPS)})", flush=True)
+    print("  spread of the " + str(len(profiles)) + " profiles (median over rows of max / min - 1): " + ", ".join(
+        f"{g} {100 * v:.0f} %" for g, v in profile_spread.items()))
+    # A CPU runs no GEMM tiles in waves over SMs: the operator form without the H100's tile quantization.
+    roofline = CostModelExecutor("smollm2-135m", hw, CostFactors(gemm_tile_tokens=1), weight_dtype="fp32",
+                                 kv_dtype="fp32")
+    profiled = CostModelExecutor("smollm2-135m", hw, CostFactors(gemm_tile_tokens=1), weight_dtype="fp32",
+                                 kv_dtype="fp32", gemm_profile=profile)
     spread = max(probes) / min(probes) - 1
     steady = spread <= STEADY_SPREAD
     print(f"speed probe (one fixed GEMM, ms) before each A, before and after each B: "
           f"{' '.join(f'{1e3 * p:.2f}' for p in probes)}; spread {100 * spread:.0f} %: "
           + ("steady" if steady else f"UNSTEADY (> {100 * STEADY_SPREAD:.0f} %): no 5 % claim can be judged"), flush=True)
     if args.save_runs:  # everything evaluate() reads, for a re-analysis without re-measuring
-        args.save_runs.write_bytes(pickle.dumps({"hardware": hw, "profile": profile, "runs_a": runs_a,
+        args.save_runs.write_bytes(pickle.dumps({"hardware": hw, "profile": profile, "profiles": profiles, "runs_a": runs_a,
                                                  "real_runs": real_runs, "probes": probes}))
     result = evaluate("GEMMs from this machine's profile (the record's model)", profiled, runs_a, real_runs, wl_b, steady)
     without = evaluate("GEMMs on their rooflines (for comparison)", roofline, runs_a, real_runs, wl_b, steady)
@@ -335,7 +362,7 @@ def main(argv=None) -> None:
             "cpu": {"peak_flops_per_s": hw.peak_flops_per_s, "bandwidth_bytes_per_s": hw.memory_bandwidth_bytes_per_s,
                     "torch_threads": torch.get_num_threads()},
             "workload_b": {"requests": B_REQUESTS, "rate_per_s": B_RATE, "budget": B_BUDGET},
-            "gemm_profile": profile.to_dict(),
+            "gemm_profile": profile.to_dict(), "gemm_profile_spread": profile_spread,
             "speed_probe_s": probes, "speed_probe_spread": spread, "steady": steady,
             **result,
             "roofline_gemms": without,

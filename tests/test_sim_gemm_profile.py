@@ -87,3 +87,13 @@ def test_measuring_a_profile_times_every_group_at_every_row_count():
     assert p.rows == (1, 4) and set(p.seconds) == set(GROUPS)
     assert all(t > 0 for ts in p.seconds.values() for t in ts)
     assert "measured" in p.source
+
+
+def test_the_median_of_several_profiles_and_their_spread():
+    p, q, r = (GemmProfile("smollm2-135m", ROWS, {g: tuple(f * t for t in SECONDS[g]) for g in GROUPS})
+               for f in (1.0, 1.2, 0.9))
+    med = GemmProfile.median_of([p, q, r])
+    assert med.seconds == p.seconds and "median of 3" in med.source
+    assert med.spread([p, q, r])["qkv"] == pytest.approx(1.2 / 0.9 - 1)
+    with pytest.raises(ValueError, match="same row counts"):
+        GemmProfile.median_of([p, GemmProfile("smollm2-135m", ROWS[:-1], {g: v[:-1] for g, v in SECONDS.items()})])

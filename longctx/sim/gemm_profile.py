@@ -84,6 +84,23 @@ class GemmProfile:
             self._cache[key] = t
         return t
 
+    @classmethod
+    def median_of(cls, profiles) -> GemmProfile:
+        """The element-wise median of several measurements of one model's profile at the same row counts."""
+        profiles = list(profiles)
+        if not profiles or len({(p.model, p.rows) for p in profiles}) != 1:
+            raise ValueError("median_of needs one or more profiles of one model at the same row counts")
+        first = profiles[0]
+        seconds = {g: tuple(statistics.median(p.seconds[g][i] for p in profiles) for i in range(len(first.rows)))
+                   for g in GROUPS}
+        return cls(first.model, first.rows, seconds, f"median of {len(profiles)} profiles; each {first.source}")
+
+    def spread(self, others) -> dict[str, float]:
+        """Per group, the median over row counts of ``max / min - 1`` across ``others`` (how steady they were)."""
+        others = list(others)
+        return {g: statistics.median(max(p.seconds[g][i] for p in others) / min(p.seconds[g][i] for p in others) - 1
+                                     for i in range(len(self.rows))) for g in GROUPS}
+
     def to_dict(self) -> dict:
         return {"model": self.model, "rows": list(self.rows), "seconds": {g: list(v) for g, v in self.seconds.items()},
                 "source": self.source}
