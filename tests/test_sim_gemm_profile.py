@@ -54,6 +54,10 @@ def test_the_profiled_cost_model_prices_gemms_from_the_profile():
     # the stair shows in whole steps: three decodes dearer than four
     three, four = ex.step_time_s([(1, 10)] * 3), ex.step_time_s([(1, 10)] * 4)
     assert three > four
+    # a fresh chunk's attention is measured (causal_attention); a chunk after a prefix and a decode are modelled
+    fresh = k.step_overhead_s + k.per_sequence_overhead_s + ex.linear_time_s(64) + 1e-3 + 9e-3  # LM head (1 row), attention
+    assert ex.step_time_s([(64, 0)]) == pytest.approx(fresh)
+    assert ex.step_time_s([(64, 100)]) != pytest.approx(fresh)
     assert ex.with_factors(k).gemm_profile is ex.gemm_profile
     with pytest.raises(ValueError, match="tensor parallelism 1"):
         ex.linear_time_s(8, tp=2)

@@ -9,7 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from longctx.evals.stats import Rate, bootstrap_diff, compare_rates, fisher_exact, mean_interval, wilson_interval
+from longctx.evals.stats import (
+    Rate,
+    bootstrap_diff,
+    compare_rates,
+    fisher_exact,
+    mean_interval,
+    wilson_interval,
+)
 
 
 def test_wilson_matches_hand_worked_values():

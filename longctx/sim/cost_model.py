@@ -16,7 +16,7 @@ logit row per entry), and the attention of each entry::
   ``linear_time_s(n, tp)`` is ``linear_s`` without the LM head: what Vidur's H100 profiles measure. The
   attention term is the course's FLOPs and KV bytes on a roofline, *not* measured by those profiles.
   With a measured ``GemmProfile`` (``gemm_profile=``, ``longctx.sim.gemm_profile``) the GEMMs, the small
-  ops and the LM head are its seconds instead of rooflines: how ``benchmarks/sim_fidelity.py`` models the engine on a CPU.
+  ops, the LM head and the attention of fresh prompt chunks are its seconds instead of rooflines: how ``benchmarks/sim_fidelity.py`` models the engine on a CPU.
 
 ``"batch"`` (the earlier, whole-batch form, which lessons teach as "the roofline"): one roofline for the
 whole step::
@@ -79,8 +79,9 @@ class CostModelExecutor(Executor):
             steps read fewer KV bytes). The press's own scoring time is not charged. 0: no pruning.
         form: ``"operator"`` (default) or ``"batch"`` (module docstring).
         gemm_profile: a ``GemmProfile`` of ``model`` measured on the machine being modelled
-            (``longctx.sim.gemm_profile``): the operator form then prices the GEMMs and the LM head from it
-            and the small ops (measured seconds, tensor parallelism 1) instead of from their rooflines.
+            (``longctx.sim.gemm_profile``): the operator form then prices the GEMMs, the small ops, the LM head
+            and a fresh prompt chunk's attention from it (measured seconds, tensor parallelism 1) instead of
+            from their rooflines.
     """
 
     def __init__(
@@ -212,7 +213,32 @@ class CostModelExecutor(Executor):
         """Modelled seconds of one step over ``(new_tokens, cached_tokens)`` pairs."""
         if self.form == "batch":
             return self.breakdown(sequences).time_s
+        if self.gemm_profile is not None:
+            return self._profiled_step_s(sequences)
         return self._operator_step_s(*self._totals(sequences))
+
+    def profiled_parts(self, sequences: Iterable[tuple[int, int]]) -> tuple[float, list[tuple[int, int]], int, int]:
+        """With a ``GemmProfile``: ``(measured_s, modelled, tokens, entries)``: the measured seconds of the
+        step's GEMMs, small ops, LM head and fresh prompt chunks' attention (nothing cached: the profile's
+        ``causal_attention``), and the entries whose attention stays modelled (decodes, chunks after a prefix)."""
+        seqs = list(sequences)
+        p, fresh_s, modelled, tokens = self.gemm_profile, 0.0, [], 0
+        for c, s in seqs:
+            tokens += c
+            if c > 1 and s == 0:
+                fresh_s += p.seconds_at("causal_attention", c)
+            else:
+                modelled.append((c, s))
+        return self._layers_s(tokens, 1) + self._lm_head_s(len(seqs)) + fresh_s, modelled, tokens, len(seqs)
+
+    def _profiled_step_s(self, sequences) -> float:
+        measured, modelled, _, n = self.profiled_parts(sequences)
+        k, hw = self.factors, self.hardware
+        m_tokens, pairs, cached, _ = self._totals(modelled)
+        attention = max(pairs * self._attention_flops_per_pair / (hw.peak_flops_per_s * k.attention_efficiency),
+                        (cached + m_tokens) * self.kv_bytes_per_token / (hw.memory_bandwidth_bytes_per_s
+                                                                         * k.memory_efficiency)) if modelled else 0.0
+        return k.step_overhead_s + k.per_sequence_overhead_s * n + measured + attention
 
     def _operator_step_s(self, tokens: int, pairs: int, cached: int, n: int) -> float:
         k, hw = self.factors, self.hardware
@@ -228,7 +254,7 @@ class CostModelExecutor(Executor):
         # (new tokens, cached KV tokens): Sequence.num_cached_tokens, inlined (hot in the simulator). A
         # prefix-cache hit is already in num_computed_tokens (ScheduledBatch.add): its tokens are read as
         # cached context, never charged as new (prefilled) tokens.
-        if self.form == "operator" and not self.kv_compression_ratio:  # the simulator's hot path: no list
+        if self.form == "operator" and not self.kv_compression_ratio and self.gemm_profile is None:  # hot path
             pairs = ((e.num_tokens, e.seq.num_computed_tokens - e.seq.num_evicted_tokens) for e in batch.entries)
             return ExecutionResult(self._operator_step_s(*self._totals(pairs)), None, None)
         seqs = [(e.num_tokens, e.seq.num_computed_tokens - e.seq.num_evicted_tokens) for e in batch.entries]

@@ -14,7 +14,9 @@ engine runs them: each layer its own weights, so the weights stream from memory 
 than sitting in cache. Beside the GEMMs it times the small per-token ops with the engine's own functions
 (``small_ops``: both RMSNorms, RoPE on q and k, SiLU times up, the two residual adds and the KV-cache
 write of every layer): in eager torch each is several passes over the activations, which a bytes-moved
-roofline prices at one. Seconds are summed per group (``qkv``, ``o``, ``gate_up``, ``down``, ``small_ops``:
+roofline prices at one. And ``causal_attention``: the attention of one fresh prompt chunk of ``rows`` tokens
+(nothing cached: one fused causal ``scaled_dot_product_attention`` per layer, the engine's path for it),
+which is faster per FLOP than a chunk that attends to a cached prefix (masked, in query tiles) or a decode. Seconds are summed per group (``qkv``, ``o``, ``gate_up``, ``down``, ``small_ops``:
 over all layers; ``lm_head``: once) and the median of ``repeats`` passes kept.
 
 ``GemmProfile.seconds(group, rows)`` is exact at a measured row count, linear between two, and linear in the
@@ -33,8 +35,8 @@ from dataclasses import dataclass, field
 from longctx.checks import positive_int
 from longctx.specs import ModelSpec, get_model
 
-GROUPS = ("qkv", "o", "gate_up", "down", "small_ops", "lm_head")
-LAYER_GROUPS = GROUPS[:5]  # summed over all layers; the LM head runs once a step
+GROUPS = ("qkv", "o", "gate_up", "down", "small_ops", "lm_head", "causal_attention")
+LAYER_GROUPS = GROUPS[:5]  # summed over all layers for a step's tokens; the LM head once per logit row
 DEFAULT_ROWS = (*range(1, 17), 20, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 640)
 
 
@@ -116,7 +118,7 @@ def measure_gemm_profile(model: ModelSpec | str = "smollm2-135m", rows=DEFAULT_R
     import torch
     import torch.nn.functional as F
 
-    from longctx.model.llama import RMSNorm, apply_rope, rope_cos_sin
+    from longctx.model.llama import RMSNorm, _sdpa, apply_rope, rope_cos_sin
 
     m = get_model(model)
     repeats = positive_int("repeats", repeats, floats=False)
@@ -170,6 +172,12 @@ def measure_gemm_profile(model: ModelSpec | str = "smollm2-135m", rows=DEFAULT_R
                 t0 = time.perf_counter()
                 F.linear(x_d, head)
                 acc["lm_head"] = time.perf_counter() - t0
+                qh, kh = q.transpose(0, 1).unsqueeze(0), kv.transpose(0, 1).unsqueeze(0)  # [1, H, n, d]
+                att = torch.empty_like(q)
+                t0 = time.perf_counter()
+                for _ in layers:  # one fresh chunk's attention in every layer, as Attention._prefill runs it
+                    att[:] = _sdpa(qh, kh, kh, is_causal=True).squeeze(0).transpose(0, 1)
+                acc["causal_attention"] = time.perf_counter() - t0
                 if rep:
                     for g in GROUPS:
                         passes[g].append(acc[g])

@@ -37,16 +37,20 @@ class OperatorTerms:
 
 def operator_terms(ex, sequences: Iterable[tuple[int, int]]) -> OperatorTerms:
     """``OperatorTerms`` of a step on ``ex`` (a ``CostModelExecutor`` with ``form="operator"``)."""
+    sequences = list(sequences)
+    if ex.gemm_profile is not None:  # measured parts fixed; only the modelled entries' attention is fitted
+        fixed, modelled, tokens, n = ex.profiled_parts(sequences)
+        m_tokens, pairs, cached, _ = ex._totals(modelled)
+        hw = ex.hardware
+        return OperatorTerms(np.zeros(0), np.zeros(0), pairs * ex._attention_flops_per_pair / hw.peak_flops_per_s,
+                             (cached + m_tokens) * ex.kv_bytes_per_token / hw.memory_bandwidth_bytes_per_s, fixed, n)
     tokens, pairs, cached, n = ex._totals(sequences)
     k, hw, s = ex.factors, ex.hardware, ex.shape
     peak, bw = hw.peak_flops_per_s, hw.memory_bandwidth_bytes_per_s
     parts = [(tokens, kk, mm, s.num_layers) for kk, mm in s.gemm_dims(1).values()]
     if s.vocab_size and n:
         parts.append((n, s.d_model, s.vocab_size, 1))
-    if ex.gemm_profile is not None:  # measured GEMMs (plus the modelled small ops): fixed, not fitted
-        parts, fixed = [], ex._layers_s(tokens, 1) + ex._lm_head_s(n)
-    else:
-        fixed = small_ops_time_s(s, tokens, k, bw, ex.act_elem_bytes)
+    fixed = small_ops_time_s(s, tokens, k, bw, ex.act_elem_bytes)
     ideal = [(reps, *gemm_ideal_s(rows, kk, mm, k.gemm_tile_tokens, peak, bw, ex.weight_elem_bytes,
                                   ex.act_elem_bytes, k.gemm_wave_sms)) for rows, kk, mm, reps in parts]
     return OperatorTerms(
