@@ -4,25 +4,31 @@ ops) at each row count.
 Vidur prices a GPU step from profiled operators rather than from a roofline; ``GemmProfile`` does the same
 for the real engine on a CPU. A roofline cannot follow a CPU GEMM library's row-count choices: on one 2-core
 VM (Intel Xeon) ``torch.nn.functional.linear`` streamed the weights once per 3 rows below 16 rows; on another
-(AMD EPYC) 3 rows took 2.6 times as long as 4 through SmolLM2's LM head (36 vs 17 ms), because 1-3 rows run
+(AMD EPYC) 3 rows took twice as long as 4 through SmolLM2's LM head (36.7 vs 18.1 ms), because 1-3 rows run
 as separate matrix-vector products and 4 as one blocked kernel. A fit of efficiencies to such a stair is a
 compromise that differs from machine to machine; a profile of the machine is not.
 
 ``measure_gemm_profile(model)`` times, for every row count asked, the GEMMs the engine runs in one step
 (``longctx.model.llama``: q, k and v projections, o, gate and up, down, per layer; the LM head once), as the
 engine runs them: each layer its own weights, so the weights stream from memory as they do in a step rather
-than sitting in cache. Beside the GEMMs it times the small per-token ops with the engine's own functions
-(``small_ops``: both RMSNorms, RoPE on q and k, SiLU times up, the two residual adds and the KV-cache
-write of every layer): in eager torch each is several passes over the activations, which a bytes-moved
-roofline prices at one. And ``causal_attention``: the attention of one fresh prompt chunk of ``rows`` tokens
-(nothing cached: one fused causal ``scaled_dot_product_attention`` per layer, the engine's path for it),
-which is faster per FLOP than a chunk that attends to a cached prefix (masked, in query tiles) or a decode. Seconds are summed per group (``qkv``, ``o``, ``gate_up``, ``down``, ``small_ops``:
-over all layers; ``lm_head``: once) and the median of ``repeats`` passes kept.
+than sitting in cache. Beside the GEMMs it times, with the engine's own functions:
 
-``GemmProfile.seconds(group, rows)`` is exact at a measured row count, linear between two, and linear in the
-rows beyond the last (the slope of the last two). ``CostModelExecutor(..., gemm_profile=p)`` prices a step's
-GEMMs and small ops from it (``longctx.sim.cost_model``); the attention and the step overheads stay
-modelled. torch is imported by ``measure_gemm_profile`` only.
+- ``small_ops``: both RMSNorms, RoPE on q and k, SiLU times up, the two residual adds and the KV-cache write
+  of every layer. In eager torch each is several passes over the activations, which a bytes-moved roofline
+  prices at one (on the AMD VM: 2.2 times the roofline at 512 rows, 10-13 times at 1-4 rows).
+- ``causal_attention``: the attention of one fresh prompt chunk of ``rows`` tokens in every layer (nothing
+  cached: one fused causal ``scaled_dot_product_attention``, the engine's path for it). A chunk after a cached
+  prefix (masked, in query tiles) and a decode take other paths; one attention efficiency fitted on the
+  former priced fresh 512-token chunks 13 % too slow (``benchmarks/sim_fidelity.py``).
+
+Seconds are summed per group over all layers (the LM head: once, for ``rows`` logit rows) and the median of
+``repeats`` passes kept.
+
+``GemmProfile.seconds_at(group, rows)`` is exact at a measured row count, linear between two, proportional
+below the first and along the last two's slope beyond the last. ``CostModelExecutor(..., gemm_profile=p)``
+prices a step's GEMMs, small ops, LM head and fresh chunks' attention from it (``longctx.sim.cost_model``);
+the attention of decodes and of chunks after a prefix, the embedding and the step overheads stay modelled.
+torch is imported by ``measure_gemm_profile`` only.
 """
 
 from __future__ import annotations
