@@ -43,24 +43,29 @@ be told from schedule luck. The workload was chosen on the simulator's condition
 Target: median TTFT and P99 ITL within 5 % (issue 26). **Not shown**: on the machines this ran on, the
 machine's own speed moves by more than the target while it is measured.
 
-The record (2026-12-04, 2-core AMD EPYC VM, quiet by load average, six alternating pairs of runs) against the
-median of B's six runs, and step 6's paired mean with its 95 % t-interval:
+The record (2026-12-04, the second of two six-pair measurements that day with this script, 2-core AMD EPYC VM,
+quiet by load average) against the median of B's six runs, and step 6's paired mean with its 95 % t-interval:
 
-    median TTFT (profiled GEMMs)   -7.9 %   paired -7.8 % [-19.3, +3.7]
-    P99 ITL (profiled GEMMs)       -8.2 %   paired -5.3 % [-15.5, +4.8]
-    median ITL (profiled GEMMs)    -9.1 %   paired -6.8 % [-16.3, +2.7]
-    median E2E (profiled GEMMs)   -13.3 %   paired -9.5 % [-23.6, +4.6]
-    median TTFT (roofline GEMMs)   -5.4 %   paired -0.3 % [-15.6, +14.9]
-    P99 ITL (roofline GEMMs)       -8.4 %   paired -5.0 % [-12.3, +2.3]
-    median ITL (roofline GEMMs)   -22.4 %   paired -16.2 % [-26.2, -6.2]
-    median E2E (roofline GEMMs)   -15.6 %   paired -11.3 % [-28.1, +5.4]
+    median TTFT (profiled GEMMs)   +5.1 %   paired +12.7 % [+5.2, +20.1]
+    P99 ITL (profiled GEMMs)      +14.1 %   paired +25.8 % [+9.8, +41.7]
+    median ITL (profiled GEMMs)    +6.4 %   paired +11.3 % [+5.8, +16.9]
+    median E2E (profiled GEMMs)    +5.9 %   paired +12.8 % [-1.7, +27.3]
+    median TTFT (roofline GEMMs)   +5.0 %   paired +10.9 % [+3.6, +18.1]
+    P99 ITL (roofline GEMMs)       +0.9 %   paired +2.6 % [-6.0, +11.2]
+    median ITL (roofline GEMMs)    -4.4 %   paired -1.3 % [-8.6, +5.9]
+    median E2E (roofline GEMMs)    +3.9 %   paired +7.7 % [-9.0, +24.4]
 
-The verdict by step 7's rule is "cannot be judged": the speed probe spread 15 % over the measurement, and the six
-GEMM profiles taken before the six repeats differed by 20-30 % per GEMM group (median over row counts of max /
-min - 1; small ops 79 %, fresh-chunk attention 72 %). Run by run, the errors of the same simulation against six
-real runs of the identical B spread -26.5 ... +2.6 % (median TTFT) and -15.9 ... +0.7 % (P99 ITL). A fixed GEMM
-timed in 5-second windows on that VM took 10.6-13.9 ms within two minutes (31 %). Step 6's pairing did not
-narrow the intervals (with it and without are printed): a run of A two minutes earlier is no good clock for B.
+The verdict by step 7's rule is "cannot be judged": the speed probe spread 20 % over the measurement, and the six
+GEMM profiles taken before the six repeats differed by 27-38 % per GEMM group (median over row counts of max /
+min - 1; small ops 82 %, fresh-chunk attention 65 %). Run by run, the errors of the same simulation against six
+real runs of the identical B spread -3.8 ... +32.3 % (median TTFT) and +4.7 ... +21.7 % (P99 ITL, profiled). A
+fixed GEMM timed in 5-second windows on that VM took 10.6-13.9 ms within two minutes (31 %). Step 6's pairing
+widened most intervals (with it and without are printed): a run of A two minutes earlier is no good clock for B.
+
+The first six-pair measurement of the day (commit 68e6a9a, probe spread 15 %, profiles 20-30 %): profiled GEMMs
+median TTFT -7.9 %, P99 ITL -8.2 % (run by run -26.5 ... +2.6 % and -15.9 ... +0.7 %); roofline GEMMs -5.4 %,
+-8.4 %. So on the served metrics neither model is shown closer: the two measurements disagree by more than the
+two models do.
 
 Earlier measurements, all with the same script's workloads:
 
@@ -80,16 +85,18 @@ differently on each CPU. On the Intel VM ``torch.nn.functional.linear`` through 
 319, 325, 322 us for 1-3 rows, 582-594 for 4-6, 859-863 for 7-9 and 766 us at 16 rows (the weights streamed once
 per 3 rows below 16); on the AMD VM the LM head took 9.9, 22.6, 36.7, 18.1 ms for 1-4 rows (1-3 rows as
 matrix-vector products, 4 as one blocked kernel). Decode-only steps of 1-5 sequences on the AMD VM took 66.1,
-105.7, 136.8, 105.8, 122.2 ms in the record. A step time linear in the batch cannot follow that: the roofline model
-priced them +32, -11, -26, +2, -6 %; the profiled model +3, +0, -3, -2, -3 %. Over all of B's real steps the
-median |error| was 10.3 % profiled against 17.3 % roofline, and the profiled model's median measured / priced
-ratio stays within 0.996-1.054 for every band of step sizes in A and B (roofline 0.991-1.092). The profile
-measures the engine's own ops as it runs them; what remains fitted (step and per-sequence overheads, the attention
-of decodes and of chunks after a prefix) is what A's steps can pin.
+105.7, 136.8, 105.8, 122.2 ms in the first measurement and 71.9, 113.9, 145.4, 117.9, 132.6 ms in the record. A
+step time linear in the batch cannot follow that: the roofline model priced them +32, -11, -26, +2, -6 % and
++41, -4, -18, +8, +2 %; the profiled model +3, +0, -3, -2, -3 % and +23, +6, +3, +2, +1 % (its one miss, a
+single sequence, is the step overheads' split, which A's batches of up to 10 pin poorly). Over all of B's real
+steps the median |error| was 10.3 % and 11.6 % profiled against 17.3 % and 17.4 % roofline. The profile measures
+the engine's own ops as it runs them; what remains fitted (step and per-sequence overheads, the attention of
+decodes and of chunks after a prefix) is what A's steps can pin.
 
-So: per step the profiled model is the better one, on both machines' kinds of stair; whether the served metrics
-are within 5 % needs a machine steadier than 10 % over a quarter of an hour (the rule), which none of these VMs
-was. ``--repeats`` more pairs narrow the intervals only as the square root.
+So: per step the profiled model is the better one in both measurements (it follows the AMD VM's stair; the Intel
+VM's was never profiled). Whether the served metrics are within 5 % needs a machine steadier than 10 % over a
+quarter of an hour (the rule), which neither AMD measurement had (the Intel VM was not probed). ``--repeats``
+more pairs narrow the intervals only as the square root.
 """
 
 from __future__ import annotations
