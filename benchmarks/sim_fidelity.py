@@ -194,21 +194,27 @@ def run_speed(fitted, steps) -> float:
     return float(np.median([st.duration_s / fitted.step_time_s(st.sequences) for st in steps]))
 
 
-TOKEN_BANDS = ((1, 1, "decode-only"), (2, 128, "2-128"), (129, 256, "129-256"), (257, 400, "257-400"),
-               (401, 10**9, "401+"))
+TOKEN_BANDS = ((128, "2-128"), (256, "129-256"), (400, "257-400"), (float("inf"), "401+"))  # upper bounds
+
+
+def token_band(sequences) -> str:
+    """A step's band by its new tokens: ``decode-only`` (one per sequence) or the ``TOKEN_BANDS`` label."""
+    if all(n == 1 for n, _ in sequences):
+        return "decode-only"
+    tokens = sum(n for n, _ in sequences)
+    return next(label for high, label in TOKEN_BANDS if tokens <= high)
 
 
 def steps_by_tokens(fitted, steps_a, steps_b) -> list[dict]:
-    """Median measured / priced time of A's and B's real steps, by the step's new tokens (decode-only: one per
-    sequence): where in the step sizes the calibrated model is off."""
+    """Median measured / priced time of A's and B's real steps, by the step's new tokens (``token_band``):
+    where in the step sizes the calibrated model is off."""
     out = []
     for name, steps in (("A", steps_a), ("B", steps_b)):
-        for lo, hi, label in TOKEN_BANDS:
-            sel = [st for st in steps if (all(n == 1 for n, _ in st.sequences) if hi == 1 else
-                   not all(n == 1 for n, _ in st.sequences) and lo <= sum(n for n, _ in st.sequences) <= hi)]
-            if sel:
-                out.append({"workload": name, "tokens": label, "steps": len(sel), "ratio": float(np.median(
-                    [st.duration_s / fitted.step_time_s(st.sequences) for st in sel]))})
+        bands: dict[str, list[float]] = {}
+        for st in steps:
+            bands.setdefault(token_band(st.sequences), []).append(st.duration_s / fitted.step_time_s(st.sequences))
+        out += [{"workload": name, "tokens": label, "steps": len(bands[label]), "ratio": float(np.median(bands[label]))}
+                for label in ("decode-only", *(lb for _, lb in TOKEN_BANDS)) if label in bands]
     return out
 
 
@@ -354,7 +360,7 @@ def main(argv=None) -> None:
         print(f"repeat {rep}: A then B measured (load {load:.2f} before B, B took {real_runs[-1][2]:.1f} s)", flush=True)
     print(f"measured in {time.perf_counter() - t0:.0f} s")
     profile = GemmProfile.median_of(profiles)
-    profile_spread = profile.spread(profiles)
+    profile_spread = GemmProfile.spread_of(profiles)
     print("GEMM profile (ms, all layers; the LM head once), rows: " + "; ".join(
         f"{n}: " + "/".join(f"{1e3 * profile.seconds[g][i]:.1f}" for g in GEMM_GROUPS)
         for i, n in enumerate(profile.rows) if n <= 16 or n in (64, 256, 512)) + f"  ({'/'.join(GEMM_GROUPS)})", flush=True)

@@ -98,6 +98,6 @@ def test_the_median_of_several_profiles_and_their_spread():
                for f in (1.0, 1.2, 0.9))
     med = GemmProfile.median_of([p, q, r])
     assert med.seconds == p.seconds and "median of 3" in med.source
-    assert med.spread([p, q, r])["qkv"] == pytest.approx(1.2 / 0.9 - 1)
+    assert GemmProfile.spread_of([p, q, r])["qkv"] == pytest.approx(1.2 / 0.9 - 1)
     with pytest.raises(ValueError, match="same row counts"):
         GemmProfile.median_of([p, GemmProfile("smollm2-135m", ROWS[:-1], {g: v[:-1] for g, v in SECONDS.items()})])

@@ -157,9 +157,10 @@ class CostModelExecutor(Executor):
         if t is None:
             v = self.shape.vocab_size
             if self.gemm_profile is not None:
-                t = self._head_cache[rows] = self.gemm_profile.seconds_at("lm_head", rows)
+                t = self.gemm_profile.seconds_at("lm_head", rows)
             else:
-                t = self._head_cache[rows] = self._gemm_s(rows, self.shape.d_model, v) if v and rows else 0.0
+                t = self._gemm_s(rows, self.shape.d_model, v) if v and rows else 0.0
+            self._head_cache[rows] = t
         return t
 
     def linear_time_s(self, num_tokens: int, tp: int = 1) -> float:
@@ -233,20 +234,20 @@ class CostModelExecutor(Executor):
 
     def _profiled_step_s(self, sequences) -> float:
         measured, modelled, _, n = self.profiled_parts(sequences)
-        k, hw = self.factors, self.hardware
-        m_tokens, pairs, cached, _ = self._totals(modelled)
-        attention = max(pairs * self._attention_flops_per_pair / (hw.peak_flops_per_s * k.attention_efficiency),
-                        (cached + m_tokens) * self.kv_bytes_per_token / (hw.memory_bandwidth_bytes_per_s
-                                                                         * k.memory_efficiency)) if modelled else 0.0
+        k = self.factors
+        attention = self._attention_s(*self._totals(modelled)[:3]) if modelled else 0.0
         return k.step_overhead_s + k.per_sequence_overhead_s * n + measured + attention
 
-    def _operator_step_s(self, tokens: int, pairs: int, cached: int, n: int) -> float:
+    def _attention_s(self, tokens: int, pairs: int, cached: int) -> float:
+        """The attention roofline: FLOPs of ``pairs`` at attention efficiency, or the KV bytes of ``cached + tokens``."""
         k, hw = self.factors, self.hardware
-        attention = max(pairs * self._attention_flops_per_pair / (hw.peak_flops_per_s * k.attention_efficiency),
-                        (cached + tokens) * self.kv_bytes_per_token / (hw.memory_bandwidth_bytes_per_s
-                                                                       * k.memory_efficiency))
+        return max(pairs * self._attention_flops_per_pair / (hw.peak_flops_per_s * k.attention_efficiency),
+                   (cached + tokens) * self.kv_bytes_per_token / (hw.memory_bandwidth_bytes_per_s * k.memory_efficiency))
+
+    def _operator_step_s(self, tokens: int, pairs: int, cached: int, n: int) -> float:
+        k = self.factors
         return (k.step_overhead_s + k.per_sequence_overhead_s * n + self._layers_s(tokens, 1)
-                + self._lm_head_s(n) + attention)
+                + self._lm_head_s(n) + self._attention_s(tokens, pairs, cached))
 
     # ---- the Executor protocol ----
     def execute(self, batch) -> ExecutionResult:

@@ -99,15 +99,16 @@ class GemmProfile:
         if not profiles or len({(p.model, p.rows) for p in profiles}) != 1:
             raise ValueError("median_of needs one or more profiles of one model at the same row counts")
         first = profiles[0]
-        seconds = {g: tuple(statistics.median(p.seconds[g][i] for p in profiles) for i in range(len(first.rows)))
+        seconds = {g: tuple(statistics.median(col) for col in zip(*(p.seconds[g] for p in profiles), strict=True))
                    for g in GROUPS}
         return cls(first.model, first.rows, seconds, f"median of {len(profiles)} profiles; each {first.source}")
 
-    def spread(self, others) -> dict[str, float]:
-        """Per group, the median over row counts of ``max / min - 1`` across ``others`` (how steady they were)."""
-        others = list(others)
-        return {g: statistics.median(max(p.seconds[g][i] for p in others) / min(p.seconds[g][i] for p in others) - 1
-                                     for i in range(len(self.rows))) for g in GROUPS}
+    @staticmethod
+    def spread_of(profiles) -> dict[str, float]:
+        """Per group, the median over row counts of ``max / min - 1`` across ``profiles`` (how steady they were)."""
+        profiles = list(profiles)
+        return {g: statistics.median(max(col) / min(col) - 1 for col in zip(*(p.seconds[g] for p in profiles), strict=True))
+                for g in GROUPS}
 
     def to_dict(self) -> dict:
         return {"model": self.model, "rows": list(self.rows), "seconds": {g: list(v) for g, v in self.seconds.items()},
@@ -154,6 +155,8 @@ def measure_gemm_profile(model: ModelSpec | str = "smollm2-135m", rows=DEFAULT_R
             kv = torch.randn(n, m.num_kv_heads, hd, generator=gen).to(torch_dtype)
             cos, sin = rope_cos_sin(torch.arange(n), hd, m.rope_theta, torch_dtype)
             slot_mapping = torch.arange(n)
+            qh, kh = q.transpose(0, 1).unsqueeze(0), kv.transpose(0, 1).unsqueeze(0)  # [1, H, n, d]
+            att = torch.empty_like(q)
             passes: dict[str, list[float]] = {g: [] for g in GROUPS}
             for rep in range(repeats + 1):  # the first pass warms up
                 acc = dict.fromkeys(GROUPS, 0.0)
@@ -178,8 +181,6 @@ def measure_gemm_profile(model: ModelSpec | str = "smollm2-135m", rows=DEFAULT_R
                 t0 = time.perf_counter()
                 F.linear(x_d, head)
                 acc["lm_head"] = time.perf_counter() - t0
-                qh, kh = q.transpose(0, 1).unsqueeze(0), kv.transpose(0, 1).unsqueeze(0)  # [1, H, n, d]
-                att = torch.empty_like(q)
                 t0 = time.perf_counter()
                 for _ in layers:  # one fresh chunk's attention in every layer, as Attention._prefill runs it
                     att[:] = _sdpa(qh, kh, kh, is_causal=True).squeeze(0).transpose(0, 1)

@@ -37,27 +37,26 @@ class OperatorTerms:
 
 def operator_terms(ex, sequences: Iterable[tuple[int, int]]) -> OperatorTerms:
     """``OperatorTerms`` of a step on ``ex`` (a ``CostModelExecutor`` with ``form="operator"``)."""
-    sequences = list(sequences)
-    if ex.gemm_profile is not None:  # measured parts fixed; only the modelled entries' attention is fitted
-        fixed, modelled, tokens, n = ex.profiled_parts(sequences)
-        m_tokens, pairs, cached, _ = ex._totals(modelled)
-        hw = ex.hardware
-        return OperatorTerms(np.zeros(0), np.zeros(0), pairs * ex._attention_flops_per_pair / hw.peak_flops_per_s,
-                             (cached + m_tokens) * ex.kv_bytes_per_token / hw.memory_bandwidth_bytes_per_s, fixed, n)
-    tokens, pairs, cached, n = ex._totals(sequences)
     k, hw, s = ex.factors, ex.hardware, ex.shape
     peak, bw = hw.peak_flops_per_s, hw.memory_bandwidth_bytes_per_s
-    parts = [(tokens, kk, mm, s.num_layers) for kk, mm in s.gemm_dims(1).values()]
-    if s.vocab_size and n:
-        parts.append((n, s.d_model, s.vocab_size, 1))
-    fixed = small_ops_time_s(s, tokens, k, bw, ex.act_elem_bytes)
+    if ex.gemm_profile is not None:  # measured parts fixed; only the modelled entries' attention is fitted
+        fixed, attended, tokens, n = ex.profiled_parts(sequences)
+        parts = []
+    else:
+        attended = list(sequences)
+        tokens, n = sum(c for c, _ in attended), len(attended)
+        fixed = small_ops_time_s(s, tokens, k, bw, ex.act_elem_bytes)
+        parts = [(tokens, kk, mm, s.num_layers) for kk, mm in s.gemm_dims(1).values()]
+        if s.vocab_size and n:
+            parts.append((n, s.d_model, s.vocab_size, 1))
+    att_tokens, pairs, cached, _ = ex._totals(attended)
     ideal = [(reps, *gemm_ideal_s(rows, kk, mm, k.gemm_tile_tokens, peak, bw, ex.weight_elem_bytes,
                                   ex.act_elem_bytes, k.gemm_wave_sms)) for rows, kk, mm, reps in parts]
     return OperatorTerms(
         gemm_compute_s=np.array([r * c for r, c, _ in ideal]),
         gemm_memory_s=np.array([r * m for r, _, m in ideal]),
         attention_compute_s=pairs * ex._attention_flops_per_pair / peak,
-        attention_memory_s=(cached + tokens) * ex.kv_bytes_per_token / bw,
+        attention_memory_s=(cached + att_tokens) * ex.kv_bytes_per_token / bw,
         fixed_s=fixed + k.kernel_overhead_s * sum(r for r, _, _ in ideal),
         num_sequences=n,
     )
