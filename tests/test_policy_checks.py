@@ -203,3 +203,17 @@ def test_a_policy_without_a_budget_is_refused():
 
     with pytest.raises(AssertionError, match="token_budget"):
         check_stall_free(Unbudgeted(), chat_plus_long_prompts())
+
+
+def test_an_unwritten_policy_shows_the_stub_not_an_empty_engine_message():
+    """NotImplementedError is a RuntimeError: it must not turn into "the engine stopped your policy: " with
+    nothing after it (what the learner's lesson 02 showed before its exercise was written)."""
+
+    class Unwritten(Scheduler):
+        token_budget = 64
+
+        def schedule(self, running, waiting, batch):
+            raise NotImplementedError()
+
+    with pytest.raises(NotImplementedError):
+        check_stall_free(Unwritten(), chat_plus_long_prompts())
