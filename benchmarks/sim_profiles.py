@@ -4,24 +4,32 @@ Prints, per shipped profiled model and TP degree, measured vs predicted linear t
 per-token ops, no attention) at a few token counts, then per token range the median and worst error of the
 default (fitted) factors, the token counts where the error exceeds 15 %, and the leave-one-model-out error
 (the factors fitted on the other models, tested on this one), and per TP degree how many points of
-64-4,096 tokens are within 15 % and which are not. Pure numpy; a few seconds.
+64-4,096 tokens are within 15 % and which are not; the floor no monotone model can beat; and whether the form
+or the fit is the limit: the four GEMM factors searched over a grid (``longctx.sim.calibration.search_factors``)
+for the criterion itself at TP 1, 64-4,096 tokens (fewest points over 15 %; smallest worst error), each such
+search held out model by model (fit on four, scored on the fifth) beside the least-squares fit, and the
+smallest worst error with other GEMM tile heights and wave sizes. Pure numpy; about fifteen seconds.
 
-    .venv/bin/python benchmarks/sim_profiles.py [--tp 1] [--tokens 1,64,128,256,512,1024,4096]
+    .venv/bin/python benchmarks/sim_profiles.py [--tp 1] [--tokens 1,64,128,256,512,1024,4096] [--no-search]
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 
 from longctx.sim.calibration import (
+    SEARCH_GRID,
     fit_profiles,
     leave_one_model_out,
     linear_time_points,
     monotone_error_bound,
     profile_errors,
+    score_factors,
+    search_factors,
 )
-from longctx.sim.factors import FITTED_H100
+from longctx.sim.factors import FITTED_H100, CostFactors
 from longctx.sim.profiles import load_profiles
 
 
@@ -29,6 +37,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tp", default=None, help="comma-separated TP degrees (default: every profiled one)")
     ap.add_argument("--tokens", default="1,64,128,256,512,1024,2048,4096", help="token counts for the table")
+    ap.add_argument("--no-search", action="store_true", help="skip the grid search of the GEMM factors")
     args = ap.parse_args(argv)
     tps = [int(x) for x in args.tp.split(",")] if args.tp else None
     shown = [int(x) for x in args.tokens.split(",")]
@@ -66,7 +75,48 @@ def main(argv=None) -> int:
     for name in table:
         bound, a, b = monotone_error_bound(name, 1)
         print(f"  {name:<28} floor {bound:6.1%} ({a} -> {b} tokens)   fitted {worst[name]:+6.1%}")
+    if not args.no_search:
+        print_search(table)
     return 0
+
+
+def _factors(s) -> str:
+    f = s.factors
+    return (f"ce {f.compute_efficiency:.2f} me {f.memory_efficiency:.2f} serial {f.serial_fraction:.2f} "
+            f"overhead {f.kernel_overhead_s * 1e6:4.1f} us")
+
+
+def _line(label: str, s) -> str:
+    return (f"  {label:<22} {_factors(s)}: {s.misses:>3} of {s.num_points} over 15 %, worst {s.worst_abs_error:5.1%}, "
+            f"median {s.median_abs_error:4.1%}")
+
+
+def print_search(table) -> None:
+    """The form or the fit? The grid search for the criterion, in sample and held out (module docstring)."""
+    size = 1
+    for values in SEARCH_GRID.values():
+        size *= len(values)
+    print(f"\nthe form or the fit? the four GEMM factors over a grid of {size:,} sets (small ops held at the fit), "
+          "TP 1, 64-4096 tokens:")
+    print(_line("least squares (default)", score_factors(fit_profiles().factors)))
+    print(_line("fewest misses", search_factors(objective="misses")))
+    print(_line("smallest worst error", search_factors(objective="worst")))
+    other = []
+    for tile, sms in ((1, 132), (64, 114), (64, 132), (64, 144), (128, 114), (128, 144), (256, 114), (256, 132), (256, 144)):
+        best = search_factors(objective="worst", small=replace(CostFactors(), gemm_tile_tokens=tile, gemm_wave_sms=sms))
+        other.append(f"T {tile} S {sms}: {best.worst_abs_error:.1%}")
+    print("  other tiles (T rows) and waves (S SMs), smallest worst error: " + ", ".join(other))
+    print("held out (fit on the other four models, scored on this one): points over 15 % / worst error")
+    print(f"  {'model':<28} {'least squares':>15} {'fewest misses':>15} {'smallest worst':>15}")
+    totals = [0, 0, 0]
+    for held in table:
+        others = [x for x in table if x != held]
+        fit = fit_profiles(others).factors
+        scores = [score_factors(fit, [held])] + [
+            score_factors(search_factors(others, objective=o, small=fit).factors, [held]) for o in ("misses", "worst")]
+        totals = [t + s.misses for t, s in zip(totals, scores, strict=True)]
+        print(f"  {held:<28} " + " ".join(f"{f'{s.misses} / {s.worst_abs_error:.1%}':>15}" for s in scores))
+    print(f"  {'all five held out':<28} " + " ".join(f"{t:>15}" for t in totals))
 
 
 if __name__ == "__main__":

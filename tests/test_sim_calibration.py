@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,8 @@ from longctx.sim.calibration import (
     linear_time_points,
     monotone_error_bound,
     profile_errors,
+    score_factors,
+    search_factors,
 )
 from longctx.sim.factors import FITTED_H100, CostFactors
 from longctx.sim.profiles import load_profiles
@@ -69,6 +72,44 @@ def test_the_benchmark_prints_every_model(capsys):
         assert f"{name} TP 1 (measured/predicted)" in out
     assert "LOO worst" in out and "over 15 % at" in out
     assert "TP 1: 1191 of 1245 points" in out and "the floor" in out
+    assert "the form or the fit?" in out and "all five held out" in out
+
+
+def test_scoring_agrees_with_the_per_range_errors():
+    score = score_factors(CostFactors())
+    rows = profile_errors(tps=[1], ranges=((64, 4096),))
+    assert score.num_points == sum(r.num_points for r in rows) == 1245
+    assert score.misses == sum(len(r.over_15_percent) for r in rows) == sum(map(len, TP1_MISSES.values()))
+    assert score.worst_abs_error == pytest.approx(max(abs(r.worst_error) for r in rows), rel=1e-9)
+
+
+def test_the_search_returns_the_best_point_of_its_grid():
+    grid = {"compute_efficiency": (0.6, 0.8), "memory_efficiency": (0.9, 1.0), "serial_fraction": (0.0, 0.3),
+            "kernel_overhead_s": (0.0, 1e-5)}
+    points = [replace(CostFactors(), compute_efficiency=c, memory_efficiency=m, serial_fraction=s, kernel_overhead_s=o)
+              for c, m, s, o in itertools.product(*grid.values())]
+    scores = [score_factors(f, ["phi-2", "Qwen-72B"]) for f in points]
+    for objective, key in (("misses", lambda x: (x.misses, x.worst_abs_error)),
+                           ("worst", lambda x: (x.worst_abs_error, x.misses))):
+        best = search_factors(["phi-2", "Qwen-72B"], objective=objective, grid=grid)
+        assert key(best) == pytest.approx(key(min(scores, key=key)))
+        assert best.factors in points
+
+
+def test_no_factors_on_the_grid_are_within_15_percent_everywhere():
+    """The form, not the fit, is the limit: the smallest worst error over SEARCH_GRID is above 20 %."""
+    best = search_factors(objective="worst")
+    assert best.worst_abs_error > 0.20 and best.misses > 0
+    assert search_factors(objective="misses").misses > 0
+
+
+def test_the_search_says_what_it_accepts():
+    with pytest.raises(ValueError, match="objective must be one of misses, worst"):
+        search_factors(objective="rms")
+    with pytest.raises(ValueError, match="unknown profiled models"):
+        search_factors(["Llama-2-7b"])
+    with pytest.raises(ValueError, match="profiled at TP 1, not 2"):
+        score_factors(CostFactors(), ["phi-2"], tp=2)
 
 
 def test_no_factors_beat_the_monotone_floor():

@@ -37,7 +37,11 @@ quantization (``compute_s = 2 n k m / (peak ce)``). The fit on Vidur's profiles 
 chose this form: at TP 1, 64 ... 4,096 tokens, the linear time misses by more than 15 % at 54 of 1,245
 profiled points, against 92 when rows are only rounded to 128 (and S = 114 or 144 fits worse than 132). What
 it cannot follow is the library's own kernel choices (e.g. a gate+up 44,032 wide twice as slow for 328 ...
-384 tokens as for 448): ``benchmarks/sim_profiles.py`` names those points.
+384 tokens as for 448): ``benchmarks/sim_profiles.py`` names those points. The form, not the fit, is the
+limit: over 20,280 sets of the four GEMM factors (``calibration.search_factors``) the smallest worst error
+at TP 1 is 21.1 % (76 points over 15 %), the fewest misses 29 (worst 25.0 %); T = 64 or 256 and S = 114 or
+144 do no better (worst 22.0-25.9 %). Fitted on four models and scored on the fifth, those two criterion
+fits miss 101 and 145 held-out points, least squares 60: it is the one kept.
 
 s = 0 is the ideal roofline (compute and memory overlap perfectly); s = 1 is no overlap. Near the ridge
 point real GEMMs lose efficiency: both terms matter there, which is what s > 0 expresses. A small op costs
