@@ -124,6 +124,7 @@ from longctx.sim import (  # noqa: E402
     CostModelExecutor,
     LogNormal,
     RecordingExecutor,
+    ReplayExecutor,
     ScaledExecutor,
     Uniform,
     calibrate,
@@ -132,6 +133,7 @@ from longctx.sim import (  # noqa: E402
 from longctx.sim.gemm_profile import GROUPS as GEMM_GROUPS  # noqa: E402
 from longctx.sim.gemm_profile import GemmProfile, measure_gemm_profile  # noqa: E402
 from longctx.sim.hardware import measure_cpu_hardware, probe_gemm_s  # noqa: E402
+from longctx.sim.recording import MeasuredStep  # noqa: E402
 
 RECORD = pathlib.Path(__file__).resolve().parents[1] / "longctx" / "data" / "recorded" / "sim_fidelity.json"
 NUM_BLOCKS, BLOCK_SIZE = 512, 16
@@ -141,7 +143,9 @@ CONDITIONING = (0.97, 1.03)  # step-time scales of step 5 (module docstring)
 
 
 def run_real(model, workload, scheduler, vocab_size, seed=0):
-    """Serve ``workload`` on the real model in real time; returns (finished sequences, recorded steps)."""
+    """Serve ``workload`` on the real model in real time; returns (finished sequences, recorded steps, the
+    median time the engine spent between one step's end and the next one's start: its own scheduling and
+    bookkeeping, which no recorded step holds and the simulator's virtual clock does not count)."""
     from longctx.engine import TorchExecutor
     from longctx.kv.block_manager import BlockManager
 
@@ -155,13 +159,19 @@ def run_real(model, workload, scheduler, vocab_size, seed=0):
         engine.add_request(ids, r.output_tokens, arrival_s=r.arrival_s)
     engine.clock.reset()  # arrivals are relative to the start of serving
     engine.run_until_done()
-    return engine.finished, rec.steps
+    h = engine.history
+    gap = float(np.median([b.start_s - a.end_s for a, b in zip(h, h[1:], strict=False)])) if len(h) > 1 else 0.0
+    return engine.finished, rec.steps, gap
 
 
 METRICS = ("median TTFT", "P99 ITL", "median ITL", "median E2E")
 TARGETED = ("median TTFT", "P99 ITL")  # issue 26: within 5 %
 TARGET = 0.05
 PROFILE_ROWS = (*range(1, 17), 24, 32, 48, 64, 128, 256, 384, 512, 640)  # B's steps hold 1 ... 512 tokens
+# The engine's median time between one step's end and the next one's start (scheduling, bookkeeping), for a
+# measurement saved before run_real measured it: 27 steps of A on the AMD VM, 2026-12-04.
+HOST_GAP_S = 1.06e-4
+HOST_GAP_MEASURED = "27 steps of workload A, AMD EPYC VM, 2026-12-04: median 0.106 ms, P90 0.143 ms"
 STEADY_SPREAD = 0.10  # the speed probe's largest / smallest - 1 over a measurement (module docstring)
 
 
@@ -239,7 +249,24 @@ def paired_errors(runs, steady: bool = True) -> dict[str, dict]:
     return out
 
 
-def evaluate(label: str, ex, runs_a, real_runs, wl_b, steady: bool = True) -> dict:
+def replay_errors(fitted, real_runs, wl_b, host_gap_s: float = 0.0) -> dict:
+    """Step 8: each run of B simulated with its own measured step times (``ReplayExecutor``; ``fitted``
+    prices the steps after the schedules part), each step ``host_gap_s`` longer (the engine's own time
+    between steps): per run, the steps replayed and each metric's error; over the runs that never parted, the
+    largest |error| per metric (module docstring)."""
+    runs = []
+    for rep, _load, _wall, measured, steps_b in real_runs:
+        steps = tuple(MeasuredStep(st.sequences, st.duration_s + host_gap_s) for st in steps_b)
+        ex = ReplayExecutor(fitted, steps)
+        error = relative(predict(ex, wl_b), measured)
+        runs.append({"repeat": rep, "steps": len(steps_b), "replayed": ex.replayed, "diverged_at": ex.diverged_at,
+                     "error": error})
+    aligned = [r for r in runs if r["diverged_at"] is None]
+    worst = {m: max(abs(r["error"][m]) for r in aligned) if aligned else None for m in METRICS}
+    return {"host_gap_s": host_gap_s, "runs": runs, "aligned_runs": len(aligned), "aligned_worst_abs_error": worst}
+
+
+def evaluate(label: str, ex, runs_a, real_runs, wl_b, steady: bool = True, host_gap_s: float = 0.0) -> dict:
     """Steps 2-6 for one cost model ``ex``: calibrate on A's runs, predict B, compare, print; the record's fields."""
     steps_a = [st for run in runs_a for st in run]
     cal = calibrate(ex, steps_a)  # pooled: one run's noise would be the calibration's
@@ -304,6 +331,18 @@ def evaluate(label: str, ex, runs_a, real_runs, wl_b, steady: bool = True) -> di
     print("decode-only steps of B by batch size (medians): " + "; ".join(
         f"{r['sequences']}: {1e3 * r['measured_s']:.1f} ms measured, {1e3 * r['predicted_s']:.1f} predicted "
         f"({100 * r['error']:+.0f} %, n={r['steps']})" for r in by_batch), flush=True)
+    replays = [replay_errors(fitted, real_runs, wl_b, gap) for gap in (0.0, host_gap_s)]
+    for replay in replays:
+        print(f"step 8, replay: each run of B simulated with its own measured step times, each "
+              f"{1e3 * replay['host_gap_s']:.3f} ms longer (the engine's time between steps); the model prices the "
+              "steps after the schedules part:")
+        for r in replay["runs"]:
+            parted = "never parted" if r["diverged_at"] is None else f"parted at step {r['diverged_at']}"
+            print(f"  repeat {r['repeat']}: {r['replayed']} of {r['steps']} steps replayed ({parted}): " + ", ".join(
+                f"{m} {100 * r['error'][m]:+.2f} %" for m in METRICS))
+        if replay["aligned_runs"]:
+            print(f"  {replay['aligned_runs']} of {len(replay['runs'])} runs never parted; their largest |error|: "
+                  + ", ".join(f"{m} {100 * v:.2f} %" for m, v in replay["aligned_worst_abs_error"].items()), flush=True)
     by_tokens = steps_by_tokens(fitted, steps_a, [st for run in real_runs for st in run[4]])
     print("measured / priced step time by new tokens in the step (medians): " + "; ".join(
         f"{r['workload']} {r['tokens']}: {r['ratio']:.3f} (n={r['steps']})" for r in by_tokens), flush=True)
@@ -312,27 +351,18 @@ def evaluate(label: str, ex, runs_a, real_runs, wl_b, steady: bool = True) -> di
                             "median_abs_rel_error": cal.median_abs_rel_error},
             "conditioning": {str(sc): v for sc, v in conditioning.items()},
             "calibration_spread_leave_one_run_out": calibration_spread,
-            "rows": out, "repeats": runs, "paired": paired,
+            "rows": out, "repeats": runs, "paired": paired, "replay": replays[0], "replay_with_host_gap": replays[1],
             "step_error_median": float(np.median(step_err)), "decode_steps_by_batch": by_batch}
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--record", action="store_true", help=f"write {RECORD.name}")
-    ap.add_argument("--force", action="store_true", help="record despite the load (marks the record unusable)")
-    ap.add_argument("--repeats", type=int, default=6, help="real runs of A and of B, alternating")
-    ap.add_argument("--save-runs", type=pathlib.Path, metavar="FILE", help="also pickle the measured runs to FILE")
-    args = ap.parse_args(argv)
-    if args.repeats < 1:
-        ap.error(f"--repeats must be >= 1, got {args.repeats}")
-    threads = int(os.environ["OMP_NUM_THREADS"])
-    gate_load = load_gate(threads, args.force) if args.record else os.getloadavg()[0]
+def measure(threads: int, repeats: int, force: bool) -> dict:
+    """Steps 1-3's measurements on the real engine: this CPU, a GEMM profile and a run of A and of B per
+    repeat, the speed probes (what ``--save-runs`` keeps and ``--from-runs`` reads back)."""
     import torch
 
     from longctx.model.weights import load_model
 
     torch.set_num_threads(threads)
-
     model = load_model()
     vocab = model.config.vocab_size
     hw = measure_cpu_hardware()
@@ -341,25 +371,65 @@ def main(argv=None) -> None:
     profiles = []  # step 1: this machine's GEMMs at each row count, once before each repeat (their median)
     # warm-up (first torch calls are slow)
     run_real(model, make_workload(2, float("inf"), 64, 4, seed=99), ChunkedPrefillScheduler(A_BUDGET), vocab)
-
-    wl_a = make_workload(10, float("inf"), Uniform(32, 500), Uniform(8, 24), seed=1)
-    wl_b = make_workload(B_REQUESTS, B_RATE, LogNormal(250, 0.6, low=32, high=1000), Uniform(12, 32), seed=2)
-    t0, runs_a, real_runs, probes = time.perf_counter(), [], [], []
-    for rep in range(args.repeats):  # A and B alternate: a drift of the machine's speed reaches both alike
-        wait_for_quiet(threads, args.force)
+    wl_a, wl_b = workloads()
+    t0, runs_a, real_runs, probes, gaps = time.perf_counter(), [], [], [], []
+    for rep in range(repeats):  # A and B alternate: a drift of the machine's speed reaches both alike
+        wait_for_quiet(threads, force)
         profiles.append(measure_gemm_profile("smollm2-135m", rows=PROFILE_ROWS, repeats=1))
         probes.append(probe_gemm_s())
-        runs_a.append(run_real(model, wl_a, ChunkedPrefillScheduler(A_BUDGET), vocab)[1])
-        load = wait_for_quiet(threads, args.force)
+        _, steps_a, gap = run_real(model, wl_a, ChunkedPrefillScheduler(A_BUDGET), vocab)
+        runs_a.append(steps_a)
+        gaps.append(gap)
+        load = wait_for_quiet(threads, force)
         probes.append(probe_gemm_s())
         t1 = time.perf_counter()
-        real_b, steps_b = run_real(model, wl_b, ChunkedPrefillScheduler(B_BUDGET), vocab, seed=2)
+        real_b, steps_b, _ = run_real(model, wl_b, ChunkedPrefillScheduler(B_BUDGET), vocab, seed=2)
         measured = dict(zip(METRICS, metric_values(summarize(real_b)), strict=True))
         real_runs.append((rep, load, time.perf_counter() - t1, measured, steps_b))
         probes.append(probe_gemm_s())
         print(f"repeat {rep}: A then B measured (load {load:.2f} before B, B took {real_runs[-1][2]:.1f} s)", flush=True)
     print(f"measured in {time.perf_counter() - t0:.0f} s")
-    profile = GemmProfile.median_of(profiles)
+    return {"hardware": hw, "profile": GemmProfile.median_of(profiles), "profiles": profiles, "runs_a": runs_a,
+            "real_runs": real_runs, "probes": probes, "host_gap_s": float(np.median(gaps))}
+
+
+def workloads():
+    """Workloads A and B (module docstring)."""
+    return (make_workload(10, float("inf"), Uniform(32, 500), Uniform(8, 24), seed=1),
+            make_workload(B_REQUESTS, B_RATE, LogNormal(250, 0.6, low=32, high=1000), Uniform(12, 32), seed=2))
+
+
+def steps_to_json(steps) -> list:
+    """``MeasuredStep`` records as ``[seconds, [[new, cached], ...]]`` (the record's ``measured_runs``)."""
+    return [[st.duration_s, [list(e) for e in st.sequences]] for st in steps]
+
+
+def steps_from_json(rows) -> list[MeasuredStep]:
+    return [MeasuredStep(tuple((int(n), int(c)) for n, c in seqs), float(t)) for t, seqs in rows]
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--record", action="store_true", help=f"write {RECORD.name}")
+    ap.add_argument("--force", action="store_true", help="record despite the load (marks the record unusable)")
+    ap.add_argument("--repeats", type=int, default=6, help="real runs of A and of B, alternating")
+    ap.add_argument("--save-runs", type=pathlib.Path, metavar="FILE", help="also pickle the measured runs to FILE")
+    ap.add_argument("--from-runs", type=pathlib.Path, metavar="FILE",
+                    help="measure nothing: re-analyse the runs --save-runs pickled (only a file you made); with "
+                         "--record, rewrite the record's analysis, keeping its measurement's provenance")
+    args = ap.parse_args(argv)
+    if args.repeats < 1:
+        ap.error(f"--repeats must be >= 1, got {args.repeats}")
+    threads = int(os.environ["OMP_NUM_THREADS"])
+    if args.from_runs:
+        saved = pickle.loads(args.from_runs.read_bytes())
+        gate_load = os.getloadavg()[0]
+    else:
+        gate_load = load_gate(threads, args.force) if args.record else os.getloadavg()[0]
+        saved = measure(threads, args.repeats, args.force)
+    hw, profile, profiles = saved["hardware"], saved["profile"], saved["profiles"]
+    runs_a, real_runs, probes = saved["runs_a"], saved["real_runs"], saved["probes"]
+    _, wl_b = workloads()
     profile_spread = GemmProfile.spread_of(profiles)
     print("GEMM profile (ms, all layers; the LM head once), rows: " + "; ".join(
         f"{n}: " + "/".join(f"{1e3 * profile.seconds[g][i]:.1f}" for g in GEMM_GROUPS)
@@ -377,26 +447,47 @@ def main(argv=None) -> None:
           f"{' '.join(f'{1e3 * p:.2f}' for p in probes)}; spread {100 * spread:.0f} %: "
           + ("steady" if steady else f"UNSTEADY (> {100 * STEADY_SPREAD:.0f} %): no 5 % claim can be judged"), flush=True)
     if args.save_runs:  # everything evaluate() reads, for a re-analysis without re-measuring
-        args.save_runs.write_bytes(pickle.dumps({"hardware": hw, "profile": profile, "profiles": profiles, "runs_a": runs_a,
-                                                 "real_runs": real_runs, "probes": probes}))
-    result = evaluate("GEMMs from this machine's profile (the record's model)", profiled, runs_a, real_runs, wl_b, steady)
-    without = evaluate("GEMMs on their rooflines (for comparison)", roofline, runs_a, real_runs, wl_b, steady)
-    if args.record:
-        RECORD.write_text(json.dumps({
+        args.save_runs.write_bytes(pickle.dumps(saved))
+    gap = saved.get("host_gap_s", HOST_GAP_S)  # a measurement saved before the gap was measured: HOST_GAP_S
+    result = evaluate("GEMMs from this machine's profile (the record's model)", profiled, runs_a, real_runs, wl_b,
+                      steady, gap)
+    without = evaluate("GEMMs on their rooflines (for comparison)", roofline, runs_a, real_runs, wl_b, steady, gap)
+    if not args.record:
+        return
+    import torch
+
+    analysis = {
+        "cpu": {"peak_flops_per_s": hw.peak_flops_per_s, "bandwidth_bytes_per_s": hw.memory_bandwidth_bytes_per_s,
+                "torch_threads": threads},
+        "workload_b": {"requests": B_REQUESTS, "rate_per_s": B_RATE, "budget": B_BUDGET},
+        "gemm_profile": profile.to_dict(), "gemm_profile_spread": profile_spread,
+        "speed_probe_s": probes, "speed_probe_spread": spread, "steady": steady,
+        "host_gap_s": gap, "host_gap_source": "measured on A's runs" if "host_gap_s" in saved else
+        f"HOST_GAP_S ({HOST_GAP_MEASURED})",
+        **result,
+        "roofline_gemms": without,
+        "measured_runs": {"a": [steps_to_json(run) for run in runs_a],
+                          "b": [{"repeat": rep, "load_1min_start": load, "wall_s": wall, "measured_s": measured,
+                                 "steps": steps_to_json(steps)} for rep, load, wall, measured, steps in real_runs]},
+    }
+    if args.from_runs:  # the measurement's provenance stays; the analysis says when and by what it was redone
+        old = json.loads(RECORD.read_text())
+        if old.get("speed_probe_s") != probes:
+            raise SystemExit(f"{args.from_runs} does not hold the measurement in {RECORD.name} (its speed probes "
+                             "differ): record a new measurement instead")
+        provenance = {k: old[k] for k in ("what", "produced_by", "date", "python", "torch", "commit", "commit_dirty",
+                                          "machine", "load_average_1min_start", "usable")}
+        provenance["reanalysed"] = {"date": datetime.date.today().isoformat(), "commit": git_commit(),
+                                    "commit_dirty": git_dirty(), "from": "the measurement's saved runs (--from-runs)"}
+    else:
+        provenance = {
             "what": "simulator fidelity: calibrate on workload A (real engine, this CPU), predict workload B",
-            "produced_by": "benchmarks/sim_fidelity.py",
-            "date": datetime.date.today().isoformat(),
-            "python": platform.python_version(), "torch": torch.__version__, "commit": git_commit(), "commit_dirty": git_dirty(),
-            "machine": machine(), "load_average_1min_start": gate_load, "usable": not args.force,
-            "cpu": {"peak_flops_per_s": hw.peak_flops_per_s, "bandwidth_bytes_per_s": hw.memory_bandwidth_bytes_per_s,
-                    "torch_threads": torch.get_num_threads()},
-            "workload_b": {"requests": B_REQUESTS, "rate_per_s": B_RATE, "budget": B_BUDGET},
-            "gemm_profile": profile.to_dict(), "gemm_profile_spread": profile_spread,
-            "speed_probe_s": probes, "speed_probe_spread": spread, "steady": steady,
-            **result,
-            "roofline_gemms": without,
-        }, indent=1) + "\n")
-        print(f"recorded {RECORD}")
+            "produced_by": "benchmarks/sim_fidelity.py", "date": datetime.date.today().isoformat(),
+            "python": platform.python_version(), "torch": torch.__version__, "commit": git_commit(),
+            "commit_dirty": git_dirty(), "machine": machine(), "load_average_1min_start": gate_load,
+            "usable": not args.force}
+    RECORD.write_text(json.dumps({**provenance, **analysis}, indent=1) + "\n")
+    print(f"recorded {RECORD}")
 
 
 if __name__ == "__main__":

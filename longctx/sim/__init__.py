@@ -23,7 +23,7 @@
 
 from longctx.sim.calibration import Calibration, calibrate
 from longctx.sim.cost_model import COST_FORMS, CostFactors, CostModelExecutor
-from longctx.sim.recording import MeasuredStep, RecordingExecutor, ScaledExecutor
+from longctx.sim.recording import MeasuredStep, RecordingExecutor, ReplayExecutor, ScaledExecutor
 from longctx.sim.run import SimResult, build_sim_engine, kv_pool_blocks, simulate
 from longctx.sim.workload import Fixed, LogNormal, Request, Trace, Uniform, arrival_times, make_workload
 
@@ -36,6 +36,7 @@ __all__ = [
     "LogNormal",
     "MeasuredStep",
     "RecordingExecutor",
+    "ReplayExecutor",
     "ScaledExecutor",
     "Request",
     "SimResult",

@@ -1,6 +1,7 @@
 """Recording what a real engine's steps were: each batch's entries and its measured duration.
 
-``RecordingExecutor`` (and ``ScaledExecutor``, which stretches every step's time) wraps any executor and
+``RecordingExecutor`` (and ``ScaledExecutor``, which stretches every step's time, and ``ReplayExecutor``,
+which gives each step the measured time of the same step of a real run) wraps any executor and
 follows the executor protocol (``WrappedExecutor``): the inner executor's pool, prompt checks and
 per-request state (``block_manager``, ``check_prompt``, ``forget``) stay the inner one's, so a wrapped
 ``TorchExecutor`` still prunes, samples and owns its cache. The ``MeasuredStep``\\ s it keeps
@@ -50,9 +51,37 @@ class RecordingExecutor(WrappedExecutor):
     steps: list[MeasuredStep] = field(default_factory=list)
 
     def execute(self, batch) -> ExecutionResult:
-        seqs = tuple((e.num_tokens, e.seq.num_cached_tokens) for e in batch.entries)  # (new, cached KV)
+        seqs = step_entries(batch)
         result = self.inner.execute(batch)
         self.steps.append(MeasuredStep(seqs, float(result.duration_s)))
+        return result
+
+
+def step_entries(batch) -> tuple[tuple[int, int], ...]:
+    """A batch's entries as ``MeasuredStep.sequences`` holds them: ``(new_tokens, cached_tokens)`` each."""
+    return tuple((e.num_tokens, e.seq.num_cached_tokens) for e in batch.entries)
+
+
+@dataclass
+class ReplayExecutor(WrappedExecutor):
+    """Replays a real run: while each simulated batch has the entries of the same step of ``measured`` (the
+    run's ``MeasuredStep`` list in order), it takes that step's measured time; from the first batch that
+    differs (``diverged_at``, its index; None while none has) every step is ``inner``'s. An intervention for
+    the simulator: with the cost model's error forced off, what is left of a served metric's error is the
+    schedule's (``benchmarks/sim_fidelity.py``)."""
+
+    measured: tuple[MeasuredStep, ...] = ()
+    replayed: int = 0
+    diverged_at: int | None = None
+
+    def execute(self, batch) -> ExecutionResult:
+        result = self.inner.execute(batch)
+        i = self.replayed
+        if self.diverged_at is None and i < len(self.measured) and self.measured[i].sequences == step_entries(batch):
+            self.replayed += 1
+            return replace(result, duration_s=self.measured[i].duration_s)
+        if self.diverged_at is None:
+            self.diverged_at = i
         return result
 
 
