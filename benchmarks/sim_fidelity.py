@@ -136,6 +136,7 @@ from longctx.sim.hardware import measure_cpu_hardware, probe_gemm_s  # noqa: E40
 from longctx.sim.recording import MeasuredStep  # noqa: E402
 
 RECORD = pathlib.Path(__file__).resolve().parents[1] / "longctx" / "data" / "recorded" / "sim_fidelity.json"
+RUNS = RECORD.with_name("sim_fidelity_runs.json")  # the record's raw measured runs (compact)
 NUM_BLOCKS, BLOCK_SIZE = 512, 16
 B_REQUESTS, B_RATE = 48, 0.5  # req/s; see the module docstring for why
 A_BUDGET, B_BUDGET = 256, 512  # chunked prefill's token budget in A and in B
@@ -400,7 +401,7 @@ def workloads():
 
 
 def steps_to_json(steps) -> list:
-    """``MeasuredStep`` records as ``[seconds, [[new, cached], ...]]`` (the record's ``measured_runs``)."""
+    """``MeasuredStep`` records as ``[seconds, [[new, cached], ...]]`` (the runs file, ``RUNS``)."""
     return [[st.duration_s, [list(e) for e in st.sequences]] for st in steps]
 
 
@@ -466,10 +467,12 @@ def main(argv=None) -> None:
         f"HOST_GAP_S ({HOST_GAP_MEASURED})",
         **result,
         "roofline_gemms": without,
-        "measured_runs": {"a": [steps_to_json(run) for run in runs_a],
-                          "b": [{"repeat": rep, "load_1min_start": load, "wall_s": wall, "measured_s": measured,
-                                 "steps": steps_to_json(steps)} for rep, load, wall, measured, steps in real_runs]},
+        "measured_runs": RUNS.name,
     }
+    runs_file = {"what": f"the measured runs behind {RECORD.name}: A's and B's steps ([seconds, [[new, cached], ...]])",
+                 "a": [steps_to_json(run) for run in runs_a],
+                 "b": [{"repeat": rep, "load_1min_start": load, "wall_s": wall, "measured_s": measured,
+                        "steps": steps_to_json(steps)} for rep, load, wall, measured, steps in real_runs]}
     if args.from_runs:  # the measurement's provenance stays; the analysis says when and by what it was redone
         old = json.loads(RECORD.read_text())
         if old.get("speed_probe_s") != probes:
@@ -487,7 +490,9 @@ def main(argv=None) -> None:
             "commit_dirty": git_dirty(), "machine": machine(), "load_average_1min_start": gate_load,
             "usable": not args.force}
     RECORD.write_text(json.dumps({**provenance, **analysis}, indent=1) + "\n")
-    print(f"recorded {RECORD}")
+    RUNS.write_text(json.dumps({**runs_file, "commit": provenance["commit"], "date": provenance["date"]},
+                               separators=(",", ":")) + "\n")
+    print(f"recorded {RECORD} and {RUNS.name}")
 
 
 if __name__ == "__main__":
