@@ -9,7 +9,7 @@
 2. Workload A (calibration): the real engine (SmolLM2-135M, fp32, ``TorchExecutor``) serves 10 requests
    sent at once (the burst: prompt chunks fresh and after a prefix, decode batches of up to 10), then a
    staircase of 5 short-prompt requests 1 s apart with 48 outputs each from 14 s (decode-only batches of 1
-   to 5 sequences, 14-19 steps of each when simulated), chunked prefill with a 256-token budget,
+   to 5 sequences, 14-19 steps of each when simulated, 8-24 in the record's real runs), chunked prefill with a 256-token budget,
    ``--repeats`` times, each run followed by a run of B (so a slow drift of a shared machine's speed reaches
    calibration and test alike); every step's composition and time is recorded and ``calibrate`` fits the
    cost model's factors on all of A's steps. Why the staircase: until the third measurement A was the burst
@@ -59,29 +59,35 @@ be told from schedule luck. The workload was chosen on the simulator's condition
 Target: median TTFT and P99 ITL within 5 % (issue 26). **Not shown**: on the machines this ran on, the
 machine's own speed moves by more than the target while it is measured.
 
-The record (2026-12-04, the second of two six-pair measurements that day with this script, 2-core AMD EPYC VM,
-quiet by load average) against the median of B's six runs, and step 6's paired mean with its 95 % t-interval:
+The record (2026-12-04, the third of three six-pair measurements that day, the first with A's staircase, decided
+beforehand to be the record whatever it showed; 2-core AMD EPYC VM, quiet by load average) against the median of
+B's six runs, and step 6's paired mean with its 95 % t-interval:
 
-    median TTFT (profiled GEMMs)   +5.1 %   paired +12.7 % [+5.2, +20.1]
-    P99 ITL (profiled GEMMs)      +14.1 %   paired +25.8 % [+9.8, +41.7]
-    median ITL (profiled GEMMs)    +6.4 %   paired +11.3 % [+5.8, +16.9]
-    median E2E (profiled GEMMs)    +5.9 %   paired +12.8 % [-1.7, +27.3]
-    median TTFT (roofline GEMMs)   +5.0 %   paired +10.9 % [+3.6, +18.1]
-    P99 ITL (roofline GEMMs)       +0.9 %   paired +2.6 % [-6.0, +11.2]
-    median ITL (roofline GEMMs)    -4.4 %   paired -1.3 % [-8.6, +5.9]
-    median E2E (roofline GEMMs)    +3.9 %   paired +7.7 % [-9.0, +24.4]
+    median TTFT (profiled GEMMs)  -10.3 %   paired -2.9 % [-16.5, +10.7]
+    P99 ITL (profiled GEMMs)      -14.2 %   paired -5.5 % [-20.2, +9.2]
+    median ITL (profiled GEMMs)    -9.1 %   paired -7.6 % [-14.8, -0.4]
+    median E2E (profiled GEMMs)   -10.5 %   paired -4.4 % [-19.8, +11.0]
+    median TTFT (roofline GEMMs)   -7.1 %   paired -0.1 % [-14.1, +13.9]
+    P99 ITL (roofline GEMMs)       -9.6 %   paired -6.2 % [-14.5, +2.1]
+    median ITL (roofline GEMMs)   -20.7 %   paired -20.8 % [-32.3, -9.2]
+    median E2E (roofline GEMMs)    -9.9 %   paired -8.6 % [-25.5, +8.4]
 
-The verdict by step 7's rule is "cannot be judged": the speed probe spread 20 % over the measurement, and the six
-GEMM profiles taken before the six repeats differed by 27-38 % per GEMM group (median over row counts of max /
-min - 1; small ops 82 %, fresh-chunk attention 65 %). Run by run, the errors of the same simulation against six
-real runs of the identical B spread -3.8 ... +32.3 % (median TTFT) and +4.7 ... +21.7 % (P99 ITL, profiled). A
-fixed GEMM timed in 5-second windows on that VM took 10.6-13.9 ms within two minutes (31 %). Step 6's pairing
-widened most intervals (with it and without are printed): a run of A two minutes earlier is no good clock for B.
+The verdict by step 7's rule is "cannot be judged": the speed probe spread 11 % over the measurement (9.69-10.75
+ms), and the six GEMM profiles taken before the six repeats differed by 27-37 % per GEMM group (median over row
+counts of max / min - 1; small ops 136 %, fresh-chunk attention 72 %); A's six runs ran at 0.93-1.20 times the
+pooled calibration's step times. Run by run, the errors of the same simulation against six real runs of the
+identical B spread -16.3 ... +6.9 % (median TTFT) and -21.9 ... -5.1 % (P99 ITL, profiled). Outside the rule,
+the served metrics missed the target too: the profiled model priced B's prompt steps of 257+ tokens 7-8 % fast
+(measured / priced 1.07-1.08) while its decodes were right (1.01), and a faster step lets queued arrivals start
+sooner (median TTFT moved -4.1 % for steps 3 % faster). Step 6's pairing with A's speed narrowed the means but
+widened the intervals.
 
-The first six-pair measurement of the day (commit 68e6a9a, probe spread 15 %, profiles 20-30 %): profiled GEMMs
-median TTFT -7.9 %, P99 ITL -8.2 % (run by run -26.5 ... +2.6 % and -15.9 ... +0.7 %); roofline GEMMs -5.4 %,
--8.4 %. So on the served metrics neither model is shown closer: the two measurements disagree by more than the
-two models do.
+The two earlier six-pair measurements of the day, with A the burst alone: the first (commit 68e6a9a, probe 15 %,
+profiles 20-30 %): profiled GEMMs median TTFT -7.9 %, P99 ITL -8.2 % (run by run -26.5 ... +2.6 % and -15.9 ...
++0.7 %), roofline -5.4 %, -8.4 %; the second (the record at commit 9da02c2, probe 20 %, profiles 27-38 %):
+profiled +5.1 %, +14.1 % (run by run -3.8 ... +32.3 % and +4.7 ... +21.7 %), roofline +5.0 %, +0.9 %. So on
+the served metrics neither model is shown closer: the three measurements disagree by more than the two models
+do. A fixed GEMM timed in 5-second windows on that VM took 10.6-13.9 ms within two minutes (31 %).
 
 Earlier measurements, all with the same script's workloads:
 
@@ -101,29 +107,33 @@ differently on each CPU. On the Intel VM ``torch.nn.functional.linear`` through 
 319, 325, 322 us for 1-3 rows, 582-594 for 4-6, 859-863 for 7-9 and 766 us at 16 rows (the weights streamed once
 per 3 rows below 16); on the AMD VM the LM head took 9.9, 22.6, 36.7, 18.1 ms for 1-4 rows (1-3 rows as
 matrix-vector products, 4 as one blocked kernel). Decode-only steps of 1-5 sequences on the AMD VM took 66.1,
-105.7, 136.8, 105.8, 122.2 ms in the first measurement and 71.9, 113.9, 145.4, 117.9, 132.6 ms in the record. A
-step time linear in the batch cannot follow that: the roofline model priced them +32, -11, -26, +2, -6 % and
-+41, -4, -18, +8, +2 %; the profiled model +3, +0, -3, -2, -3 % and +23, +6, +3, +2, +1 % (its one miss, a
-single sequence, is the step overheads' split, which A's batches of up to 10 pin poorly). Over all of B's real
-steps the median |error| was 10.3 % and 11.6 % profiled against 17.3 % and 17.4 % roofline. The profile measures
+105.7, 136.8, 105.8, 122.2 ms in the first measurement, 71.9, 113.9, 145.4, 117.9, 132.6 ms in the second and
+66.0, 105.7, 142.2, 115.9, 124.7 ms in the record. A step time linear in the batch cannot follow that: the
+roofline model priced them +32, -11, -26, +2, -6 %, +41, -4, -18, +8, +2 % and +13, -19, -32, -7, -5 %; the
+profiled model +3, +0, -3, -2, -3 %, +23, +6, +3, +2, +1 % and +4, +3, -5, -3, -6 % (the second's +23 %, a
+single sequence, was the step overheads' split, which the burst alone pinned poorly: A's staircase took it to
++4 %). Over all of B's real steps the median |error| was 10.3, 11.6 and 10.0 % profiled against 17.3, 17.4 and
+15.3 % roofline. The profile measures
 the engine's own ops as it runs them; what remains fitted (step and per-sequence overheads, the attention of
 decodes and of chunks after a prefix) is what A's steps can pin.
 
-What the replay shows (step 8, added later and run on both measurements' saved runs: the record's analysis was
-redone from its own, measurement and provenance unchanged; the first measurement's are not shipped). The engine spends a median 0.106 ms between one step
-and the next (27 steps of A, P90 0.143 ms; 0.07 % of a step), which the virtual clock does not count. Replayed
-with the measured step times alone, 2 of 6 runs never part in each measurement, and in those four runs every
-metric is within 0.9 % of the real run (median TTFT -0.9 ... -0.6 %, P99 ITL -0.01 %). With each step 0.106 ms
-longer, 4 of 6 (the record) and 5 of 6 (the first measurement) never part, and in those nine runs every metric
-is within 0.25 %. So the schedule, the metrics' bookkeeping and the virtual clock are the engine's to a quarter
-of a per cent, given its step times, and a tenth of a millisecond per step decides which step an arrival joins:
-the served metrics' errors above are the steps' prices (the cost model and the machine's speed), not the
-simulated schedule. Runs that part are priced by the model after that step: in the record +8.8 % median TTFT
-after parting at step 44 of 394 (profiled; roofline +17.7 %).
+What the replay shows (step 8; added after the first two measurements and run on their saved runs too, whose
+analysis was redone from them, measurement and provenance unchanged). The engine spends a median 0.077 ms between
+one step and the next (the record, measured on A's runs; 0.106 ms, P90 0.143 ms, in a run of A measured apart
+for the first two), about 0.1 % of a step, which the virtual clock does not count. Replayed with the measured
+step times alone, 2 of 6 runs never part in each of the three measurements, and in those six runs every metric
+is within 0.9 % of the real run (median TTFT -0.9 ... -0.6 %, P99 ITL -0.01 %). With each step longer by the
+engine's time between steps, 3 of 6 (the record), 4 of 6 and 5 of 6 never part, and in those twelve runs every
+metric is within 0.27 %. So the schedule, the metrics' bookkeeping and the virtual clock are the engine's to a
+quarter of a per cent, given its step times, and a tenth of a millisecond per step decides which step an arrival
+joins: the served metrics' errors above are the steps' prices (the cost model and the machine's speed), not the
+simulated schedule. Runs that part are priced by the model after that step: in the second measurement +8.8 %
+median TTFT after parting at step 44 of 394 (profiled; roofline +17.7 %), in the record -4.1 % at step 49.
 
-So: per step the profiled model is the better one in both measurements (it follows the AMD VM's stair; the Intel
-VM's was never profiled). Whether the served metrics are within 5 % needs a machine steadier than 10 % over a
-quarter of an hour (the rule), which neither AMD measurement had (the Intel VM was not probed). ``--repeats``
+So: per step the profiled model is the better one in all three measurements (it follows the AMD VM's stair; the
+Intel VM's was never profiled), and the simulated schedule is the engine's (step 8). Whether the served metrics
+are within 5 % needs a machine steadier than 10 % over a quarter of an hour (the rule), which no AMD measurement
+had (the Intel VM was not probed). ``--repeats``
 more pairs narrow the intervals only as the square root.
 """
 

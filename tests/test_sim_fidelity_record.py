@@ -21,6 +21,7 @@ import sim_fidelity  # noqa: E402
 
 RECORD = json.loads((ROOT / "longctx" / "data" / "recorded" / "sim_fidelity.json").read_text())
 MODELS = {"profiled GEMMs": RECORD, "roofline GEMMs": RECORD["roofline_gemms"]}
+RUNS = json.loads((ROOT / "longctx" / "data" / "recorded" / RECORD["measured_runs"]).read_text())
 
 
 def test_the_record_carries_its_provenance_and_was_made_quiet():
@@ -35,6 +36,23 @@ def test_the_record_is_of_the_workload_the_script_runs():
     assert RECORD["workload_b"] == {"requests": sim_fidelity.B_REQUESTS, "rate_per_s": sim_fidelity.B_RATE,
                                     "budget": 512}
     assert len(RECORD["repeats"]) >= 6  # six pairs of runs: the t-interval has 5 degrees of freedom
+    assert RECORD["workload_a"] == {"burst": 10, "budget": sim_fidelity.A_BUDGET, "stair": {
+        "requests": sim_fidelity.STAIR_REQUESTS, "start_s": sim_fidelity.STAIR_START_S, "gap_s": sim_fidelity.STAIR_GAP_S}}
+    wl_a, _ = sim_fidelity.workloads()
+    first = [st for st in sim_fidelity.steps_from_json(RUNS["a"][0]) if all(n == 1 for n, _ in st.sequences)]
+    sizes = {len(st.sequences) for st in first}
+    assert len(wl_a) == 10 + sim_fidelity.STAIR_REQUESTS and set(range(1, 6)) <= sizes  # the staircase ran
+
+
+def test_the_staircase_covers_the_small_decode_batches():
+    """Every decode-only batch size 1-5 (what B runs most) ran in each real run of A: 10 steps or more each when
+    simulated (the rule A was chosen by), 8 or more in every real run (the docstring says 8-24)."""
+    for run in RUNS["a"]:
+        counts = {}
+        for st in sim_fidelity.steps_from_json(run):
+            if all(n == 1 for n, _ in st.sequences):
+                counts[len(st.sequences)] = counts.get(len(st.sequences), 0) + 1
+        assert all(counts.get(k, 0) >= 8 for k in range(1, 6)), counts
 
 
 def test_the_gemm_profile_is_recorded_whole():
@@ -97,9 +115,6 @@ def test_what_the_docstring_says_the_profile_changed():
         for row in rec["rows"]:
             line = next(x for x in doc.splitlines() if x.strip().startswith(f"{row['metric']} ({name})"))
             assert f"{100 * row['error']:+.1f} %" in line, (row, line)
-
-
-RUNS = json.loads((ROOT / "longctx" / "data" / "recorded" / RECORD["measured_runs"]).read_text())
 
 
 def test_the_raw_runs_are_the_records():
