@@ -185,8 +185,8 @@ CONDITIONING = (0.97, 1.03)  # step-time scales of step 5 (module docstring)
 
 def run_real(model, workload, scheduler, vocab_size, seed=0):
     """Serve ``workload`` on the real model in real time; returns (finished sequences, recorded steps, the
-    median time the engine spent between one step's end and the next one's start: its own scheduling and
-    bookkeeping, which no recorded step holds and the simulator's virtual clock does not count)."""
+    engine's own time per step: its scheduling and bookkeeping, which no recorded step holds and the
+    simulator's virtual clock does not count; ``HOST_GAP_DEFINITION``)."""
     from longctx.engine import TorchExecutor
     from longctx.kv.block_manager import BlockManager
 
@@ -200,19 +200,21 @@ def run_real(model, workload, scheduler, vocab_size, seed=0):
         engine.add_request(ids, r.output_tokens, arrival_s=r.arrival_s)
     engine.clock.reset()  # arrivals are relative to the start of serving
     engine.run_until_done()
-    h = engine.history
-    gap = float(np.median([b.start_s - a.end_s for a, b in zip(h, h[1:], strict=False)])) if len(h) > 1 else 0.0
-    return engine.finished, rec.steps, gap
+    h = engine.history  # HOST_GAP_DEFINITION
+    gaps = [b.start_s - a.start_s - a.duration_s for a, b in zip(h, h[1:], strict=False)]
+    return engine.finished, rec.steps, float(np.median(gaps)) if gaps else 0.0
 
 
 METRICS = ("median TTFT", "P99 ITL", "median ITL", "median E2E")
 TARGETED = ("median TTFT", "P99 ITL")  # issue 26: within 5 %
 TARGET = 0.05
 PROFILE_ROWS = (*range(1, 17), 24, 32, 48, 64, 128, 256, 384, 512, 640)  # B's steps hold 1 ... 512 tokens
-# The engine's median time between one step's end and the next one's start (scheduling, bookkeeping), for a
-# measurement saved before run_real measured it: 27 steps of A on the AMD VM, 2026-12-04.
-HOST_GAP_S = 1.06e-4
-HOST_GAP_MEASURED = "27 steps of workload A, AMD EPYC VM, 2026-12-04: median 0.106 ms, P90 0.143 ms"
+# The engine's own time per step, as run_real measures it; HOST_GAP_S for a measurement saved without it.
+HOST_GAP_DEFINITION = "median over A's steps of the next step's start - this step's start - its executor time"
+HOST_GAP_S = 1.20e-4
+HOST_GAP_MEASURED = "115 steps of workload A (burst and staircase), AMD EPYC VM, 2026-12-04; P90 0.192 ms"
+WORKLOAD_A = {"burst": 10, "stair": {"requests": STAIR_REQUESTS, "start_s": STAIR_START_S, "gap_s": STAIR_GAP_S},
+              "budget": A_BUDGET}
 STEADY_SPREAD = 0.10  # the speed probe's largest / smallest - 1 over a measurement (module docstring)
 
 
@@ -292,17 +294,17 @@ def paired_errors(runs, steady: bool = True) -> dict[str, dict]:
 
 def replay_errors(fitted, real_runs, wl_b, host_gap_s: float = 0.0) -> dict:
     """Step 8: each run of B simulated with its own measured step times (``ReplayExecutor``; ``fitted``
-    prices the steps after the schedules part), each step ``host_gap_s`` longer (the engine's own time
-    between steps): per run, the steps replayed and each metric's error; over the runs that never parted, the
+    prices the steps after the schedules part, at its price alone), each replayed step ``host_gap_s`` longer
+    (the engine's own time per step): per run, the steps replayed and each metric's error; over the runs that never parted, the
     largest |error| per metric (module docstring)."""
     runs = []
     for rep, _load, _wall, measured, steps_b in real_runs:
         steps = tuple(MeasuredStep(st.sequences, st.duration_s + host_gap_s) for st in steps_b)
         ex = ReplayExecutor(fitted, steps)
         error = relative(predict(ex, wl_b), measured)
-        runs.append({"repeat": rep, "steps": len(steps_b), "replayed": ex.replayed, "diverged_at": ex.diverged_at,
+        runs.append({"repeat": rep, "steps": len(steps_b), "replayed": ex.replayed, "parted_at": ex.parted_at,
                      "error": error})
-    aligned = [r for r in runs if r["diverged_at"] is None]
+    aligned = [r for r in runs if r["parted_at"] is None]
     worst = {m: max(abs(r["error"][m]) for r in aligned) if aligned else None for m in METRICS}
     return {"host_gap_s": host_gap_s, "runs": runs, "aligned_runs": len(aligned), "aligned_worst_abs_error": worst}
 
@@ -378,7 +380,7 @@ def evaluate(label: str, ex, runs_a, real_runs, wl_b, steady: bool = True, host_
               f"{1e3 * replay['host_gap_s']:.3f} ms longer (the engine's time between steps); the model prices the "
               "steps after the schedules part:")
         for r in replay["runs"]:
-            parted = "never parted" if r["diverged_at"] is None else f"parted at step {r['diverged_at']}"
+            parted = "never parted" if r["parted_at"] is None else f"parted at step {r['parted_at']}"
             print(f"  repeat {r['repeat']}: {r['replayed']} of {r['steps']} steps replayed ({parted}): " + ", ".join(
                 f"{m} {100 * r['error'][m]:+.2f} %" for m in METRICS))
         if replay["aligned_runs"]:
@@ -431,12 +433,46 @@ def measure(threads: int, repeats: int, force: bool) -> dict:
         print(f"repeat {rep}: A then B measured (load {load:.2f} before B, B took {real_runs[-1][2]:.1f} s)", flush=True)
     print(f"measured in {time.perf_counter() - t0:.0f} s")
     return {"hardware": hw, "profile": GemmProfile.median_of(profiles), "profiles": profiles, "runs_a": runs_a,
-            "real_runs": real_runs, "probes": probes, "host_gap_s": float(np.median(gaps))}
+            "real_runs": real_runs, "probes": probes, "host_gap_s": float(np.median(gaps)),
+            "host_gap_definition": HOST_GAP_DEFINITION, "threads": threads, "workload_a": WORKLOAD_A}
+
+
+def cost_models(hw, profile):
+    """The two cost models step 1 compares, uncalibrated: GEMMs from ``profile``, and on their rooflines. A CPU
+    runs no GEMM tiles in waves over SMs: the operator form without the H100's tile quantization."""
+    return tuple(CostModelExecutor("smollm2-135m", hw, CostFactors(gemm_tile_tokens=1), weight_dtype="fp32",
+                                   kv_dtype="fp32", gemm_profile=p) for p in (profile, None))
+
+
+def load_saved(path: pathlib.Path) -> dict:
+    """What ``measure`` returned, from a pickle ``--save-runs`` wrote (only one you made) or from a record's runs
+    file (``sim_fidelity_runs.json``, with the record beside it: its CPU, median GEMM profile and probes)."""
+    if path.suffix != ".json":
+        return pickle.loads(path.read_bytes())
+    from longctx.specs import HardwareSpec
+
+    runs, rec = json.loads(path.read_text()), json.loads((path.parent / RECORD.name).read_text())
+    if runs.get("commit") != rec.get("commit"):
+        raise SystemExit(f"{path} is not the runs of {RECORD.name} beside it (commits {runs.get('commit')} and "
+                         f"{rec.get('commit')})")
+    cpu = rec["cpu"]
+    saved = {"hardware": HardwareSpec("cpu-measured", cpu["peak_flops_per_s"], cpu["bandwidth_bytes_per_s"], 8e9,
+                                      source=f"{RECORD.name} (measured on that machine)"),
+             "profile": GemmProfile.from_dict(rec["gemm_profile"]), "profiles": None,
+             "profile_spread": rec["gemm_profile_spread"], "runs_a": [steps_from_json(r) for r in runs["a"]],
+             "real_runs": [(r["repeat"], r["load_1min_start"], r["wall_s"], r["measured_s"],
+                            steps_from_json(r["steps"])) for r in runs["b"]],
+             "probes": rec["speed_probe_s"], "threads": cpu["torch_threads"], "workload_a": rec.get("workload_a")}
+    if rec.get("host_gap_definition") == HOST_GAP_DEFINITION:
+        saved["host_gap_s"], saved["host_gap_definition"] = rec["host_gap_s"], HOST_GAP_DEFINITION
+    elif "host_gap_s" in rec:  # measured as the next start - this end, which missed the engine's work in a step
+        saved["host_gap_earlier_definition_s"] = rec.get("host_gap_earlier_definition_s", rec["host_gap_s"])
+    return saved
 
 
 def workloads():
     """Workloads A (the burst, then the staircase) and B (module docstring)."""
-    burst = make_workload(10, float("inf"), Uniform(32, 500), Uniform(8, 24), seed=1)
+    burst = make_workload(WORKLOAD_A["burst"], float("inf"), Uniform(32, 500), Uniform(8, 24), seed=1)
     stair = [dataclasses.replace(r, arrival_s=STAIR_START_S + STAIR_GAP_S * i)
              for i, r in enumerate(make_workload(STAIR_REQUESTS, float("inf"), Uniform(32, 64), 48, seed=3))]
     return (sorted(burst + stair, key=lambda r: r.arrival_s),
@@ -459,14 +495,15 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=6, help="real runs of A and of B, alternating")
     ap.add_argument("--save-runs", type=pathlib.Path, metavar="FILE", help="also pickle the measured runs to FILE")
     ap.add_argument("--from-runs", type=pathlib.Path, metavar="FILE",
-                    help="measure nothing: re-analyse the runs --save-runs pickled (only a file you made); with "
-                         "--record, rewrite the record's analysis, keeping its measurement's provenance")
+                    help="measure nothing: re-analyse saved runs, a pickle --save-runs wrote (only a file you made) "
+                         f"or the record's {RUNS.name}; with --record, rewrite the record's analysis, keeping its "
+                         "measurement's provenance")
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
     threads = int(os.environ["OMP_NUM_THREADS"])
     if args.from_runs:
-        saved = pickle.loads(args.from_runs.read_bytes())
+        saved = load_saved(args.from_runs)
         gate_load = os.getloadavg()[0]
     else:
         gate_load = load_gate(threads, args.force) if args.record else os.getloadavg()[0]
@@ -474,17 +511,13 @@ def main(argv=None) -> None:
     hw, profile, profiles = saved["hardware"], saved["profile"], saved["profiles"]
     runs_a, real_runs, probes = saved["runs_a"], saved["real_runs"], saved["probes"]
     _, wl_b = workloads()
-    profile_spread = GemmProfile.spread_of(profiles)
+    profile_spread = GemmProfile.spread_of(profiles) if profiles else saved["profile_spread"]
     print("GEMM profile (ms, all layers; the LM head once), rows: " + "; ".join(
         f"{n}: " + "/".join(f"{1e3 * profile.seconds[g][i]:.1f}" for g in GEMM_GROUPS)
         for i, n in enumerate(profile.rows) if n <= 16 or n in (64, 256, 512)) + f"  ({'/'.join(GEMM_GROUPS)})", flush=True)
-    print("  spread of the " + str(len(profiles)) + " profiles (median over rows of max / min - 1): " + ", ".join(
+    print("  spread of the " + str(len(profiles) if profiles else len(runs_a)) + " profiles (median over rows of max / min - 1): " + ", ".join(
         f"{g} {100 * v:.0f} %" for g, v in profile_spread.items()))
-    # A CPU runs no GEMM tiles in waves over SMs: the operator form without the H100's tile quantization.
-    roofline = CostModelExecutor("smollm2-135m", hw, CostFactors(gemm_tile_tokens=1), weight_dtype="fp32",
-                                 kv_dtype="fp32")
-    profiled = CostModelExecutor("smollm2-135m", hw, CostFactors(gemm_tile_tokens=1), weight_dtype="fp32",
-                                 kv_dtype="fp32", gemm_profile=profile)
+    profiled, roofline = cost_models(hw, profile)
     spread = max(probes) / min(probes) - 1
     steady = spread <= STEADY_SPREAD
     print(f"speed probe (one fixed GEMM, ms) before each A, before and after each B: "
@@ -492,24 +525,28 @@ def main(argv=None) -> None:
           + ("steady" if steady else f"UNSTEADY (> {100 * STEADY_SPREAD:.0f} %): no 5 % claim can be judged"), flush=True)
     if args.save_runs:  # everything evaluate() reads, for a re-analysis without re-measuring
         args.save_runs.write_bytes(pickle.dumps(saved))
-    gap = saved.get("host_gap_s", HOST_GAP_S)  # a measurement saved before the gap was measured: HOST_GAP_S
+    measured_gap = saved.get("host_gap_definition") == HOST_GAP_DEFINITION
+    gap = saved["host_gap_s"] if measured_gap else HOST_GAP_S  # saved without it (or as defined before): HOST_GAP_S
     result = evaluate("GEMMs from this machine's profile (the record's model)", profiled, runs_a, real_runs, wl_b,
                       steady, gap)
     without = evaluate("GEMMs on their rooflines (for comparison)", roofline, runs_a, real_runs, wl_b, steady, gap)
     if not args.record:
         return
+    if saved.get("workload_a") is None or "threads" not in saved:
+        raise SystemExit(f"{args.from_runs} was saved without its workload A and thread count: it cannot be recorded")
     import torch
 
     analysis = {
         "cpu": {"peak_flops_per_s": hw.peak_flops_per_s, "bandwidth_bytes_per_s": hw.memory_bandwidth_bytes_per_s,
-                "torch_threads": threads},
-        "workload_a": {"burst": 10, "stair": {"requests": STAIR_REQUESTS, "start_s": STAIR_START_S,
-                                              "gap_s": STAIR_GAP_S}, "budget": A_BUDGET},
+                "torch_threads": saved["threads"]},
+        "workload_a": saved["workload_a"],
         "workload_b": {"requests": B_REQUESTS, "rate_per_s": B_RATE, "budget": B_BUDGET},
         "gemm_profile": profile.to_dict(), "gemm_profile_spread": profile_spread,
         "speed_probe_s": probes, "speed_probe_spread": spread, "steady": steady,
-        "host_gap_s": gap, "host_gap_source": "measured on A's runs" if "host_gap_s" in saved else
-        f"HOST_GAP_S ({HOST_GAP_MEASURED})",
+        "host_gap_s": gap, "host_gap_definition": HOST_GAP_DEFINITION,
+        "host_gap_source": "measured on A's runs" if measured_gap else f"HOST_GAP_S ({HOST_GAP_MEASURED})",
+        **({"host_gap_earlier_definition_s": saved["host_gap_earlier_definition_s"]}
+           if "host_gap_earlier_definition_s" in saved else {}),
         **result,
         "roofline_gemms": without,
         "measured_runs": RUNS.name,
@@ -523,10 +560,9 @@ def main(argv=None) -> None:
         if old.get("speed_probe_s") != probes:
             raise SystemExit(f"{args.from_runs} does not hold the measurement in {RECORD.name} (its speed probes "
                              "differ): record a new measurement instead")
-        provenance = {k: old[k] for k in ("what", "produced_by", "date", "python", "torch", "commit", "commit_dirty",
-                                          "machine", "load_average_1min_start", "usable")}
+        provenance = {k: v for k, v in old.items() if k not in analysis and k != "reanalysed"}
         provenance["reanalysed"] = {"date": datetime.date.today().isoformat(), "commit": git_commit(),
-                                    "commit_dirty": git_dirty(), "from": "the measurement's saved runs (--from-runs)"}
+                                    "commit_dirty": git_dirty(), "from": f"the measurement's saved runs ({args.from_runs.name})"}
     else:
         provenance = {
             "what": "simulator fidelity: calibrate on workload A (real engine, this CPU), predict workload B",
@@ -535,8 +571,8 @@ def main(argv=None) -> None:
             "commit_dirty": git_dirty(), "machine": machine(), "load_average_1min_start": gate_load,
             "usable": not args.force}
     RECORD.write_text(json.dumps({**provenance, **analysis}, indent=1) + "\n")
-    RUNS.write_text(json.dumps({**runs_file, "commit": provenance["commit"], "date": provenance["date"]},
-                               separators=(",", ":")) + "\n")
+    header = {k: provenance[k] for k in ("commit", "commit_note", "date") if k in provenance}
+    RUNS.write_text(json.dumps({**runs_file, **header}, separators=(",", ":")) + "\n")
     print(f"recorded {RECORD} and {RUNS.name}")
 
 

@@ -103,7 +103,7 @@ def print_search(table) -> None:
     print(_line("smallest worst error", search_factors(objective="worst")))
     other = []
     for tile, sms in ((1, 132), (64, 114), (64, 132), (64, 144), (128, 114), (128, 144), (256, 114), (256, 132), (256, 144)):
-        best = search_factors(objective="worst", small=replace(CostFactors(), gemm_tile_tokens=tile, gemm_wave_sms=sms))
+        best = search_factors(objective="worst", base=replace(CostFactors(), gemm_tile_tokens=tile, gemm_wave_sms=sms))
         other.append(f"T {tile} S {sms}: {best.worst_abs_error:.1%}")
     print("  other tiles (T rows) and waves (S SMs), smallest worst error: " + ", ".join(other))
     print("held out (fit on the other four models, scored on this one): points over 15 % / worst error")
@@ -113,7 +113,7 @@ def print_search(table) -> None:
         others = [x for x in table if x != held]
         fit = fit_profiles(others).factors
         scores = [score_factors(fit, [held])] + [
-            score_factors(search_factors(others, objective=o, small=fit).factors, [held]) for o in ("misses", "worst")]
+            score_factors(search_factors(others, objective=o, base=fit).factors, [held]) for o in ("misses", "worst")]
         totals = [t + s.misses for t, s in zip(totals, scores, strict=True)]
         print(f"  {held:<28} " + " ".join(f"{f'{s.misses} / {s.worst_abs_error:.1%}':>15}" for s in scores))
     print(f"  {'all five held out':<28} " + " ".join(f"{t:>15}" for t in totals))

@@ -93,7 +93,9 @@ def test_the_search_returns_the_best_point_of_its_grid():
                            ("worst", lambda x: (x.worst_abs_error, x.misses))):
         best = search_factors(["phi-2", "Qwen-72B"], objective=objective, grid=grid)
         assert key(best) == pytest.approx(key(min(scores, key=key)))
-        assert best.factors in points
+        again = score_factors(best.factors, ["phi-2", "Qwen-72B"])  # the score belongs to the factors returned
+        assert (again.misses, again.worst_abs_error, again.median_abs_error) == pytest.approx(
+            (best.misses, best.worst_abs_error, best.median_abs_error))
 
 
 def test_no_factors_on_the_grid_are_within_15_percent_everywhere():
@@ -110,6 +112,10 @@ def test_the_search_says_what_it_accepts():
         search_factors(["Llama-2-7b"])
     with pytest.raises(ValueError, match="profiled at TP 1, not 2"):
         score_factors(CostFactors(), ["phi-2"], tp=2)
+    with pytest.raises(ValueError, match="unknown profiled models"):
+        score_factors(CostFactors(), ["Llama-3-8b"])
+    with pytest.raises(ValueError, match="no profiled point of phi-2 at TP 1 in 5000"):
+        score_factors(CostFactors(), ["phi-2"], low_tokens=5000, high_tokens=6000)
 
 
 def test_no_factors_beat_the_monotone_floor():

@@ -125,29 +125,27 @@ def test_the_raw_runs_are_the_records():
     assert len(steps_a) == RECORD["calibration"]["num_steps"]
 
 
-def _fitted(rec):
-    from longctx.sim import CostFactors, CostModelExecutor
-    from longctx.specs import HardwareSpec
+SAVED = sim_fidelity.load_saved(ROOT / "longctx" / "data" / "recorded" / RECORD["measured_runs"])
 
-    cpu = RECORD["cpu"]
-    hw = HardwareSpec("cpu-measured", cpu["peak_flops_per_s"], cpu["bandwidth_bytes_per_s"], 8e9, source="the record")
-    profile = GemmProfile.from_dict(RECORD["gemm_profile"]) if rec is RECORD else None
-    return CostModelExecutor("smollm2-135m", hw, CostFactors(**rec["calibration"]["factors"]), weight_dtype="fp32",
-                             kv_dtype="fp32", gemm_profile=profile)
+
+def _fitted(rec):
+    from longctx.sim import CostFactors
+
+    profiled, roofline = sim_fidelity.cost_models(SAVED["hardware"], SAVED["profile"])
+    return (profiled if rec is RECORD else roofline).with_factors(CostFactors(**rec["calibration"]["factors"]))
 
 
 @pytest.mark.parametrize("name", MODELS)
 def test_the_replay_follows_from_the_raw_runs(name):
     """Step 8 recomputed from the saved runs: each run of B replayed with its measured step times."""
     rec = MODELS[name]
-    real = [(r["repeat"], r["load_1min_start"], r["wall_s"], r["measured_s"], sim_fidelity.steps_from_json(r["steps"]))
-            for r in RUNS["b"]]
+    real = SAVED["real_runs"]
     _, wl_b = sim_fidelity.workloads()
     for key, gap in (("replay", 0.0), ("replay_with_host_gap", RECORD["host_gap_s"])):
         again = sim_fidelity.replay_errors(_fitted(rec), real, wl_b, gap)
         assert again["aligned_runs"] == rec[key]["aligned_runs"]
         for a, b in zip(again["runs"], rec[key]["runs"], strict=True):
-            assert (a["replayed"], a["diverged_at"], a["steps"]) == (b["replayed"], b["diverged_at"], b["steps"])
+            assert (a["replayed"], a["parted_at"], a["steps"]) == (b["replayed"], b["parted_at"], b["steps"])
             assert a["error"] == pytest.approx(b["error"], rel=1e-6, abs=1e-9)
 
 

@@ -50,7 +50,18 @@ def test_the_replay_says_where_the_schedules_part():
     wrong[5] = MeasuredStep(((999, 0),), 1.0)  # a step the simulation will not schedule
     replay = ReplayExecutor(model(), tuple(wrong))
     serve(replay)
-    assert replay.diverged_at == 5 and replay.replayed == 5
+    assert replay.diverged_at == replay.parted_at == 5 and replay.replayed == 5
     short = ReplayExecutor(model(), tuple(rec.steps[:3]))  # fewer steps recorded than simulated
     serve(short)
     assert short.diverged_at == 3
+
+
+def test_a_simulation_that_ends_before_the_recording_has_parted():
+    rec = RecordingExecutor(model())
+    serve(rec)
+    longer = ReplayExecutor(model(), (*rec.steps, MeasuredStep(((1, 9),), 0.5)))  # one step the run never had
+    serve(longer)
+    assert longer.diverged_at is None and longer.parted_at == len(rec.steps)
+    exact = ReplayExecutor(model(), tuple(rec.steps))
+    serve(exact)
+    assert exact.parted_at is None

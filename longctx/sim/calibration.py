@@ -17,7 +17,8 @@ Two kinds of measurement:
 
 **Is the form the limit, or the fit?** ``search_factors`` searches the four GEMM factors exhaustively over a
 grid (``SEARCH_GRID``, the small ops held at their fit) for the issue's own criterion: the fewest points over
-15 % (``objective="misses"``) or the smallest worst error (``"worst"``), at one TP degree and token range;
+15 % (``objective="misses"``) or the smallest worst error (``"worst"``), at one TP degree and token range (the
+tile shape, wave size and small ops held at ``base``'s);
 ``score_factors`` scores given factors the same way. ``benchmarks/sim_profiles.py`` prints both, and the
 criterion fit held out model by model against the least-squares one.
 
@@ -154,11 +155,7 @@ def fit_profiles(models: Sequence[str] | None = None, hardware: HardwareSpec | s
     """Fit the operator form's GEMM and small-op factors on the profiles of ``models`` (default: all
     shipped) for ``hardware``'s datasheet peak and bandwidth; ``tile_tokens`` and ``wave_sms`` are held
     (module docstring)."""
-    table = load_profiles()
-    names = tuple(table) if models is None else tuple(models)
-    unknown = [x for x in names if x not in table]
-    if unknown or not names:
-        raise ValueError(f"unknown profiled models {unknown}; allowed: {', '.join(table)}")
+    table, names = load_profiles(), _profiled_names(models)
     hw = get_hardware(hardware)
     gpts, spts = _points([table[x] for x in names])
     area = np.array([gemm_tile_area(int(n), m, tile_tokens, wave_sms) for n, _, m, _, _ in gpts])
@@ -292,11 +289,22 @@ class FactorScore:
     threshold: float = 0.15
 
 
-def _linear_parts(models: Sequence[str], tp: int, low_tokens: int, high_tokens: int, small: CostFactors):
+def _profiled_names(models: Sequence[str] | None) -> tuple[str, ...]:
+    """``models`` (default: every shipped profile) checked against the shipped profiles."""
+    table = load_profiles()
+    names = tuple(table) if models is None else tuple(models)
+    unknown = [x for x in names if x not in table]
+    if unknown or not names:
+        raise ValueError(f"unknown profiled models {unknown}; allowed: {', '.join(table)}")
+    return names
+
+
+def _linear_parts(models: Sequence[str], tp: int, low_tokens: int, high_tokens: int, base: CostFactors,
+                  hardware: HardwareSpec | str):
     """Arrays over the profiled points of ``models`` at ``tp`` in the token range: each of the four GEMMs'
-    compute and memory seconds at efficiency 1 (``gemm_ideal_s``; points x 4), layer counts, the small ops'
-    and embedding's seconds at ``small``'s factors, and the measured linear time."""
-    hw, table = get_hardware("h100"), load_profiles()
+    compute and memory seconds at efficiency 1 (``gemm_ideal_s``, ``base``'s tile shape; points x 4), layer
+    counts, the small ops' and embedding's seconds at ``base``'s factors, and the measured linear time."""
+    hw, table = get_hardware(hardware), load_profiles()
     peak, bw = hw.peak_flops_per_s, hw.memory_bandwidth_bytes_per_s
     comp, mem, layers, fixed, measured = [], [], [], [], []
     for name in models:
@@ -307,13 +315,15 @@ def _linear_parts(models: Sequence[str], tp: int, low_tokens: int, high_tokens: 
         for n, y in zip(pm.num_tokens[tp], pm.linear_time_s(tp), strict=True):
             if not low_tokens <= n <= high_tokens:
                 continue
-            parts = [gemm_ideal_s(n, k, m, small.gemm_tile_tokens, peak, bw, WEIGHT_BYTES, ACT_BYTES,
-                                  small.gemm_wave_sms) for k, m in dims]
+            parts = [gemm_ideal_s(n, k, m, base.gemm_tile_tokens, peak, bw, WEIGHT_BYTES, ACT_BYTES,
+                                  base.gemm_wave_sms) for k, m in dims]
             comp.append([c for c, _ in parts])
             mem.append([b for _, b in parts])
             layers.append(pm.shape.num_layers)
-            fixed.append(small_ops_time_s(pm.shape, n, small, bw, ACT_BYTES, tp))
+            fixed.append(small_ops_time_s(pm.shape, n, base, bw, ACT_BYTES, tp))
             measured.append(y)
+    if not measured:
+        raise ValueError(f"no profiled point of {', '.join(models)} at TP {tp} in {low_tokens} ... {high_tokens} tokens")
     return tuple(np.array(a, dtype=float) for a in (comp, mem, layers, fixed, measured))
 
 
@@ -335,41 +345,38 @@ def _scan(parts, grid: dict, threshold: float):
                     yield (ce, me, s, o), int(misses[i, j]), float(worst[i, j]), float(med[i, j])
 
 
-def _score(values, misses, worst, med, names, tp, n, small, threshold) -> FactorScore:
+def _score(values, misses, worst, med, names, tp, n, base, threshold) -> FactorScore:
     ce, me, s, o = values
-    f = replace(small, compute_efficiency=ce, memory_efficiency=me, serial_fraction=s, kernel_overhead_s=o)
+    f = replace(base, compute_efficiency=ce, memory_efficiency=me, serial_fraction=s, kernel_overhead_s=o)
     return FactorScore(f, tuple(names), tp, n, misses, worst, med, threshold)
 
 
 def search_factors(models: Sequence[str] | None = None, tp: int = 1, low_tokens: int = 64,
                    high_tokens: int = 4096, objective: str = "misses", grid: dict | None = None,
-                   small: CostFactors | None = None, threshold: float = 0.15) -> FactorScore:
+                   base: CostFactors | None = None, threshold: float = 0.15,
+                   hardware: HardwareSpec | str = "h100") -> FactorScore:
     """The GEMM factors in ``grid`` (default ``SEARCH_GRID``) that do best on the measured linear time of
     ``models`` (default: all shipped) at ``tp`` over ``low_tokens ... high_tokens``: the fewest points over
     ``threshold``, then the smaller worst error (``objective="misses"``), or the smallest worst error, then
-    the fewer misses (``"worst"``). The small ops and tile shape stay ``small``'s (default ``CostFactors()``)."""
+    the fewer misses (``"worst"``). The small ops and tile shape stay ``base``'s (default ``CostFactors()``)."""
     if objective not in SEARCH_OBJECTIVES:
         raise ValueError(f"objective must be one of {', '.join(SEARCH_OBJECTIVES)}, got {objective!r}")
-    table = load_profiles()
-    names = tuple(table) if models is None else tuple(models)
-    unknown = [x for x in names if x not in table]
-    if unknown or not names:
-        raise ValueError(f"unknown profiled models {unknown}; allowed: {', '.join(table)}")
+    names = _profiled_names(models)
     grid = SEARCH_GRID if grid is None else grid
-    small = small or CostFactors()
-    parts = _linear_parts(names, tp, low_tokens, high_tokens, small)
+    base = base or CostFactors()
+    parts = _linear_parts(names, tp, low_tokens, high_tokens, base, hardware)
     key = (lambda r: (r[1], r[2])) if objective == "misses" else (lambda r: (r[2], r[1]))
     best = min(_scan(parts, grid, threshold), key=key)
-    return _score(*best, names, tp, len(parts[-1]), small, threshold)
+    return _score(*best, names, tp, len(parts[-1]), base, threshold)
 
 
 def score_factors(factors: CostFactors, models: Sequence[str] | None = None, tp: int = 1, low_tokens: int = 64,
-                  high_tokens: int = 4096, threshold: float = 0.15) -> FactorScore:
+                  high_tokens: int = 4096, threshold: float = 0.15, hardware: HardwareSpec | str = "h100") -> FactorScore:
     """``factors`` scored as ``search_factors`` scores a grid point (its small ops included)."""
-    names = tuple(load_profiles()) if models is None else tuple(models)
+    names = _profiled_names(models)
     grid = {"compute_efficiency": (factors.compute_efficiency,), "memory_efficiency": (factors.memory_efficiency,),
             "serial_fraction": (factors.serial_fraction,), "kernel_overhead_s": (factors.kernel_overhead_s,)}
-    parts = _linear_parts(names, tp, low_tokens, high_tokens, factors)
+    parts = _linear_parts(names, tp, low_tokens, high_tokens, factors, hardware)
     (only,) = _scan(parts, grid, threshold)
     return _score(*only, names, tp, len(parts[-1]), factors, threshold)
 

@@ -66,9 +66,10 @@ def step_entries(batch) -> tuple[tuple[int, int], ...]:
 class ReplayExecutor(WrappedExecutor):
     """Replays a real run: while each simulated batch has the entries of the same step of ``measured`` (the
     run's ``MeasuredStep`` list in order), it takes that step's measured time; from the first batch that
-    differs (``diverged_at``, its index; None while none has) every step is ``inner``'s. An intervention for
-    the simulator: with the cost model's error forced off, what is left of a served metric's error is the
-    schedule's (``benchmarks/sim_fidelity.py``)."""
+    differs (``diverged_at``, its index; None while none has) every step is ``inner``'s. ``parted_at`` also
+    counts a simulation that ended before the recording did. An intervention for the simulator: with the cost
+    model's error forced off, what is left of a served metric's error is the schedule's
+    (``benchmarks/sim_fidelity.py``). One replay per simulated run: its counters are not reset."""
 
     measured: tuple[MeasuredStep, ...] = ()
     replayed: int = 0
@@ -83,6 +84,14 @@ class ReplayExecutor(WrappedExecutor):
         if self.diverged_at is None:
             self.diverged_at = i
         return result
+
+    @property
+    def parted_at(self) -> int | None:
+        """The first step at which the simulated run and the recorded one differ, a simulation that ended
+        early included (its step count); None when every recorded step was replayed and no other ran."""
+        if self.diverged_at is not None:
+            return self.diverged_at
+        return None if self.replayed == len(self.measured) else self.replayed
 
 
 @dataclass
