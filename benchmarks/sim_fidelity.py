@@ -13,7 +13,7 @@
    ``--repeats`` times, each run followed by a run of B (so a slow drift of a shared machine's speed reaches
    calibration and test alike); every step's composition and time is recorded and ``calibrate`` fits the
    cost model's factors on all of A's steps. Why the staircase: until the third measurement A was the burst
-   alone, 16 decode-only steps per run over all batch sizes (one or two of 1 or 2 sequences), while B ran 104
+   alone, 16 decode-only steps per run over all batch sizes (simulated: one each of 1 and 2 sequences), while B ran 104
    single-sequence decodes per run (627 in six); the second measurement priced those +23 % (the step and
    per-sequence overheads' split, which A pinned poorly). The staircase was added for that coverage alone (a rule: every decode batch size B runs most,
    1-5, held for 10 steps or more, checked in the simulator), before any real run of it; B is unchanged.
@@ -117,18 +117,19 @@ single sequence, was the step overheads' split, which the burst alone pinned poo
 the engine's own ops as it runs them; what remains fitted (step and per-sequence overheads, the attention of
 decodes and of chunks after a prefix) is what A's steps can pin.
 
-What the replay shows (step 8; added after the first two measurements and run on their saved runs too, whose
-analysis was redone from them, measurement and provenance unchanged). The engine spends a median 0.077 ms between
-one step and the next (the record, measured on A's runs; 0.106 ms, P90 0.143 ms, in a run of A measured apart
-for the first two), about 0.1 % of a step, which the virtual clock does not count. Replayed with the measured
+What the replay shows (step 8; added after the first two measurements and run on their saved runs too, which
+are not shipped; the record's analysis was redone from its shipped runs, measurement and provenance unchanged).
+The engine spends a median 0.120 ms of its own per step (``HOST_GAP_DEFINITION``; one run of A, 115 steps, P90
+0.192 ms), about 0.1 % of a step, which the virtual clock does not count (the record's own 0.077 ms was measured
+as the next start minus this end, which left out the engine's work inside a step). Replayed with the measured
 step times alone, 2 of 6 runs never part in each of the three measurements, and in those six runs every metric
-is within 0.9 % of the real run (median TTFT -0.9 ... -0.6 %, P99 ITL -0.01 %). With each step longer by the
-engine's time between steps, 3 of 6 (the record), 4 of 6 and 5 of 6 never part, and in those twelve runs every
-metric is within 0.27 %. So the schedule, the metrics' bookkeeping and the virtual clock are the engine's to a
-quarter of a per cent, given its step times, and a tenth of a millisecond per step decides which step an arrival
-joins: the served metrics' errors above are the steps' prices (the cost model and the machine's speed), not the
-simulated schedule. Runs that part are priced by the model after that step: in the second measurement +8.8 %
-median TTFT after parting at step 44 of 394 (profiled; roofline +17.7 %), in the record -4.1 % at step 49.
+is within 0.9 % of the real run (median TTFT -0.9 ... -0.6 %, P99 ITL -0.01 %). With each step 0.120 ms longer, 5
+of 6 never part in each measurement, and in those fifteen runs every metric is within 0.16 % (the record: 0.10
+%). So the schedule, the metrics' bookkeeping and the virtual clock are the engine's to a fifth of a per cent,
+given its step times, and a tenth of a millisecond per step decides which step an arrival joins: the served
+metrics' errors above are the steps' prices (the cost model and the machine's speed), not the simulated
+schedule. A run that parts is priced by the model after that step: the record's one, -4.1 % median TTFT after
+parting at step 49 of 342; in the second measurement +8.8 % after step 44 of 394 (profiled; roofline +17.7 %).
 
 So: per step the profiled model is the better one in all three measurements (it follows the AMD VM's stair; the
 Intel VM's was never profiled), and the simulated schedule is the engine's (step 8). Whether the served metrics
