@@ -10,11 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from longctx.evals.stats import (
+    NonInferiority,
     Rate,
     bootstrap_diff,
     compare_rates,
     fisher_exact,
+    holm_adjusted,
     mean_interval,
+    noninferiority,
     wilson_interval,
 )
 
@@ -103,7 +106,66 @@ def test_mean_interval_matches_hand_worked_values():
     assert mean_interval([0, 1] * 20)[2] - 0.5 == pytest.approx(1.96 * 0.5064 / 40 ** 0.5, rel=1e-3)
 
 
+def test_holm_matches_hand_worked_family():
+    # sorted 0.005, 0.01, 0.03, 0.04 (m = 4): 4 x 0.005, 3 x 0.01, 2 x 0.03, then max(0.06, 1 x 0.04) = 0.06
+    assert holm_adjusted([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm_adjusted([0.5, 0.9]) == [1.0, 1.0], "capped at 1"
+    assert holm_adjusted([0.04]) == [0.04], "a family of one is not corrected"
+
+
+@settings(max_examples=150, deadline=None)
+@given(ps=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=25))
+def test_holm_invariants(ps):
+    adj = holm_adjusted(ps)
+    m = len(ps)
+    assert len(adj) == m
+    for p, a in zip(ps, adj, strict=True):
+        assert p <= a + 1e-15 and a <= min(1.0, m * p) + 1e-15, "between the raw p and Bonferroni's"
+    order = sorted(range(m), key=lambda i: ps[i])
+    assert all(adj[i] <= adj[j] for i, j in zip(order, order[1:], strict=False)), "monotone in the raw p-values"
+    assert holm_adjusted(list(reversed(ps))) == list(reversed(adj)), "same order as the input"
+
+
+def test_noninferiority_matches_newcombe_1998():
+    # Newcombe (1998), Stat Med 17:873, table II, method 10: 56/70 - 48/80 = 0.2000 [0.0524, 0.3339];
+    # 9/10 - 3/10 = 0.6000 [0.1705, 0.8090]
+    ni = noninferiority(56, 70, 48, 80, margin=0.10)
+    assert isinstance(ni, NonInferiority) and ni.difference == pytest.approx(0.2)
+    assert ni.lower_bound == pytest.approx(0.0524, abs=1e-4) and ni.noninferior
+    assert noninferiority(9, 10, 3, 10, margin=0.05).lower_bound == pytest.approx(0.1705, abs=1e-4)
+    with pytest.raises(AttributeError):
+        ni.margin = 0.5  # frozen
+
+
+def test_noninferiority_verdict_and_description():
+    # 15/30 against 20/30 (p = 0.30 by Fisher: "not significant") is not evidence of no loss
+    ni = noninferiority(15, 30, 20, 30, margin=0.10)
+    assert fisher_exact(15, 30, 20, 30) > 0.05 and not ni.noninferior and ni.lower_bound < -0.10
+    assert "margin 0.10" in ni.describe() and "not shown non-inferior" in ni.describe()
+    # equal rates at large n clear a 0.10 margin; at n = 10 they do not
+    assert noninferiority(400, 500, 400, 500, margin=0.10).noninferior
+    assert not noninferiority(8, 10, 8, 10, margin=0.10).noninferior
+    # a wider confidence gives a lower bound further down
+    assert noninferiority(40, 50, 40, 50, 0.1, 0.99).lower_bound < noninferiority(40, 50, 40, 50, 0.1).lower_bound
+
+
+@settings(max_examples=150, deadline=None)
+@given(n1=st.integers(1, 200), n2=st.integers(1, 200), data=st.data())
+def test_noninferiority_bound_lies_below_the_difference_and_within_range(n1, n2, data):
+    k1, k2 = data.draw(st.integers(0, n1)), data.draw(st.integers(0, n2))
+    ni = noninferiority(k1, n1, k2, n2, margin=0.1)
+    assert -1.0 - 1e-12 <= ni.lower_bound <= ni.difference <= 1.0
+    assert ni.noninferior == (ni.lower_bound > -0.1)
+
+
 @pytest.mark.parametrize("call,match", [
+    (lambda: holm_adjusted([]), "at least one"),
+    (lambda: holm_adjusted([0.1, 1.2]), r"\[0, 1\]"),
+    (lambda: holm_adjusted([float("nan")]), r"\[0, 1\]"),
+    (lambda: noninferiority(5, 10, 5, 10, margin=0.0), "margin"),
+    (lambda: noninferiority(5, 10, 5, 10, margin=10), "margin"),
+    (lambda: noninferiority(5, 10, 5, 10, margin=0.1, confidence=95), "confidence"),
+    (lambda: noninferiority(11, 10, 5, 10, margin=0.1), "0 <= k <= n"),
     (lambda: mean_interval([1.0]), "at least 2"),
     (lambda: mean_interval([1.0, float("inf")]), "finite"),
     (lambda: wilson_interval(3, 2), "0 <= k <= n"),

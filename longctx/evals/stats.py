@@ -14,6 +14,15 @@
 - ``mean_interval(values)``: the mean of a few independent measurements and its 95 % Student-t interval,
   ``mean ± t(0.975, n-1) s / sqrt(n)`` (for e.g. a simulator's error over repeated real runs).
 
+- ``holm_adjusted(p_values)``: Holm's step-down adjustment for a family of ``m`` tests (Holm 1979): sorted
+  ascending, the i-th smallest becomes ``max over j <= i of min(1, (m - j + 1) p_(j))``; a test survives the
+  family at level alpha when its adjusted p-value is below alpha. Controls the family-wise error rate
+  without assuming independence.
+- ``noninferiority(k_new, n_new, k_ref, n_ref, margin)``: "no loss" only from a bound. The difference
+  ``new - ref`` of two rates and its Newcombe hybrid score interval (Newcombe 1998, method 10: the two Wilson
+  intervals combined, ``low = d - sqrt((p_new - l_new)^2 + (u_ref - p_ref)^2)``); the new rate is
+  non-inferior when that lower bound lies above ``-margin``.
+
 ``Rate`` and ``compare_rates`` bundle these for tables: ``Rate.of([True, False, ...])`` is ``k``, ``n``,
 the rate and its interval; ``compare_rates(a, b)`` says whether two rates differ at ``alpha``.
 """
@@ -22,6 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 
@@ -146,3 +156,56 @@ def compare_rates(a: Rate, b: Rate, alpha: float = 0.05) -> dict:
     """``{"difference", "p_value", "significant"}``: Fisher's exact test of ``a.rate`` against ``b.rate``."""
     p = fisher_exact(a.k, a.n, b.k, b.n)
     return {"difference": a.rate - b.rate, "p_value": p, "significant": p < alpha}
+
+
+def holm_adjusted(p_values) -> list[float]:
+    """Holm-Bonferroni adjusted p-values of a family of tests, in the order given (monotone, at most 1)."""
+    ps = [float(p) for p in p_values]
+    if not ps:
+        raise ValueError("holm_adjusted needs at least one p-value")
+    if not all(0.0 <= p <= 1.0 for p in ps):  # also rejects NaN
+        raise ValueError(f"p-values must lie in [0, 1], got {[p for p in ps if not 0.0 <= p <= 1.0]}")
+    m = len(ps)
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(sorted(range(m), key=lambda j: ps[j])):
+        running = max(running, min(1.0, (m - rank) * ps[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+@dataclass(frozen=True)
+class NonInferiority:
+    """``new - ref`` of two rates, the lower end of its Newcombe (hybrid Wilson score) interval at
+    ``confidence`` (two-sided, so a one-sided bound at ``1 - (1 - confidence) / 2``), the margin, and whether
+    the lower bound clears ``-margin``."""
+
+    difference: float
+    lower_bound: float
+    margin: float
+    confidence: float
+    noninferior: bool
+
+    def describe(self) -> str:
+        verdict = "non-inferior" if self.noninferior else "not shown non-inferior"
+        side = ">" if self.noninferior else "<="
+        return (f"difference {self.difference:+.2f}, {self.confidence:.0%} interval's lower end {self.lower_bound:+.2f} "
+                f"{side} -{self.margin:.2f} (margin {self.margin:.2f}): {verdict}")
+
+
+def noninferiority(k_new: int, n_new: int, k_ref: int, n_ref: int, margin: float,
+                   confidence: float = 0.95) -> NonInferiority:
+    """Is ``k_new / n_new`` no worse than ``k_ref / n_ref`` by more than ``margin`` (a rate, in (0, 1))?"""
+    k_new, n_new = _counts(k_new, n_new)
+    k_ref, n_ref = _counts(k_ref, n_ref)
+    if not 0.0 < margin < 1.0:
+        raise ValueError(f"margin is a difference of rates in (0, 1), e.g. 0.10; got {margin!r}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must lie in (0, 1), e.g. 0.95; got {confidence!r}")
+    z = NormalDist().inv_cdf(1 - (1 - confidence) / 2)
+    p_new, p_ref = k_new / n_new, k_ref / n_ref
+    l_new, _ = wilson_interval(k_new, n_new, z)
+    _, u_ref = wilson_interval(k_ref, n_ref, z)
+    diff = p_new - p_ref
+    low = diff - math.sqrt((p_new - l_new) ** 2 + (u_ref - p_ref) ** 2)
+    return NonInferiority(diff, low, float(margin), float(confidence), low > -margin)
