@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from longctx.kv.block_manager import blocks_for_tokens
 from longctx.kv.press import make_press
 from longctx.serve.launch import build_app, free_port
-from longctx.serve.metrics import parse_metrics
+from longctx.serve.prometheus import parse_metrics
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 BS = 16

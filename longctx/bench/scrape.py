@@ -4,14 +4,14 @@
 for every sample, its largest value (``peak``) and its first and last values (``delta``). Names are matched
 after the engine's namespace, so ``watch.peak("num_requests_running")`` reads ``longctx:num_requests_running``
 on our server and ``vllm:num_requests_running`` on vLLM's. Parsing is prometheus_client's
-(``longctx.serve.metrics.parse_metrics``); no torch, no engine.
+(``longctx.serve.prometheus.parse_metrics``); no torch, no engine.
 """
 
 from __future__ import annotations
 
 import threading
 
-from longctx.serve.metrics import read_metrics
+from longctx.serve.prometheus import read_metrics
 
 
 class MetricsWatch:

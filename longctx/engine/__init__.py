@@ -7,7 +7,7 @@ Importing it does not import torch: ``TorchExecutor``, ``build_engine``, ``gener
   (engine.py): ``add_request(prompt_ids, max_tokens, arrival_s, sampling) -> Sequence``, ``step() ->
   StepRecord | None``, ``run_until_done()``, ``abort(seq_id)``, ``history``, ``counters``
   (``EngineCounters``: tokens, preemptions, prefix-cache lookups; stats.py).
-- ``Sequence`` / ``SequenceStatus`` (sequence.py); ``SamplingParams`` (sampling.py; None: greedy).
+- ``Sequence`` / ``SequenceStatus`` (sequence.py); ``SamplingParams`` (sampling_params.py; None: greedy).
 - ``Scheduler`` (scheduler.py): write ``schedule(running, waiting, batch)`` with ``batch.add(seq, n) ->
   bool`` (``ScheduledBatch`` / ``ScheduledChunk``, batch.py: reserves KV slots, admits, preempts by
   recompute, takes prefix-cache hits). Shipped: ``MonolithicScheduler``, ``PrefillFirstChunkedScheduler``,
@@ -29,7 +29,7 @@ from longctx.engine.batch import ScheduledBatch, ScheduledChunk
 from longctx.engine.clock import Clock, VirtualClock, WallClock
 from longctx.engine.engine import Engine, EngineCounters, StepRecord
 from longctx.engine.executor import ExecutionResult, Executor, ToyExecutor
-from longctx.engine.sampling import SamplingParams
+from longctx.engine.sampling_params import SamplingParams
 from longctx.engine.scheduler import (
     ChunkedPrefillScheduler,
     MonolithicScheduler,

@@ -20,7 +20,7 @@ from longctx.engine.admission import check_fits_pool, check_max_tokens, check_pr
 from longctx.engine.batch import ScheduledBatch
 from longctx.engine.clock import Clock, WallClock
 from longctx.engine.executor import Executor
-from longctx.engine.sampling import SamplingParams
+from longctx.engine.sampling_params import SamplingParams
 from longctx.engine.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler
 from longctx.engine.sequence import Sequence, SequenceStatus
 from longctx.engine.stats import EngineCounters, StepRecord

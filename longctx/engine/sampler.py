@@ -2,7 +2,7 @@
 
 ``Sampler`` is what ``TorchExecutor`` calls after the forward pass: the greedy token (``argmax``) for every
 entry, then, for each entry that produces a token this step and whose sequence carries non-greedy
-``SamplingParams`` (``longctx.engine.sampling``), a draw from ``softmax(logits / temperature)`` over the
+``SamplingParams`` (``longctx.engine.sampling_params``), a draw from ``softmax(logits / temperature)`` over the
 top-p nucleus with that sequence's own seeded generator (created on its first draw, advanced by each one,
 dropped by ``forget``). Greedy requests stay bit-identical to plain ``argmax``.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from longctx.engine.sampling import SamplingParams
+from longctx.engine.sampling_params import SamplingParams
 
 
 def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:

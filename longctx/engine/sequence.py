@@ -26,7 +26,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from longctx.engine.sampling import SamplingParams
+from longctx.engine.sampling_params import SamplingParams
 from longctx.metrics import request_metrics
 
 

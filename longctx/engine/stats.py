@@ -1,7 +1,7 @@
 """What the engine records as it runs: one ``StepRecord`` per step, and running totals (``EngineCounters``).
 
 Counters are cumulative since the engine was made and count what vLLM's Prometheus counters count (the
-server exports them at ``/metrics``: ``longctx.serve.metrics``). Times are seconds on the engine clock.
+server exports them at ``/metrics``: ``longctx.serve.prometheus``). Times are seconds on the engine clock.
 """
 
 from __future__ import annotations

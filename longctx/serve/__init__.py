@@ -10,7 +10,7 @@
 - ``launch``: ``build_app``, ``run_server``, ``ServerProcess`` (the server in a child process).
 
 Sampling (temperature, top-p, seed) is not here: each request's ``SamplingParams`` ride on its engine
-sequence and the executor samples (``longctx.engine.sampling``, ``longctx.engine.sampler``).
+sequence and the executor samples (``longctx.engine.sampling_params``, ``longctx.engine.sampler``).
 
 Nothing heavy is imported here: ``from longctx.serve.launch import ServerProcess`` needs no torch.
 """

@@ -2,7 +2,7 @@
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (SmolLM2's chat template), ``GET /v1/models``,
 ``GET /health`` (200 with pool and queue occupancy while the engine loop runs, else 503), ``GET /metrics``
-(Prometheus text format, vLLM's metric names: ``longctx.serve.metrics``).
+(Prometheus text format, vLLM's metric names: ``longctx.serve.prometheus``).
 
 Streaming (``"stream": true``) is Server-Sent Events: one ``data: {chunk}`` per generated token (its text
 delta; empty while a multi-byte character or a possible stop string is held back), then a chunk with the
@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from longctx.serve.async_engine import AsyncEngine
 from longctx.serve.generation import Generation
-from longctx.serve.metrics import EngineCollector, exposition, metrics_registry
+from longctx.serve.prometheus import EngineCollector, exposition, metrics_registry
 from longctx.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest, error_body
 from longctx.serve.validation import parse_body, to_api_error
 

@@ -20,7 +20,7 @@ import queue
 import threading
 from dataclasses import dataclass, field
 
-from longctx.engine.sampling import SamplingParams
+from longctx.engine.sampling_params import SamplingParams
 from longctx.engine.sequence import SequenceStatus
 
 

@@ -21,7 +21,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from longctx.engine.admission import PoolTooSmall, check_fits_pool
-from longctx.engine.sampling import SamplingParams
+from longctx.engine.sampling_params import SamplingParams
 from longctx.serve.async_engine import AsyncEngine, Overloaded, RequestHandle
 from longctx.serve.detok import IncrementalDetokenizer
 from longctx.serve.protocol import (

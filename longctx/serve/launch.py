@@ -187,8 +187,8 @@ class ServerProcess:
         return get_json(self.base_url + "/health")[1]
 
     def metrics(self) -> dict[str, float]:
-        """``GET /metrics`` parsed with prometheus_client (``longctx.serve.metrics.read_metrics``)."""
-        from longctx.serve.metrics import read_metrics
+        """``GET /metrics`` parsed with prometheus_client (``longctx.serve.prometheus.read_metrics``)."""
+        from longctx.serve.prometheus import read_metrics
 
         return read_metrics(self.base_url)
 
