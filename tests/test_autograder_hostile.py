@@ -3,7 +3,7 @@ neighbours in the same run are graded exactly, hidden-test source reaches no stu
 the run finishes and writes every report.
 
 One temporary course with the real lesson 00 (the cheapest lesson: ex01 `tensor_bytes` + `mlp_weight_bytes`,
-2 points with hidden tests; ex02 `mlp_weight_mib` / `mlp_weight_mb`, 1 point) and, when the library has
+2 points with hidden tests; ex02 `slip`, `mlp_weight_mib` / `mlp_weight_mb`, 1 point) and, when the library has
 lesson 02's plain-data scheduler protocol, a mini lesson made of lesson 02's scheduler exercise and test.
 One `grade.py --jobs 2` over a folder mixing honest and hostile submissions.
 """
@@ -31,8 +31,8 @@ pytestmark = [pytest.mark.slow,
 L00 = "00_start_here"
 EX01 = ("def tensor_bytes(shape, bytes_per_element):\n    n = 1\n    for d in shape:\n        n *= d\n"
         "    return n * bytes_per_element\n\n\nmlp_weight_bytes = tensor_bytes((4096, 14336), 2)")
-EX02 = "mlp_weight_mib = mlp_weight_bytes / 2**20\nmlp_weight_mb = mlp_weight_bytes / 1e6"
-EX02_LITERAL = "mlp_weight_mib = 112.0\nmlp_weight_mb = 117.440512"
+EX02 = 'slip = "MB as MiB"\nmlp_weight_mib = mlp_weight_bytes / 2**20\nmlp_weight_mb = mlp_weight_bytes / 1e6'
+EX02_LITERAL = 'slip = "MB as MiB"\nmlp_weight_mib = 112.0\nmlp_weight_mb = 117.440512'
 WRONG01 = "def tensor_bytes(shape, bytes_per_element):\n    return 0\n\n\nmlp_weight_bytes = 0"
 WRONG02 = "mlp_weight_mib = 0\nmlp_weight_mb = 0"
 # distinctive pieces of lesson 00's hidden tests (their source), which no student may ever see
