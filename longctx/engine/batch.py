@@ -213,7 +213,8 @@ class ScheduledBatch:
         if self.max_num_seqs is not None and self._num_holding >= self.max_num_seqs:
             return None
         hit = None
-        if bm.enable_prefix_caching and computed == 0:
+        wants_prompt_logits = seq.sampling is not None and seq.sampling.prompt_logprobs is not None
+        if bm.enable_prefix_caching and computed == 0 and not wants_prompt_logits:  # (vLLM: no hit either)
             hit = bm.cached_prefix(seq.token_ids())
             self.prefix_cache_queries += seq.num_tokens
             self.prefix_cache_hits += 0 if hit is None else hit.num_tokens

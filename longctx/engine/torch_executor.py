@@ -3,7 +3,8 @@
 The only engine module that imports torch (with ``llm`` and ``exactness``, which build on it). Each step:
 gather the batch's new tokens (prefill chunks and decodes, concatenated), build the attention metadata
 from the block tables, run one forward pass, choose the next token of every sequence from the logits of
-its last row (greedy, or its ``SamplingParams``: ``longctx.engine.sampler``), prune the prompts a press
+its last row (greedy, or its ``SamplingParams``: ``longctx.engine.sampler``; a request asking for prompt
+log-probabilities has the logits of all its prompt rows computed too), prune the prompts a press
 finished compressing, and report the wall time the step took.
 """
 
@@ -73,9 +74,10 @@ class TorchExecutor(Executor):
     def block_size(self) -> int:
         return self.block_manager.block_size
 
-    def _run(self, batch: ScheduledBatch) -> torch.Tensor:
-        """Logits ``[len(batch), vocab]`` of the last new token of every entry."""
-        ids, chunks, last_rows, prefills, row = [], [], [], [], 0
+    def _run(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[int]]:
+        """Logits of the last new token of every entry (and of every new token of an entry whose request asks
+        for prompt log-probabilities), and the index of each entry's last row among them."""
+        ids, chunks, rows, last_rows, prefills, row = [], [], [], [], [], 0
         tables = self.block_manager.block_table
         for seq, n in batch.entries:
             start = seq.num_computed_tokens  # the position of the first new token
@@ -86,13 +88,16 @@ class TorchExecutor(Executor):
             chunks.append(Chunk(tables(seq.seq_id), start - seq.num_evicted_tokens, n, first_position=start))
             if not seq.is_decode:
                 prefills.append((seq.seq_id, row, start == 0))
+            every_row = seq.sampling is not None and seq.sampling.prompt_logprobs is not None and not seq.is_decode
+            rows += range(row, row + n) if every_row else [row + n - 1]
             row += n
-            last_rows.append(row - 1)
+            last_rows.append(len(rows) - 1)
         meta = build_attention_metadata(chunks, self.block_size, self.device)
-        rows = None if row == len(last_rows) else torch.tensor(last_rows, device=self.device)
+        picked = None if row == len(rows) else torch.tensor(rows, device=self.device)
         recording = contextlib.nullcontext() if self._pruning is None else self._pruning.recording(prefills)
         with torch.inference_mode(), recording:
-            return self.model(torch.tensor(ids, device=self.device), self.cache, meta, logits_rows=rows)
+            logits = self.model(torch.tensor(ids, device=self.device), self.cache, meta, logits_rows=picked)
+        return logits, last_rows
 
     def _prune(self, batch: ScheduledBatch) -> dict[int, int]:
         """Apply the press to the prefills this step completed (and roll a rolling press's window)."""
@@ -114,8 +119,8 @@ class TorchExecutor(Executor):
 
     def execute(self, batch: ScheduledBatch) -> ExecutionResult:
         t0 = time.perf_counter()
-        logits = self._run(batch)
-        next_ids = self.sampler(logits, batch)  # greedy or each sequence's SamplingParams; waits for the device
+        logits, last_rows = self._run(batch)
+        next_ids = self.sampler(logits, batch, last_rows)  # greedy or each sequence's SamplingParams (waits)
         evicted = self._prune(batch) if self._pruning is not None else None
         return ExecutionResult(duration_s=time.perf_counter() - t0, next_token_ids=next_ids,
                                evicted_tokens=evicted or None)
