@@ -21,6 +21,7 @@ from longctx.engine.sampler import Sampler
 from longctx.kv.block_manager import BlockManager
 from longctx.kv.cache import Chunk, PagedKVCache, build_attention_metadata
 from longctx.kv.press import Press
+from longctx.model.attention import choose_backend
 
 
 class TorchExecutor(Executor):
@@ -31,11 +32,13 @@ class TorchExecutor(Executor):
     same pool (one description of the pool, no second copy to keep in sync). ``kv_dtype`` is how the
     pool stores K and V (``longctx.kv.quant``; default: the model's dtype); ``press`` prunes each prompt's
     cache when its prefill ends (``longctx.kv.press``). Each sequence's next token follows its
-    ``Sequence.sampling`` (None: greedy).
+    ``Sequence.sampling`` (None: greedy). ``attention_backend`` (``auto``, ``reference``, ``fused``:
+    ``longctx.model.attention.choose_backend``) is chosen once, knowing the pool; ``attention_backend_choice``
+    says which one runs and why.
     """
 
     def __init__(self, model, block_manager: BlockManager, device=None, dtype=None, press: Press | None = None,
-                 kv_dtype: str | None = None):
+                 kv_dtype: str | None = None, attention_backend: str = "auto"):
         if not isinstance(block_manager, BlockManager):
             raise ValueError(
                 f"TorchExecutor(model, block_manager): give a BlockManager (the KV pool), "
@@ -51,6 +54,8 @@ class TorchExecutor(Executor):
                 "shared: use a press or prefix caching (BlockManager(enable_prefix_caching=True)), not both"
             )
         self.cache = PagedKVCache.for_pool(model.config, block_manager, self.device, dtype or p.dtype, kv_dtype)
+        model.attention_backend = choose_backend(attention_backend, self.device, self.cache.dtype,
+                                                 pool_in_model_dtype=self.cache.format is None)
         self.press = press
         self.sampler = Sampler()
         self._pruning = None
@@ -69,6 +74,11 @@ class TorchExecutor(Executor):
         self.sampler.forget(seq_id)
         if self._pruning is not None:
             self._pruning.forget(seq_id)
+
+    @property
+    def attention_backend_choice(self):
+        """The ``longctx.model.attention.BackendChoice`` that runs: ``.name`` and ``.reason``."""
+        return self.model.attention_backend
 
     @property
     def block_size(self) -> int:
@@ -92,7 +102,8 @@ class TorchExecutor(Executor):
             rows += range(row, row + n) if every_row else [row + n - 1]
             row += n
             last_rows.append(len(rows) - 1)
-        meta = build_attention_metadata(chunks, self.block_size, self.device)
+        groups = self.model.attention_backend.backend.uses_decode_groups
+        meta = build_attention_metadata(chunks, self.block_size, self.device, decode_groups=groups)
         picked = None if row == len(rows) else torch.tensor(rows, device=self.device)
         recording = contextlib.nullcontext() if self._pruning is None else self._pruning.recording(prefills)
         with torch.inference_mode(), recording:

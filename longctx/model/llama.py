@@ -10,7 +10,8 @@ embeddings (RoPE, Su et al. 2021) rotate q and k by angles ``position * theta^(-
 
 A step's tokens from all sequences are concatenated into one ``[T, d_model]`` matrix: every linear layer
 runs once per step, whatever mixes of prefill chunks and decodes the scheduler chose. Only attention
-looks at sequences one by one (decodes are grouped into one padded batch). The config is separate from
+looks at sequences one by one, through the model's attention backend (``longctx.model.attention``: the
+readable ``reference`` backend, or the ``fused`` one for CUDA that reads the paged pool in place). The config is separate from
 the weights: ``Llama(config, device, dtype)`` builds any Llama shape; ``init_random_`` fills it.
 """
 
@@ -21,11 +22,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from longctx.kv.cache import AttentionMetadata, PagedKVCache
+from longctx.model.attention import REFERENCE, AttentionBackend, choose_backend
+from longctx.model.attention import sdpa as _sdpa  # noqa: F401  (kept for callers being moved to attention.sdpa)
 from longctx.model.config import check_runnable
 from longctx.model.rope import rope_parameters
 from longctx.specs import ModelSpec
-
-MAX_SCORES_PER_CALL = 1 << 24  # query rows x keys x heads per attention call; bounds memory on long prompts
 
 
 class RMSNorm(nn.Module):
@@ -71,18 +72,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None, :] + rotated * sin[:, None, :]  # cos: [T, 1, d]
 
 
-def _sdpa(q, k, v, mask=None, is_causal=False):
-    """Scaled dot-product attention with GQA: q [B, H, n, d], k/v [B, H_kv, L, d] -> [B, H, n, d].
-
-    Each group of ``H / H_kv`` query heads reads the same K/V head (``enable_gqa``: no copies)."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=True)
-
-
 class Attention(nn.Module):
     # Off by default. A callable ``probe(q, keys, row)`` set on one layer's Attention is called for every
     # sequence of a step with its new queries ``q`` [n, H, d] (rows ``row … row + n - 1`` of the step) and
     # all its keys [1, H_kv, kv_len, d] (both after RoPE): to read attention weights (longctx.evals.attention)
-    # or collect what a KV press needs (longctx.engine.pruning). None costs one test per step.
+    # or collect what a KV press needs (longctx.engine.pruning). A probed layer attends with the reference
+    # backend; None costs one test per step.
     probe = None
 
     def __init__(self, config: ModelSpec, device=None, dtype=None):
@@ -95,8 +90,8 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(c.d_model, c.num_kv_heads * c.head_dim, **kw)
         self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.d_model, **kw)
 
-    def forward(self, x, cos, sin, kv: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata):
-        """x: [T, d_model]; kv: this layer's flat cache ``[num_slots, H_kv, d]`` K and V."""
+    def forward(self, x, cos, sin, kv, meta: AttentionMetadata, backend: AttentionBackend = REFERENCE):
+        """x: [T, d_model]; kv: this layer's flat cache ``[num_slots, H_kv, d]`` K and V; ``backend`` attends."""
         T = x.shape[0]
         q = apply_rope(self.q_proj(x).view(T, self.num_heads, self.head_dim), cos, sin)  # [T, H, d]
         k = apply_rope(self.k_proj(x).view(T, self.num_kv_heads, self.head_dim), cos, sin)  # [T, H_kv, d]
@@ -105,50 +100,10 @@ class Attention(nn.Module):
         k_cache[meta.slot_mapping] = k  # write the new keys/values at their pool slots
         v_cache[meta.slot_mapping] = v
         out = torch.empty_like(q)  # [T, H, d]
-        for i in meta.prefill_indices:
-            self._prefill(q, k, v, k_cache, v_cache, meta, i, out)
-        for group in meta.decode_groups:
-            self._decodes(q, k_cache, v_cache, group, out)
-        return self.o_proj(out.view(T, self.num_heads * self.head_dim))
-
-    def _prefill(self, q, k, v, k_cache, v_cache, meta, i, out):
-        """Chunk i: its n queries attend causally to all kv_len keys of its sequence (cached + new)."""
-        start, n, kv_len = meta.q_starts[i], meta.q_lens[i], meta.kv_lens[i]
-        if kv_len == n:  # nothing cached yet: use the fresh keys, plain causal attention
-            keys, values = k[start : start + n], v[start : start + n]
-        else:  # read this sequence's keys back from the pool through its block table
-            index = meta.kv_index[i]  # a slice (consecutive blocks) or a gather
-            keys, values = k_cache[index], v_cache[index]  # [kv_len, H_kv, d]
-        keys = keys.transpose(0, 1).unsqueeze(0)  # [1, H_kv, kv_len, d]
-        values = values.transpose(0, 1).unsqueeze(0)
         if self.probe is not None:
-            self.probe(q[start : start + n], keys, start)
-        if kv_len == n:  # one causal call: fused kernels skip the masked half and never store the scores
-            qi = q[start : start + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, d]
-            out[start : start + n] = _sdpa(qi, keys, values, is_causal=True).squeeze(0).transpose(0, 1)
-            return
-        rows = max(1, MAX_SCORES_PER_CALL // (kv_len * self.num_heads))
-        for r0 in range(0, n, rows):  # query tiles bound the [rows, kv_len] mask and scores on long prompts
-            r1 = min(n, r0 + rows)
-            qi = q[start + r0 : start + r1].transpose(0, 1).unsqueeze(0)  # [1, H, r1-r0, d]
-            # query row j (position kv_len - n + j) sees the keys at positions <= its own
-            q_pos = torch.arange(kv_len - n + r0, kv_len - n + r1, device=q.device)
-            mask = torch.arange(kv_len, device=q.device)[None, :] <= q_pos[:, None]  # [rows, kv_len]
-            o = _sdpa(qi, keys, values, mask=mask)
-            out[start + r0 : start + r1] = o.squeeze(0).transpose(0, 1)  # [rows, H, d]
-
-    def _decodes(self, q, k_cache, v_cache, group, out):
-        """A group of decodes at once: one query each, keys padded to the group's longest context."""
-        qd = q[group.rows].unsqueeze(2)  # [B, H, 1, d]
-        keys = group.gather(k_cache).transpose(1, 2)  # [B, L, H_kv, d] -> [B, H_kv, L, d]
-        values = group.gather(v_cache).transpose(1, 2)
-        mask = None if group.mask is None else group.mask[:, None, None, :]  # [B, 1, 1, L]
-        out[group.rows] = _sdpa(qd, keys, values, mask=mask).squeeze(2)  # [B, H, d]
-        if self.probe is not None:  # one call per sequence, its own keys only
-            rows = range(len(q))[group.rows] if isinstance(group.rows, slice) else group.rows.tolist()
-            lens = [group.max_len] * len(rows) if group.mask is None else group.mask.sum(-1).tolist()
-            for b, (r, L) in enumerate(zip(rows, lens, strict=True)):
-                self.probe(q[r : r + 1], keys[b : b + 1, :, :L], r)
+            backend = REFERENCE
+        backend.attend(q, k, v, k_cache, v_cache, meta, out, self.probe)
+        return self.o_proj(out.view(T, self.num_heads * self.head_dim))
 
 
 class MLP(nn.Module):
@@ -173,15 +128,15 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(config.d_model, config.rms_norm_eps, device, dtype)
         self.mlp = MLP(config, device, dtype)
 
-    def forward(self, h, cos, sin, kv, meta):
-        h = h + self.attn(self.attn_norm(h), cos, sin, kv, meta)
+    def forward(self, h, cos, sin, kv, meta, backend: AttentionBackend = REFERENCE):
+        h = h + self.attn(self.attn_norm(h), cos, sin, kv, meta, backend)
         return h + self.mlp(self.mlp_norm(h))
 
 
 class Llama(nn.Module):
     """A Llama of any shape. ``forward`` runs one engine step over the paged cache."""
 
-    def __init__(self, config: ModelSpec, device=None, dtype=None):
+    def __init__(self, config: ModelSpec, device=None, dtype=None, attention_backend: str = "auto"):
         super().__init__()
         self.config = check_runnable(config)
         self.embed = nn.Embedding(config.vocab_size, config.d_model, device=device, dtype=dtype)
@@ -191,6 +146,9 @@ class Llama(nn.Module):
             self.lm_head = nn.Linear(
                 config.d_model, config.vocab_size, bias=False, device=device, dtype=dtype
             )
+
+        # ``longctx.model.attention.choose_backend``: TorchExecutor re-chooses it knowing its KV pool
+        self.attention_backend = choose_backend(attention_backend, self.embed.weight.device, self.embed.weight.dtype)
 
     @property
     def output_weight(self) -> torch.Tensor:
@@ -209,10 +167,11 @@ class Llama(nn.Module):
         Returns logits ``[len(logits_rows), vocab]`` for the chosen rows (default: all ``T`` rows): the
         engine needs only the last row of each sequence, which saves the big output matmul elsewhere.
         """
+        backend = self.attention_backend.backend
         h = self.embed(input_ids)  # [T, d_model]
         cos, sin = self._rope(meta.positions, h.dtype)
         for layer, block in enumerate(self.layers):
-            h = block(h, cos, sin, cache.flat(layer), meta)
+            h = block(h, cos, sin, cache.flat(layer), meta, backend)
         if logits_rows is not None:
             h = h[logits_rows]  # [R, d_model]
         return F.linear(self.norm(h), self.output_weight)  # [R, vocab]
