@@ -32,6 +32,7 @@ import nbformat  # noqa: E402
 from executor_output import read_outputs  # noqa: E402
 from nbgrader import utils  # noqa: E402
 from nbgrader.preprocessors import NbGraderPreprocessor  # noqa: E402
+from staging import clean, is_student_id  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MAX_NOTEBOOK_BYTES = 20 * 2**20
@@ -181,6 +182,8 @@ def collect(config, student, lesson, autograded_dir):
 
 def handle(task, api, config, root):
     op = task["op"]
+    if "student" in task and not is_student_id(task["student"]):  # the grader never sends one; refuse anyway
+        return {"ok": False, "error": f"refused: {clean(ascii(task['student']))[:120]} is not a student id"}
     if op == "autograde":
         CURRENT.clear()
         CURRENT.update(ctl_dir=task["ctl_dir"], stop_reason=task["stop_reason"], notes=[])

@@ -3,10 +3,16 @@
 `detect()` says whether this machine lets the grader limit a group of processes together, and how:
 
 - **v1**: writable `memory`, `pids` and `cpu` hierarchies under /sys/fs/cgroup: a cgroup per run in each
-  (memory.limit_in_bytes + memory.memsw.limit_in_bytes, pids.max, cpu.cfs_quota_us).
+  (memory.limit_in_bytes + memory.memsw.limit_in_bytes, pids.max, cpu.cfs_quota_us). Kernel memory
+  (slab, page tables, pipe buffers) is charged to memory.limit_in_bytes as on v2, but v1 keeps TCP
+  buffers in a counter of their own that it only enforces once `memory.kmem.tcp.limit_in_bytes` is
+  written: the grader writes it (`socket_bytes`, 64 MiB per run) before any process joins, so a
+  submission's loopback connections cannot buffer the host's `tcp_mem` away. A v1 host without that
+  file (a kernel built without it) is refused: its sockets would be charged to nobody.
 - **v2**: a cgroup2 mount (/sys/fs/cgroup, or /sys/fs/cgroup/unified on hybrid hosts) and a *delegated*
   cgroup whose `memory`, `pids` and `cpu` controllers the grader may hand to children (memory.max,
-  memory.swap.max = 0, pids.max, cpu.max). v2 forbids processes in a cgroup that hands controllers to
+  memory.swap.max = 0, pids.max, cpu.max). v2 charges socket buffers and kernel memory to memory.max
+  itself, so `socket_bytes` needs no file of its own there. v2 forbids processes in a cgroup that hands controllers to
   children, so the grader uses, in this order:
     1. `$LONGCTX_GRADER_CGROUP`: an empty cgroup made for it (e.g. by the machine's administrator);
     2. the hierarchy's root cgroup, when the grader runs there (a machine without systemd, or a
@@ -30,6 +36,7 @@ from dataclasses import dataclass
 CGROUP_ROOT = "/sys/fs/cgroup"
 PROC_SELF_CGROUP = "/proc/self/cgroup"
 NEEDED_V2 = ("cpu", "memory", "pids")
+SOCKET_BYTES = 64 * 2**20   # v1: TCP buffers of one cgroup (v2 counts them in memory.max)
 _COUNTER = itertools.count()
 
 
@@ -90,6 +97,10 @@ def _v1_ok(root):
                os.path.isdir(os.path.join(root, c)) for c in ("memory", "pids", "cpu"))
 
 
+def _v1_tcp_file(root):
+    return os.path.join(root, "memory", "memory.kmem.tcp.limit_in_bytes")
+
+
 def _controllers(path):
     return set(_read(os.path.join(path, "cgroup.controllers")).split())
 
@@ -101,6 +112,10 @@ def detect(root=None, proc_cgroup=None, env=None) -> CgroupHost:
     proc_cgroup = proc_cgroup or PROC_SELF_CGROUP
     env = os.environ if env is None else env
     if _v1_ok(root):
+        if not os.path.isfile(_v1_tcp_file(root)):
+            return CgroupHost(None, problem=f"cgroup v1 at {root} has no memory.kmem.tcp.limit_in_bytes: a "
+                                            "submission's TCP buffers would be charged to no cgroup (use cgroup v2, "
+                                            "or a kernel with v1 kernel-memory accounting)")
         return CgroupHost("v1", root=root)
     for mount in (root, os.path.join(root, "unified")):
         if os.path.isfile(os.path.join(mount, "cgroup.controllers")):
@@ -154,9 +169,11 @@ def _unusable(path, empty=True):
 
 
 class Cgroup:
-    """One group of processes limited together: memory (no swap beyond it), processes, CPU cores."""
+    """One group of processes limited together: memory (no swap beyond it, socket buffers included),
+    processes, CPU cores. `socket_bytes`: v1's separate cap on TCP buffers (v2 counts them in memory.max)."""
 
-    def __init__(self, host: CgroupHost, name: str, memory_bytes: int, max_pids: int, cpus: float):
+    def __init__(self, host: CgroupHost, name: str, memory_bytes: int, max_pids: int, cpus: float,
+                 socket_bytes: int = SOCKET_BYTES):
         self.host, self.paths = host, []
         name = f"{name}-{os.getpid()}-{next(_COUNTER)}"
         quota_us = str(int(max(0.1, cpus) * 100_000))
@@ -169,6 +186,7 @@ class Cgroup:
                 mem, pids, cpu = self.paths
                 _write(os.path.join(mem, "memory.limit_in_bytes"), str(memory_bytes))
                 _write_try(os.path.join(mem, "memory.memsw.limit_in_bytes"), str(memory_bytes))
+                _write(os.path.join(mem, "memory.kmem.tcp.limit_in_bytes"), str(min(socket_bytes, memory_bytes)))
                 _write(os.path.join(pids, "pids.max"), str(max_pids))
                 _write(os.path.join(cpu, "cpu.cfs_period_us"), "100000")
                 _write(os.path.join(cpu, "cpu.cfs_quota_us"), quota_us)

@@ -29,7 +29,7 @@ class CheckService:
     def __init__(self, job, mp_context, limits, checker_cgroup=None):
         self.job, self.ctx, self.limits = job, mp_context, limits
         self.child_limits = {"cgroup_procs": checker_cgroup.procs_files() if checker_cgroup else [],
-                             "cpu_s": int(limits.test_timeout_s) + 10, "memory_bytes": CHECKER_MEMORY_BYTES}
+                             "cpu_s": int(limits.checker_cpu_s), "memory_bytes": CHECKER_MEMORY_BYTES}
         self.path = os.path.join(job.ctl_dir, "grader.sock")
         if os.path.exists(self.path):
             os.remove(self.path)
@@ -76,9 +76,9 @@ class CheckService:
                 if msg.get("op") == "test" and int(msg.get("cell", -1)) in self.job.test_plans:
                     index = int(msg["cell"])
                     start = time.monotonic()
-                    self.job.verdicts[index] = self._check(index, conn, reader)
+                    self.job.verdicts[index], cpu_s = self._check(index, conn, reader)
                     self.check_s += time.monotonic() - start
-                    self.check_cpu_s += float(self.job.verdicts[index].get("cpu_s", 0.0))
+                    self.check_cpu_s += cpu_s
                     conn.sendall(b'{"op": "done"}\n')
                 else:
                     return
@@ -98,18 +98,21 @@ class CheckService:
         proc.start()
         child.close()
         deadline = time.monotonic() + self.limits.test_timeout_s
-        verdict = None
+        verdict, cpu = None, _CpuMeter(proc.pid)
         try:
             while verdict is None:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or not parent.poll(remaining):
+                if remaining <= 0:
                     verdict = _failed("TestTimeout", f"the test took longer than {self.limits.test_timeout_s:g} s "
                                                      "(the student's functions are slow or never return)")
                     break
+                if not parent.poll(min(remaining, 1.0)):
+                    cpu.sample()
+                    continue
                 try:
                     kind, payload = parent.recv()
                 except (EOFError, OSError):
-                    verdict = _failed("GraderError", "the checker process stopped unexpectedly", infra=True)
+                    verdict = self._died(cpu)
                     break
                 if kind == "verdict":
                     verdict = payload
@@ -123,13 +126,38 @@ class CheckService:
                     text = json.loads(line).get("text")
                     parent.send(text if isinstance(text, str) else "!the sandbox sent no answer")
         finally:
+            cpu.sample()
             if proc.is_alive():
                 proc.kill()
             proc.join(5)
             parent.close()
         if verdict.get("infra"):
             self.job.notes.append(f"grading problem in {spec.get('grade_id')}: {verdict.get('evalue', '')[:300]}")
-        return verdict
+        return verdict, max(cpu.seconds, float(verdict.get("cpu_s", 0.0) or 0.0))
+
+    def _died(self, cpu):
+        """The verdict of a checker child that died without one: its CPU limit, or a grader problem."""
+        limit = self.child_limits["cpu_s"]
+        if cpu.seconds >= limit - 1.5:
+            return _failed("TestCpuLimit", f"checking this test used more than {limit} s of the grader's CPU (the "
+                                           "notebook's answers are too expensive to check)")
+        return _failed("GraderError", "the checker process stopped unexpectedly", infra=True)
+
+
+class _CpuMeter:
+    """The CPU seconds of a checker child, read from outside (/proc/PID/stat), so that a child killed at its
+    CPU limit or its time limit is counted in the timings too (it cannot report its own)."""
+
+    def __init__(self, pid):
+        self.path, self.seconds = f"/proc/{pid}/stat", 0.0
+
+    def sample(self):
+        try:
+            with open(self.path) as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            self.seconds = max(self.seconds, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+        except (OSError, IndexError, ValueError):
+            pass
 
 
 def _failed(ename, evalue, infra=False):

@@ -67,6 +67,8 @@ def parse_args(argv):
     p.add_argument("--cell-timeout-s", type=float, default=120.0, help="time limit per cell of the notebook (s)")
     p.add_argument("--test-timeout-s", type=float, default=300.0,
                    help="time limit per test cell, all its calls of the student's code included (s)")
+    p.add_argument("--checker-cpu-s", type=float, default=60.0,
+                   help="CPU seconds the grader spends checking one test cell, decoding the answers included")
     p.add_argument("--call-timeout-s", type=float, default=20.0,
                    help="time limit of one call of the student's code made by a test (s)")
     p.add_argument("--memory-gib", type=float, default=4.0, help="memory limit per notebook (GiB)")
@@ -116,7 +118,7 @@ def main(argv=None):
                        if os.path.isfile(os.path.join(sol_dir, d, f"{d}.ipynb"))) if os.path.isdir(sol_dir) else []
     found, skipped, ids = discover(root, set(args.lesson), set(args.student), set(solutions))
     for student, lesson, why in skipped:
-        log(f"skipped {student}/{lesson}: {why}")
+        log(f"skipped {clean(student)}/{clean(lesson)}: {clean(why)}")
     if not found and not skipped:
         log("no submissions found under autograder/submitted/<student>/<lesson>/")
         return 0
@@ -166,6 +168,7 @@ def limits_from(args):
                           memory_bytes=int(args.memory_gib * 2**30), max_processes=args.max_processes,
                           threads=max(1, (os.cpu_count() or 1) // max(1, args.jobs)),
                           call_timeout_s=args.call_timeout_s, test_timeout_s=args.test_timeout_s,
+                          checker_cpu_s=args.checker_cpu_s,
                           python_warnings=args.python_warnings)
 
 

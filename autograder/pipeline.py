@@ -175,7 +175,7 @@ class Run:
             self.done_count += 1
             r = job.result
             state = f"{r.state} in {r.elapsed_s:.1f} s{(' - ' + r.detail) if r.detail else ''}" if r else job.error
-            log(f"[{self.done_count:>3}/{self.total}] executed {job.student}/{job.lesson}: {state}")
+            log(f"[{self.done_count:>3}/{self.total}] executed {job.student}/{job.lesson}: {clean(state)}")
         self.finished.put(job)
 
     def _sandboxed(self, job, test_cells):

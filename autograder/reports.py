@@ -6,11 +6,17 @@ import json
 import os
 
 from executor_output import read_outputs
-from staging import ID_RE, MAX_NOTEBOOK_BYTES, clean
+from staging import MAX_NOTEBOOK_BYTES, clean, is_student_id
 
 
 def log(msg):
-    print(clean(msg), flush=True)
+    """Print the grader's own message: its line breaks are kept, any other control or bidi character is
+    escaped. Student strings inside it must have been through clean() already (their line breaks escaped)."""
+    print(_lines(msg), flush=True)
+
+
+def _lines(text):
+    return "\n".join(clean(line) for line in str(text).split("\n"))
 
 
 def stop_reason(job):
@@ -73,7 +79,7 @@ def report_lines(job):
     r = job.result
     lines = [f"{job.lesson}: {_score_text(job)} - {_status_text(job)}"]
     if r is not None:
-        lines.append(f"  ran {r.elapsed_s:.1f} s; {r.detail}" if r.detail else f"  ran {r.elapsed_s:.1f} s")
+        lines.append(f"  ran {r.elapsed_s:.1f} s; {clean(r.detail)}" if r.detail else f"  ran {r.elapsed_s:.1f} s")
         if r.timeouts:
             lines.append(f"  cells stopped by the per-cell time limit: {', '.join(map(str, r.timeouts))}")
         if r.truncated_cells:
@@ -93,15 +99,15 @@ def report_lines(job):
                          "(autograder/README.md: Manually graded answers)")
             continue
         mark = "graded" if name in job.hand_graded else "passed" if score >= max_score else "FAILED"
-        lines.append(f"  [{mark}] {name}: {score:g}/{max_score:g}" + (f" - {message}" if message and
+        lines.append(f"  [{mark}] {clean(name)}: {score:g}/{max_score:g}" + (f" - {clean(message)}" if message and
                                                                      (score < max_score or mark == "graded") else ""))
     for note in job.notes:
-        lines.append(f"  note: {note}")
+        lines.append(f"  note: {clean(note)}")
     if job.flags:
-        lines.append("  review: the notebook's own code uses " + ", ".join(job.flags) +
+        lines.append("  review: the notebook's own code uses " + clean(", ".join(job.flags)) +
                      " (the score does not depend on it: tests run outside the notebook's kernel)")
     if job.error:
-        lines.append(f"  grading error: {job.error[-800:]}")
+        lines.append(f"  grading error: {clean(job.error)[-800:]}")
     return lines
 
 
@@ -114,7 +120,7 @@ def write_reports(root, jobs, skipped, aliases=None):
     for job in jobs:
         by_student.setdefault(job.student, []).append(job)
     for s, _, _ in skipped:
-        if ID_RE.match(s):
+        if is_student_id(s):
             by_student.setdefault(s, [])
     for student, js in by_student.items():
         lines = [f"Grading report for {student}", "=" * (21 + len(student)), ""]
@@ -125,13 +131,13 @@ def write_reports(root, jobs, skipped, aliases=None):
             try:
                 lines += report_lines(job)
             except Exception as exc:  # noqa: BLE001
-                lines.append(f"{job.lesson}: {job.score:g} points (the report could not be written: {exc!r})")
+                lines.append(f"{job.lesson}: {job.score:g} points (the report could not be written: {clean(repr(exc))})")
             lines.append("")
         for s, lesson, why in skipped:
             if s == student:
-                lines.append(f"{lesson}: skipped - {why}")
+                lines.append(f"{clean(lesson)}: skipped - {clean(why)}")
         with open(os.path.join(folder, f"{student}.txt"), "w", encoding="utf-8", errors="backslashreplace") as fh:
-            fh.write(clean("\n".join(lines)) + "\n")
+            fh.write(_lines("\n".join(lines)) + "\n")
 
 
 def looks_out_of_memory(job):
@@ -157,10 +163,10 @@ def print_summary(jobs, elapsed, skipped=(), aliases=None):
         log(f"{job.student:<20} {job.lesson:<28} {job.score:>5g}/{graded_max:<5g}  {_status_text(job)}"
             + (f"  [+{pending:g} points pending manual grading: {', '.join(n for n, _ in job.pending)}]"
                if job.pending else "")
-            + (f"  [review: {', '.join(job.flags)}]" if job.flags else "")
+            + (f"  [review: {clean(', '.join(job.flags))}]" if job.flags else "")
             + (f"  [folder: {clean(aliases[job.student])[:120]}]" if job.student in aliases else ""))
     for student, lesson, why in skipped:
-        log(f"{student:<20} {lesson:<28} {'0':>5}/{'-':<5}  skipped: {why}")
+        log(f"{clean(student):<20} {clean(lesson):<28} {'0':>5}/{'-':<5}  skipped: {clean(why)}")
     log(f"\n{len(jobs)} submission(s) graded in {elapsed:.0f} s. grades.csv, feedback/ and reports/ are in "
         "autograder/." + (f" {len(skipped)} folder(s) skipped (listed above with the reason)." if skipped else ""))
     waiting = [job for job in jobs if job.pending]

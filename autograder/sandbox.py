@@ -4,7 +4,8 @@ What the sandbox holds (see the README's instructor guide):
 - bubblewrap (`bwrap`, Debian package `bubblewrap`) gives the run new PID, network, IPC, UTS and cgroup
   namespaces and a private filesystem view (autograder/sandbox_command.py): nothing of the course but
   the read-only library and the submission; /proc/sys read-only; a seccomp filter that denies the key
-  management calls (autograder/seccomp.py: keyrings outlive a uid's processes).
+  management calls (keyrings outlive a uid's processes) and new user namespaces (autograder/seccomp.py);
+  bwrap's options reach it through a memfd, so /proc/1/cmdline shows no host path.
 - Three uids: `sandbox_init.py` starts as root with CAP_SETUID/SETGID/CHOWN/KILL, prepares the home
   folder and becomes the executor's own uid (no file of the host belongs to it) keeping only
   CAP_SETUID/SETGID/KILL; the executor starts the kernel, which drops to the student's uid with no
@@ -35,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 
 import cgroups
 import seccomp
-from sandbox_command import build_command, write_kernelspec
+from sandbox_command import build_command, options_fd, write_kernelspec
 
 BASE_UID = 61000
 UID_RANGE = 4000
@@ -58,6 +59,7 @@ class Limits:
     threads: int = 1                 # OMP / MKL / torch threads, and the CPU quota in cores
     call_timeout_s: float = 20.0     # one call of the student's code made by a checker
     test_timeout_s: float = 300.0    # one test cell's checker, all its calls included
+    checker_cpu_s: float = 60.0      # CPU seconds of one test cell's checker child (RLIMIT_CPU)
     python_warnings: str = "ignore"  # PYTHONWARNINGS in the kernel; "default" shows them (the course's own tests)
 
     def cgroup_memory_bytes(self) -> int:
@@ -160,7 +162,7 @@ def _job_file(uid: int, limits: Limits, test_cells) -> dict:
 
 def _seccomp_pipe():
     """A pipe holding the seccomp program (its read end goes to bwrap), or None where none is known."""
-    program = seccomp.key_syscalls_filter()
+    program = seccomp.sandbox_filter()
     if program is None:
         return None
     read_fd, write_fd = os.pipe()
@@ -194,13 +196,14 @@ def run(*, course_root: str, ctl_dir: str, submission_dir: str, uid: int, limits
                                 limits.max_processes + 64, max(1, limits.threads))
     start = time.monotonic()
     log = _CappedLog()
+    args_fd, cmd = options_fd(cmd)
+    fds = (args_fd,) + ((seccomp_fd,) if seccomp_fd is not None else ())
     try:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=cgroup.enter if cgroup else None,
-                                pass_fds=(seccomp_fd,) if seccomp_fd is not None else ())
+                                start_new_session=True, preexec_fn=cgroup.enter if cgroup else None, pass_fds=fds)
     finally:
-        if seccomp_fd is not None:
-            os.close(seccomp_fd)
+        for fd in fds:
+            os.close(fd)
     reader = threading.Thread(target=log.drain, args=(proc.stdout,), daemon=True)
     reader.start()
     killed = False

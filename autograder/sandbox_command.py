@@ -5,6 +5,10 @@ course library `longctx/` read-only; the grader's sandbox-side files read-only a
 submission read-only at /submission; size-limited tmpfs mounts at /tmp, /home/student and /run; the
 run's control folder at /ctl; a private /proc whose /proc/sys is read-only (bwrap 0.8 leaves it
 writable); bwrap's minimal /dev. Nothing else of the host or the course.
+
+bwrap reads its options from a memfd (`--args FD`, `options_fd`): the sandbox's /proc/1 (bwrap's own
+process) then shows `bwrap --args N -- python /opt/grader/sandbox_init.py`, not the host paths of the
+run's control folder, the staged submission or the course.
 """
 
 from __future__ import annotations
@@ -106,6 +110,19 @@ def build_command(*, course_root: str, ctl_dir: str, submission_dir: str, limits
         cmd += ["--setenv", key, value]
     cmd += ["--chdir", "/", "--", py, "/opt/grader/sandbox_init.py"]
     return _with_parent_dirs(cmd)
+
+
+def options_fd(cmd: list[str]) -> tuple[int, list[str]]:
+    """(fd, short command): bwrap's options (everything before `--`) moved into a memfd that bwrap reads with
+    `--args FD`. The fd is close-on-exec here; the caller passes it to bwrap (pass_fds) and closes it after."""
+    split = cmd.index("--")
+    data = b"".join(arg.encode("utf-8", "surrogateescape") + b"\0" for arg in cmd[1:split])
+    fd = os.memfd_create("bwrap-options")
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd, [cmd[0], "--args", str(fd), *cmd[split:]]
 
 
 def _with_parent_dirs(cmd: list[str]) -> list[str]:

@@ -1,6 +1,8 @@
-"""Staging for `make grade`: find the submissions and copy each one's plain files into the grader's work area.
+"""Staging for `make grade`: find the submissions and copy each one's notebook into the grader's work area.
 
-Nothing here trusts the submission: names, links, hard links, depth, counts, sizes, the notebook's JSON
+Only the notebook (and files the lesson itself ships beside it) is copied: nothing else a student puts in
+the folder reaches the sandbox, autograded/ or feedback/. Nothing here trusts the submission: names,
+links, hard links, counts, sizes, the notebook's JSON
 (lone surrogates, invalid nbformat, more cells than the lesson allows) and `timestamp.txt` are all
 bounded, replaced or dropped, and every problem becomes a note in that student's report instead of an
 exception that stops the run. A student folder whose name cannot be a student id (a leading dash,
@@ -11,6 +13,7 @@ show next to the folder's name; nothing is skipped without a line in the summary
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -25,18 +28,34 @@ sys.modules.setdefault("rfc3987_syntax", None)
 
 MAX_NOTEBOOK_BYTES = 20 * 2**20
 MAX_SUBMISSION_BYTES = 100 * 2**20
-MAX_DEPTH = 12
-MAX_ENTRIES = 2_000
-ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,99}$")
-SAFE_NAME = re.compile(r"^[^\x00-\x1f\x7f/\\]{1,200}$")
+MAX_SUBMISSION_ENTRIES = 10_000    # entries of a lesson folder read at most
+MAX_NOTES = 20                     # notes about ignored files, then one line with how many more
+# always used with fullmatch: `$` in a `match` would let a final newline through ("alice\n")
+ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@+-]{0,99}")
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@+ -]{0,199}")
 TIMESTAMP_NOTE = ("ignored timestamp.txt: the submission time is never taken from the student's files "
                   "(grades.csv has no submission time for it)")
+# control characters (C0, DEL, C1), line and paragraph separators, bidi embeddings, overrides and
+# isolates, zero-width characters and the byte-order mark: whatever could forge or hide a line
+UNSAFE_CHARS = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+_SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def is_student_id(name) -> bool:
+    return isinstance(name, str) and ID_RE.fullmatch(name) is not None
+
+
+def _escape(match) -> str:
+    char = match.group()
+    return _SHORT_ESCAPES.get(char) or (f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}")
 
 
 def clean(text) -> str:
-    """Text safe to print and to write as UTF-8 (lone surrogates and control characters replaced)."""
+    """One line of text safe to print or write: lone surrogates replaced; control characters, line breaks,
+    bidi overrides and invisible characters written as escapes (`\\n`, `\\u202e`), so a student's string can
+    neither start a line of its own nor reorder what a terminal or an editor shows."""
     text = str(text).encode("utf-8", "replace").decode("utf-8")
-    return re.sub(r"[\x00-\x08\x0b-\x1f\x7f]", "?", text)
+    return UNSAFE_CHARS.sub(_escape, text)
 
 
 def safe_alias(name: str, taken) -> str:
@@ -59,13 +78,13 @@ def discover(root, lessons_filter, students_filter, solutions):
     if not os.path.isdir(base):
         return found, skipped, ids
     names = sorted(os.listdir(base))
-    taken = {n for n in names if ID_RE.match(n)}
+    taken = {n for n in names if is_student_id(n)}
     for folder in names:
         sdir = os.path.join(base, folder)
         shown = clean(folder)[:120]
         if not os.path.isdir(sdir) and not os.path.islink(sdir):
             continue  # a stray file, not a submission
-        student = folder if ID_RE.match(folder) else safe_alias(folder, taken)
+        student = folder if is_student_id(folder) else safe_alias(folder, taken)
         taken.add(student)
         if students_filter and student not in students_filter and folder not in students_filter:
             continue
@@ -96,62 +115,63 @@ def discover(root, lessons_filter, students_filter, solutions):
     return found, skipped, ids
 
 
-def stage(root, work, folder, student, lesson):
-    """Copy regular files only into the staging area; returns (folder, notes).
+def lesson_files(root, lesson) -> list[str]:
+    """The files a lesson declares: the regular files it ships in solutions/<lesson>/ (its notebook first)."""
+    folder = os.path.join(root, "solutions", lesson)
+    extra = sorted(n for n in (os.listdir(folder) if os.path.isdir(folder) else []) if n != f"{lesson}.ipynb" and SAFE_NAME.fullmatch(n)
+                   and os.path.isfile(os.path.join(folder, n)) and not os.path.islink(os.path.join(folder, n)))
+    return [f"{lesson}.ipynb"] + extra
 
-    Iterative and bounded (depth, number of entries, bytes): links, hard links, devices, odd names and
-    deep or huge trees are skipped with a note, never followed; timestamp.txt is dropped.
+
+def stage(root, work, folder, student, lesson):
+    """Copy the submission's notebook (and files the lesson declares) into the staging area; (folder, notes).
+
+    Nothing else of the submission is copied, so nothing else reaches the sandbox, autograded/ or
+    feedback/. A declared file is copied only when it is a regular file with one link and a bounded
+    size, opened with O_NOFOLLOW; every other entry gets a note (at most MAX_NOTES, then a count).
     """
     src = os.path.join(root, "autograder", "submitted", folder, lesson)
     dst = os.path.join(work, "staged", student, lesson)
     shutil.rmtree(dst, ignore_errors=True)
     os.makedirs(dst)
-    notes, total, seen = [], 0, 0
-    stack = [("", 0)]
-    while stack:
-        rel, depth = stack.pop()
-        try:
-            with os.scandir(os.path.join(src, rel)) as it:
-                entries = sorted(it, key=lambda e: e.name)
-        except OSError as exc:
-            notes.append(f"could not read folder {clean(ascii(rel))}: {exc.strerror}")
-            continue
-        for entry in entries:
-            seen += 1
-            name_rel = os.path.join(rel, entry.name)
-            shown = clean(ascii(name_rel))[:200]
-            if seen > MAX_ENTRIES:
-                notes.append(f"ignored everything after {MAX_ENTRIES} files and folders")
-                return dst, notes
-            if not SAFE_NAME.match(entry.name) or entry.name.startswith(".") or \
-                    entry.name.encode("utf-8", "surrogateescape") != entry.name.encode("utf-8", "replace"):
-                notes.append(f"ignored {shown}: hidden or unusual file name")
-                continue
-            if name_rel == "timestamp.txt":
-                notes.append(TIMESTAMP_NOTE)
-                continue
-            st = entry.stat(follow_symlinks=False)
-            if stat.S_ISDIR(st.st_mode):
-                if depth + 1 >= MAX_DEPTH:
-                    notes.append(f"ignored {shown}: folders nested deeper than {MAX_DEPTH} levels")
-                    continue
-                os.makedirs(os.path.join(dst, name_rel), exist_ok=True)
-                stack.append((name_rel, depth + 1))
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                notes.append(f"ignored {shown}: not a regular file (links are not followed)")
-                continue
-            if st.st_nlink > 1:
-                notes.append(f"ignored {shown}: a hard link (it may point at a file outside the submission)")
-                continue
-            total += st.st_size
-            if st.st_size > MAX_NOTEBOOK_BYTES or total > MAX_SUBMISSION_BYTES:
-                notes.append(f"ignored {shown}: too large ({st.st_size} bytes)")
-                continue
-            fd = os.open(os.path.join(src, name_rel), os.O_RDONLY | os.O_NOFOLLOW)
-            with os.fdopen(fd, "rb") as fin, open(os.path.join(dst, name_rel), "wb") as fout:
-                shutil.copyfileobj(fin, fout, 1 << 20)
+    wanted = lesson_files(root, lesson)
+    notes, total = [], 0
+    try:
+        with os.scandir(src) as it:
+            names = sorted(entry.name for entry in itertools.islice(it, MAX_SUBMISSION_ENTRIES))
+    except OSError as exc:
+        return dst, [f"could not read the submission's folder: {exc.strerror}"]
+    ignored = [n for n in names if n not in wanted]
+    for name in ignored[:MAX_NOTES]:
+        notes.append(TIMESTAMP_NOTE if name == "timestamp.txt" else
+                     f"ignored {clean(ascii(name))[:200]}: only the notebook (and files the lesson ships) is graded")
+    if len(ignored) > MAX_NOTES:
+        notes.append(f"ignored {len(ignored) - MAX_NOTES} more files and folders")
+    for name in (n for n in wanted if n in names):
+        why = _copy_plain(os.path.join(src, name), os.path.join(dst, name), MAX_SUBMISSION_BYTES - total)
+        if isinstance(why, str):
+            notes.append(f"ignored {clean(ascii(name))[:200]}: {why}")
+        else:
+            total += why
     return dst, notes
+
+
+def _copy_plain(src, dst, room):
+    """Copy one regular file (bytes copied), or say why not (links and hard links are never followed)."""
+    try:
+        st = os.lstat(src)
+    except OSError as exc:
+        return f"cannot read it ({exc.strerror})"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file (links are not followed)"
+    if st.st_nlink > 1:
+        return "a hard link (it may point at a file outside the submission)"
+    if st.st_size > min(MAX_NOTEBOOK_BYTES, room):
+        return f"too large ({st.st_size} bytes)"
+    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as fin, open(dst, "wb") as fout:
+        shutil.copyfileobj(fin, fout, 1 << 20)
+    return st.st_size
 
 
 def _clean_strings(obj):

@@ -408,10 +408,11 @@ def test_item7_the_seccomp_program_denies_the_key_calls():
 
     import seccomp
 
-    program = seccomp.key_syscalls_filter("x86_64")
+    program = seccomp.sandbox_filter("x86_64")
     ops = [struct.unpack("=HBBI", program[i:i + 8]) for i in range(0, len(program), 8)]
-    assert ops[-1] == (0x06, 0, 0, 0x00050001) and ops[-2] == (0x06, 0, 0, 0x7FFF0000)  # deny EPERM, allow
-    denied = {k for code, jt, _, k in ops if code == 0x15 and jt and k < 1000}
-    assert denied == {248, 249, 250}
-    assert seccomp.key_syscalls_filter("sparc") is None
+    assert ops[-1] == (0x06, 0, 0, 0x00050001)  # deny: EPERM
+    deny = len(ops) - 1
+    denied = {k for i, (code, jt, _, k) in enumerate(ops) if code == 0x15 and jt and i + 1 + jt == deny}
+    assert denied == {248, 249, 250}  # add_key, request_key, keyctl; user namespaces: test_autograder_hostile4
+    assert seccomp.sandbox_filter("sparc") is None
     assert ctypes.sizeof(ctypes.c_uint32) == 4
