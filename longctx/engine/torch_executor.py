@@ -95,7 +95,7 @@ class TorchExecutor(Executor):
                 ids.append(seq.output_token_ids[start - len(seq.prompt_token_ids)])
             else:
                 ids += seq.token_ids(start, start + n)
-            chunks.append(Chunk(tables(seq.seq_id), start - seq.num_evicted_tokens, n, first_position=start))
+            chunks.append(Chunk(tables(seq.seq_id), seq.num_cached_tokens, n, first_position=start))
             if not seq.is_decode:
                 prefills.append((seq.seq_id, row, start == 0))
             every_row = seq.sampling is not None and seq.sampling.prompt_logprobs is not None and not seq.is_decode
