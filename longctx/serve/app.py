@@ -1,8 +1,11 @@
 """The HTTP layer: a FastAPI app exposing the engine with OpenAI's API.
 
-Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (SmolLM2's chat template), ``GET /v1/models``,
-``GET /health`` (200 with pool and queue occupancy while the engine loop runs, else 503), ``GET /metrics``
-(Prometheus text format, vLLM's metric names: ``longctx.serve.prometheus``).
+Routes, as vLLM's OpenAI-compatible server (v0.11) has them: ``POST /v1/completions`` (one prompt or a batch,
+text or token ids; ``echo``, ``logprobs``), ``POST /v1/chat/completions`` (SmolLM2's chat template;
+``logprobs``, ``top_logprobs``), ``GET /v1/models``, ``GET /health`` (200 with pool and queue occupancy while
+the engine loop runs, else 503), ``GET /metrics`` (Prometheus text format, vLLM's metric names and latency
+histograms: ``longctx.serve.prometheus``), ``POST /tokenize``, ``POST /detokenize``, ``GET /tokenizer_info``,
+``GET /version`` (``longctx.serve.tokenizer_routes``). ``model`` may be left out: the served model answers.
 
 Streaming (``"stream": true``) is Server-Sent Events: one ``data: {chunk}`` per generated token (its text
 delta; empty while a multi-byte character or a possible stop string is held back), then a chunk with the
@@ -11,7 +14,8 @@ delta; empty while a multi-byte character or a possible stop string is held back
 and every generated token including the EOS that ended it.
 
 Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``: 400 for bad parameters (the
-request models in ``protocol``, one handler in ``validation``) or a prompt + max_tokens over the context
+request models in ``protocol``, one handler in ``validation``; a body nested too deeply for the JSON parser
+included), 413 for a body over 32 MiB, or a prompt + max_tokens over the context
 length or the KV pool, 404 for an unknown model or route, 503 when ``max_waiting`` requests already wait for
 KV blocks (or the engine loop is down). A client that disconnects (streaming or not) has its request aborted
 and its KV blocks freed at the next step boundary (``generation``).
@@ -31,6 +35,7 @@ from longctx.serve.async_engine import AsyncEngine
 from longctx.serve.generation import Generation
 from longctx.serve.prometheus import EngineCollector, exposition, metrics_registry
 from longctx.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest, error_body
+from longctx.serve.tokenizer_routes import add_tokenizer_routes
 from longctx.serve.validation import parse_body, to_api_error
 
 DEFAULT_MODEL_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -59,7 +64,19 @@ def create_app(
     app = FastAPI(title="longctx serve", lifespan=lifespan)
     _add_error_handlers(app)
     _add_info_routes(app, aengine, model_name, EngineCollector(aengine, model_name, cache_dtype, kv_press))
-    _add_generation_routes(app, Generation(aengine, tokenizer, base_seed), {model_name, *aliases}, model_name)
+    names = {model_name, *aliases}
+
+    def check_model(name: str | None) -> None:
+        if name is not None and name not in names:
+            raise APIError(
+                404,
+                f"The model `{name}` does not exist; this server has {model_name!r}",
+                "model",
+                "model_not_found",
+            )
+
+    _add_generation_routes(app, Generation(aengine, tokenizer, base_seed, model_name), check_model)
+    add_tokenizer_routes(app, tokenizer, aengine.engine.max_model_len, check_model)
     return app
 
 
@@ -87,7 +104,8 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 def _add_info_routes(app: FastAPI, aengine: AsyncEngine, model_name: str, collector: EngineCollector) -> None:
     created = int(time.time())
-    registry = metrics_registry(collector)
+    registry, latency = metrics_registry(collector)
+    aengine.observer = latency
 
     @app.get("/health")
     async def health():
@@ -112,16 +130,7 @@ def _add_info_routes(app: FastAPI, aengine: AsyncEngine, model_name: str, collec
         return Response(body, media_type=content_type)
 
 
-def _add_generation_routes(app: FastAPI, generation: Generation, names: set[str], model_name: str) -> None:
-    def check_model(name: str) -> None:
-        if name not in names:
-            raise APIError(
-                404,
-                f"The model `{name}` does not exist; this server has {model_name!r}",
-                "model",
-                "model_not_found",
-            )
-
+def _add_generation_routes(app: FastAPI, generation: Generation, check_model) -> None:
     async def respond(request: Request, model: type[CompletionRequest | ChatCompletionRequest]):
         req = await parse_body(request, model)
         check_model(req.model)

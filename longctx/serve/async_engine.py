@@ -8,8 +8,14 @@ request's new tokens, with the engine's timestamps, onto that request's ``asynci
 queue, so only the engine thread ever mutates the engine. torch releases the GIL while it computes, so the
 event loop keeps accepting connections and streaming tokens while a step runs.
 
-Events on ``RequestHandle.events``: ``("tokens", [(token_id, time_s), ...])``, then ``("finish", reason)``
-(``"stop"``: EOS, ``"length"``: max_tokens, ``"abort"``) or ``("error", message)``.
+Events on ``RequestHandle.events``: ``("prompt_logprobs", [TokenLogprob, ...])`` (when the request's
+``SamplingParams.prompt_logprobs`` is set; may come in several parts while a prompt is prefilled in chunks),
+``("tokens", [(token_id, time_s, TokenLogprob | None), ...])`` (the record when ``logprobs`` is set), then
+``("finish", reason)`` (``"stop"``: EOS, ``"length"``: max_tokens, ``"abort"``) or ``("error", message)``.
+
+Latencies as vLLM's histograms define them (``observer``, e.g. ``longctx.serve.prometheus.LatencyHistograms``):
+time to first token and end-to-end from the request's arrival at the engine, inter-token gaps between
+consecutive tokens, all on the engine's clock; a request stopped by a stop string ends normally.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import asyncio
 import itertools
 import queue
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from longctx.engine.sampling_params import SamplingParams
 from longctx.engine.sequence import SequenceStatus
@@ -32,12 +38,13 @@ class RequestHandle:
     max_tokens: int
     sampling: SamplingParams | None  # None: greedy
     events: asyncio.Queue
+    ignore_eos: bool = False
     request_id: int = 0
     seq: object | None = None  # the engine's Sequence once added (engine thread writes it once)
     num_sent: int = 0  # output tokens already pushed (engine thread only)
     done: bool = False
     aborted: bool = False
-    extra: dict = field(default_factory=dict)
+    stopped: bool = False  # aborted by the server because a stop string (or stop token) ended it
 
     @property
     def is_waiting(self) -> bool:
@@ -45,6 +52,9 @@ class RequestHandle:
         if self.done:
             return False
         return self.seq is None or self.seq.status is SequenceStatus.WAITING
+
+
+NO_TOKEN = -1  # the end-of-sequence id of a request that ignores EOS: no token has it
 
 
 class AsyncEngine:
@@ -56,9 +66,10 @@ class AsyncEngine:
         max_waiting: requests allowed to wait for KV blocks at once; beyond it ``submit`` raises
             ``Overloaded`` (the server answers 503).
         history_len: step records kept in ``engine.history`` (the loop trims older ones).
+        observer: gets ``first_token(s)``, ``inter_token(s)`` and ``finished(s)`` latencies (None: nobody).
     """
 
-    def __init__(self, engine, max_waiting: int = 256, history_len: int = 10_000) -> None:
+    def __init__(self, engine, max_waiting: int = 256, history_len: int = 10_000, observer=None) -> None:
         if max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {max_waiting}")
         self.engine = engine
@@ -73,6 +84,14 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self.num_steps = 0
         self.loop_error: str | None = None
+        self.observer = observer
+        sampler = getattr(engine.executor, "sampler", None)
+        self._logprobs = getattr(sampler, "logprobs", None)  # the executor's LogprobRecorder, if it has one
+
+    @property
+    def records_logprobs(self) -> bool:
+        """True when the executor records log-probabilities (``TorchExecutor``; a cost model does not)."""
+        return self._logprobs is not None
 
     # ---- lifecycle (event loop side) ----
     def start(self) -> None:
@@ -95,23 +114,25 @@ class AsyncEngine:
         return sum(h.is_waiting for h in self._handles)
 
     def submit(self, prompt_token_ids: list[int], max_tokens: int,
-               sampling: SamplingParams | None = None) -> RequestHandle:
-        """Queue a request; raises ``Overloaded`` when ``max_waiting`` requests already wait."""
+               sampling: SamplingParams | None = None, ignore_eos: bool = False) -> RequestHandle:
+        """Queue a request; raises ``Overloaded`` when ``max_waiting`` requests already wait.
+        ``ignore_eos``: generate ``max_tokens`` tokens whatever comes (the EOS token does not end it)."""
         if not self.healthy:
             raise Overloaded("the engine loop is not running")
         if self.num_waiting() >= self.max_waiting:
             raise Overloaded(f"{self.max_waiting} requests already wait for KV cache blocks; retry later")
-        handle = RequestHandle(list(prompt_token_ids), int(max_tokens), sampling, asyncio.Queue())
+        handle = RequestHandle(list(prompt_token_ids), int(max_tokens), sampling, asyncio.Queue(), bool(ignore_eos))
         handle.request_id = next(self._ids)
         self._handles.add(handle)
         self._commands.put(("add", handle))
         self._wake.set()
         return handle
 
-    def abort(self, handle: RequestHandle) -> None:
-        """Stop a request (idempotent): the engine frees its KV blocks at the next step boundary."""
+    def abort(self, handle: RequestHandle, stopped: bool = False) -> None:
+        """Stop a request (idempotent): the engine frees its KV blocks at the next step boundary.
+        ``stopped``: a stop string ended it (its end-to-end latency counts; a client's disconnect does not)."""
         if not handle.aborted:
-            handle.aborted = True
+            handle.aborted, handle.stopped = True, bool(stopped)
             self._commands.put(("abort", handle))
             self._wake.set()
 
@@ -150,7 +171,8 @@ class AsyncEngine:
                     continue
                 try:
                     seq = self.engine.add_request(handle.prompt_token_ids, handle.max_tokens,
-                                                  sampling=handle.sampling)
+                                                  sampling=handle.sampling,
+                                                  eos_token_id=NO_TOKEN if handle.ignore_eos else None)
                 except ValueError as exc:
                     handle.done = True
                     self._push(handle, ("error", str(exc)))
@@ -161,20 +183,44 @@ class AsyncEngine:
                 self.engine.abort(handle.seq.seq_id)  # frees its blocks; the executor forgets it
                 live.pop(handle.seq.seq_id, None)
                 handle.done = True
+                self._forget_logprobs(handle.seq.seq_id)
+                if handle.stopped and self.observer is not None:
+                    self.observer.finished(self.engine.clock.now() - handle.seq.arrival_s)
                 self._push(handle, ("finish", "abort"))
+
+    def _forget_logprobs(self, seq_id: int) -> None:
+        if self._logprobs is not None:
+            self._logprobs.forget(seq_id)
+
+    def _observe(self, seq, start: int, stop: int) -> None:
+        times = seq.token_times_s
+        for i in range(start, stop):
+            if i == 0:
+                self.observer.first_token(times[0] - seq.arrival_s)
+            else:
+                self.observer.inter_token(times[i] - times[i - 1])
 
     def _deliver(self, live: dict[int, RequestHandle]) -> None:
         for seq_id, handle in list(live.items()):
             seq = handle.seq
+            prompt, records = self._logprobs.take(seq_id) if self._logprobs is not None else ([], [])
+            if prompt:
+                self._push(handle, ("prompt_logprobs", prompt))
             n = len(seq.output_token_ids)
             if n > handle.num_sent:
                 start = handle.num_sent
-                new = list(zip(seq.output_token_ids[start:n], seq.token_times_s[start:n], strict=True))
+                recs = records if len(records) == n - start else [None] * (n - start)
+                new = list(zip(seq.output_token_ids[start:n], seq.token_times_s[start:n], recs, strict=True))
                 handle.num_sent = n
+                if self.observer is not None:
+                    self._observe(seq, start, n)
                 self._push(handle, ("tokens", new))
             if seq.status is SequenceStatus.FINISHED:
                 handle.done = True
                 del live[seq_id]
+                self._forget_logprobs(seq_id)
+                if self.observer is not None:
+                    self.observer.finished(seq.finished_s - seq.arrival_s)
                 self._push(handle, ("finish", seq.finish_reason or "stop"))
 
     def _run(self) -> None:

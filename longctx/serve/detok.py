@@ -4,7 +4,8 @@ Byte-level BPE can split one character over several tokens; decoding a prefix th
 decode the whole output so far each time and hold back a trailing U+FFFD until the next token completes the
 character. With stop strings, text that could still be the start of a stop string is held back too, and
 when a stop string appears the text is cut just before it (OpenAI's convention: the stop string is not
-returned). Special tokens (``<|im_end|>``) decode to nothing.
+returned). Special tokens (``<|im_end|>``) decode to nothing. Before ``min_tokens`` tokens no stop string
+counts (vLLM's rule).
 """
 
 from __future__ import annotations
@@ -13,22 +14,25 @@ from __future__ import annotations
 class IncrementalDetokenizer:
     """Feed token ids one at a time; ``add`` returns the new text that is safe to send."""
 
-    def __init__(self, tokenizer, stop: list[str] | None = None) -> None:
+    def __init__(self, tokenizer, stop: list[str] | None = None, min_tokens: int = 0) -> None:
         self.tokenizer = tokenizer
         self.stop = list(stop or [])
+        self.min_tokens = int(min_tokens)
         self.token_ids: list[int] = []
         self.sent = ""  # text already returned
         self.stopped = False  # a stop string was found
+        self._search_from = 0  # stop strings are looked for from here (text sent before min_tokens is final)
 
     def _visible(self, text: str) -> str:
         """The prefix of ``text`` that can be sent now."""
-        for s in self.stop:
-            at = text.find(s)
-            if at != -1:
-                self.stopped = True
-                text = text[:at]
-        if self.stopped:
-            return text
+        if len(self.token_ids) < self.min_tokens:  # no stop string counts yet (vLLM's min_tokens)
+            visible = text[:-1] if text.endswith("\ufffd") else text
+            self._search_from = len(visible)
+            return visible
+        cut = [at for at in (text.find(s, self._search_from) for s in self.stop) if at != -1]
+        if cut:
+            self.stopped = True
+            return text[: min(cut)]
         hold = 0
         for s in self.stop:  # the longest tail of text that is a proper prefix of a stop string
             for k in range(min(len(s) - 1, len(text)), 0, -1):

@@ -1,14 +1,16 @@
-"""From a validated request to its answer: tokenize, check it fits, submit it, stream or collect its text.
+"""From a validated request to its answer: tokenize, check it fits, submit its sequences, stream or collect.
 
 ``Generation`` is what both endpoints run (``longctx.serve.app`` only routes to it):
 
-    ids = tokenize(req)                    # chat template for chat, token ids as given, else the tokenizer
-    max_tokens = check_fits(len(ids), req) # context length (OpenAI's message) and the KV pool (admission)
-    handle = aengine.submit(ids, max_tokens, sampling)
-    stream(...) | collect_or_disconnect(...)
+    prompts = tokenize(req)                       # chat template for chat; a batch of prompts for completions
+    max_tokens = check_fits(len(ids), req)        # per prompt: context length (OpenAI's message), the KV pool
+    handles = [aengine.submit(ids, max_tokens, sampling(req, j), ignore_eos) for each prompt, for j < n]
+    stream(...) | collect(...)                    # one ``ChoiceRun`` per sequence (``longctx.serve.choices``)
 
-A stop string ends the request at once (aborted: its blocks are freed). A client that goes away has its
-request aborted at the next step boundary.
+``n`` sequences of one prompt are submitted together: with prefix caching on, the later ones take the first
+one's full prompt blocks in the same step (``longctx.engine.batch``), so the prompt is computed once. A stop
+string or stop token ends a sequence at once (aborted: its blocks are freed). A client that goes away has
+every sequence of its request aborted at the next step boundary.
 """
 
 from __future__ import annotations
@@ -22,17 +24,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from longctx.engine.admission import PoolTooSmall, check_fits_pool
 from longctx.engine.sampling_params import SamplingParams
-from longctx.serve.async_engine import AsyncEngine, Overloaded, RequestHandle
-from longctx.serve.detok import IncrementalDetokenizer
-from longctx.serve.protocol import (
-    APIError,
-    GenerationRequest,
-    chunk,
-    error_body,
-    full_response,
-    new_id,
-    usage_chunk,
-)
+from longctx.serve.async_engine import AsyncEngine, Overloaded
+from longctx.serve.choices import ChoiceRun
+from longctx.serve.protocol import APIError, GenerationRequest, error_body
+from longctx.serve.responses import LogprobFormatter, chunk, full_response, new_id, usage
 
 DEFAULT_CHAT_MAX_TOKENS = 256  # chat requests without max_tokens: at most this many (and what fits)
 DISCONNECT_POLL_S = 0.1
@@ -43,41 +38,47 @@ def _sse(obj) -> str:
 
 
 class _ReleasingStream(StreamingResponse):
-    """A StreamingResponse that releases (aborts if unfinished) its request however the response ends."""
+    """A StreamingResponse that releases (aborts if unfinished) its sequences however the response ends."""
 
-    def __init__(self, content, aengine: AsyncEngine, handle: RequestHandle) -> None:
+    def __init__(self, content, aengine: AsyncEngine, runs: list[ChoiceRun]) -> None:
         super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        self._aengine, self._handle = aengine, handle
+        self._aengine, self._runs = aengine, runs
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self._aengine.release(self._handle)
+            for run in self._runs:
+                self._aengine.release(run.handle)
 
 
 class Generation:
     """Runs requests on ``aengine`` with ``tokenizer``; unseeded sampled requests get seeds from ``base_seed``."""
 
-    def __init__(self, aengine: AsyncEngine, tokenizer, base_seed: int = 0) -> None:
-        self.aengine, self.tokenizer = aengine, tokenizer
+    def __init__(self, aengine: AsyncEngine, tokenizer, base_seed: int = 0, model_name: str = "") -> None:
+        self.aengine, self.tokenizer, self.model_name = aengine, tokenizer, model_name
+        self.formatter = LogprobFormatter(tokenizer)
         self._seeds = itertools.count(base_seed)
 
     # ---- before the engine ----
-    def tokenize(self, req: GenerationRequest) -> list[int]:
-        if req.kind == "chat":
-            ids = self.tokenizer.encode_chat(req.conversation)
-        elif isinstance(req.prompt, list):
+    def token_ids(self, prompt: str | list[int]) -> list[int]:
+        """A prompt's token ids (token ids are checked against the vocabulary)."""
+        if isinstance(prompt, list):
             vocab = self.tokenizer.vocab_size
-            bad = [t for t in req.prompt if not 0 <= t < vocab]
+            bad = [t for t in prompt if not 0 <= t < vocab]
             if bad:
                 raise APIError(400, f"token id {bad[0]} is outside the vocabulary [0, {vocab})", "prompt")
-            ids = list(req.prompt)
-        else:
-            ids = self.tokenizer.encode(req.prompt)
+            return list(prompt)
+        ids = self.tokenizer.encode(prompt)
         if not ids:
             raise APIError(400, "the prompt is empty after tokenization", "prompt")
         return ids
+
+    def tokenize(self, req: GenerationRequest) -> list[tuple[str | None, list[int]]]:
+        """``(text or None, token ids)`` per prompt (chat: the rendered conversation, one prompt)."""
+        if req.kind == "chat":
+            return [(None, self.tokenizer.encode_chat(req.conversation))]
+        return [(p if isinstance(p, str) else None, self.token_ids(p)) for p in req.prompts]
 
     def check_fits(self, n_prompt: int, req: GenerationRequest) -> int:
         """The request's ``max_tokens`` once it fits the context length, the executor (a press's window) and
@@ -106,84 +107,99 @@ class Generation:
             raise APIError(400, f"{exc}{hint}", "max_tokens", "kv_cache_too_small") from None
         return max_tokens
 
-    def sampling(self, req: GenerationRequest) -> SamplingParams | None:
-        if req.sampling_temperature == 0:
-            return None  # greedy
-        seed = req.seed if req.seed is not None else next(self._seeds)
-        return SamplingParams(req.sampling_temperature, req.sampling_top_p, seed)
+    def sampling(self, req: GenerationRequest, j: int) -> SamplingParams | None:
+        """The parameters of the request's ``j``-th sequence of a prompt (None: plain greedy)."""
+        logprobs = req.num_logprobs
+        if (logprobs is not None or req.min_tokens) and not self.aengine.records_logprobs:
+            raise APIError(400, "this server's executor produces no logits (a cost model): no logprobs",
+                           "logprobs", "invalid_value")
+        temperature = 1.0 if req.temperature is None else float(req.temperature)
+        seed = 0 if not temperature else next(self._seeds) if req.seed is None else req.seed + j  # vLLM's children
+        params = SamplingParams(
+            temperature=temperature, top_p=1.0 if req.top_p is None else float(req.top_p),
+            seed=seed, top_k=max(req.top_k or 0, 0), min_tokens=req.min_tokens,
+            repetition_penalty=req.repetition_penalty or 1.0, frequency_penalty=req.frequency_penalty or 0.0,
+            presence_penalty=req.presence_penalty or 0.0,
+            logit_bias={int(k): float(v) for k, v in (req.logit_bias or {}).items()},
+            logprobs=logprobs, prompt_logprobs=logprobs if req.echo_prompt and logprobs is not None else None,
+        )
+        return None if params == SamplingParams() else params
+
+    def submit(self, req: GenerationRequest) -> list[ChoiceRun]:
+        """Every sequence of the request, queued (prompt by prompt, ``n`` each), or an error for all of them."""
+        prompts = [(text, ids, self.check_fits(len(ids), req)) for text, ids in self.tokenize(req)]
+        runs: list[ChoiceRun] = []
+        try:
+            for p, (text, ids, max_tokens) in enumerate(prompts):
+                for j in range(req.n):
+                    handle = self.aengine.submit(ids, max_tokens, self.sampling(req, j), req.ignore_eos)
+                    runs.append(ChoiceRun(self, req, p * req.n + j, handle, p, text))
+        except (Overloaded, APIError) as exc:
+            for run in runs:
+                self.aengine.release(run.handle)
+            if isinstance(exc, APIError):
+                raise
+            raise APIError(503, str(exc), code="server_overloaded") from None
+        return runs
 
     async def respond(self, request: Request, req: GenerationRequest):
         """The HTTP response to a validated request: an SSE stream, or one JSON body."""
-        ids = self.tokenize(req)
-        max_tokens = self.check_fits(len(ids), req)
-        try:
-            handle = self.aengine.submit(ids, max_tokens, self.sampling(req))
-        except Overloaded as exc:
-            raise APIError(503, str(exc), code="server_overloaded") from None
-        rid = new_id(req.kind)
+        runs = self.submit(req)
+        rid, model = new_id(req.kind), req.model or self.model_name
+        n_prompt = sum(len(run.handle.prompt_token_ids) for run in runs[:: req.n])
         if req.stream:
-            return _ReleasingStream(self._stream(req, rid, handle, len(ids)), self.aengine, handle)
+            return _ReleasingStream(self._stream(req, rid, model, runs, n_prompt), self.aengine, runs)
         try:
-            return await self._collect_or_disconnect(request, req, rid, handle, len(ids))
+            return await self._collect_or_disconnect(request, req, rid, model, runs, n_prompt)
         finally:
-            self.aengine.release(handle)
+            for run in runs:
+                self.aengine.release(run.handle)
 
     # ---- while the engine runs it ----
-    async def _events(self, handle: RequestHandle, detok: IncrementalDetokenizer):
-        """Yield ``(delta_text, None)`` per token, then ``(tail_text, finish_reason)`` once."""
-        while True:
-            kind, payload = await handle.events.get()
-            if kind == "error":
-                raise APIError(500, payload)
-            if kind == "finish":
-                yield detok.flush(), payload
-                return
-            for token_id, _time_s in payload:
-                delta = detok.add(token_id)
-                if detok.stopped:
-                    self.aengine.abort(handle)  # frees its blocks now; the stop string is not returned
-                    yield delta, None
-                    yield "", "stop"
-                    return
-                yield delta, None
+    async def _stream(self, req: GenerationRequest, rid: str, model: str, runs: list[ChoiceRun], n_prompt: int):
+        merged: asyncio.Queue = asyncio.Queue()
 
-    async def _stream(self, req: GenerationRequest, rid: str, handle: RequestHandle, n_prompt: int):
-        detok = IncrementalDetokenizer(self.tokenizer, req.stop_sequences)
-        first, n_out = True, 0
+        async def pump(run: ChoiceRun) -> None:
+            try:
+                async for body in run.chunks():
+                    await merged.put(chunk(req.kind, rid, model, [body], run.usage() if req.continuous_usage
+                                           else None))
+            except APIError as exc:  # headers are sent: report the error in the stream, as OpenAI does
+                await merged.put(exc.body())
+            finally:
+                await merged.put(None)
+
+        tasks = [asyncio.ensure_future(pump(run)) for run in runs]
         try:
-            async for text, finish in self._events(handle, detok):
-                if finish is None:
-                    n_out += 1
-                    yield _sse(chunk(req, rid, text, None, first))
-                    first = False
+            left = len(runs)
+            while left:
+                item = await merged.get()
+                if item is None:
+                    left -= 1
                 else:
-                    yield _sse(chunk(req, rid, text, finish, first))
+                    yield _sse(item)
             if req.include_usage:
-                yield _sse(usage_chunk(req, rid, n_prompt, n_out))
-        except APIError as exc:  # headers are sent: report the error in the stream, as OpenAI does
-            yield _sse(exc.body())
-        yield "data: [DONE]\n\n"
+                yield _sse(chunk(req.kind, rid, model, [], usage(n_prompt, sum(r.n_out for r in runs))))
+            yield "data: [DONE]\n\n"
+        finally:
+            for task in tasks:
+                task.cancel()
 
-    async def _collect(self, req: GenerationRequest, rid: str, handle: RequestHandle, n_prompt: int):
-        detok = IncrementalDetokenizer(self.tokenizer, req.stop_sequences)
-        parts, n_out, reason = [], 0, "stop"
-        async for text, finish in self._events(handle, detok):
-            parts.append(text)
-            if finish is None:
-                n_out += 1
-            else:
-                reason = finish
-        return JSONResponse(full_response(req, rid, "".join(parts), reason, n_prompt, n_out))
+    async def _collect(self, req, rid: str, model: str, runs: list[ChoiceRun], n_prompt: int):
+        choices = await asyncio.gather(*(run.collect() for run in runs))
+        body = full_response(req.kind, rid, model, list(choices), n_prompt, sum(r.n_out for r in runs))
+        return JSONResponse(body)
 
-    async def _collect_or_disconnect(self, request: Request, req, rid, handle, n_prompt):
-        task = asyncio.ensure_future(self._collect(req, rid, handle, n_prompt))
+    async def _collect_or_disconnect(self, request: Request, req, rid, model, runs, n_prompt):
+        task = asyncio.ensure_future(self._collect(req, rid, model, runs, n_prompt))
         try:
             while True:
                 done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
                 if done:
                     return task.result()
                 if await request.is_disconnected():
-                    self.aengine.abort(handle)
+                    for run in runs:
+                        self.aengine.abort(run.handle)
                     return JSONResponse(error_body(400, "client disconnected"), status_code=499)
         finally:
             if not task.done():

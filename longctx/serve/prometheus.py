@@ -31,15 +31,23 @@ metric                                type     meaning (and how it differs from 
 ``longctx:kv_press_freed_blocks``     counter  blocks a KV press returned to the pool (no vLLM equivalent)
 ====================================  =======  =============================================================
 
-vLLM's latency histograms (TTFT, ITL, e2e) are not exported: the benchmark client measures those as a client
-sees them (``longctx.bench``). Counters appear with the ``_total`` suffix, as prometheus_client writes them.
+Latency histograms, vLLM's names and buckets (v0.11), observed by the engine thread (``LatencyHistograms``,
+the ``AsyncEngine``'s observer) on the engine's clock: ``longctx:time_to_first_token_seconds`` (arrival at the
+engine to the first token), ``longctx:inter_token_latency_seconds`` (between consecutive tokens of a
+request) and ``longctx:e2e_request_latency_seconds`` (arrival to the last token; a request a stop string ended
+counts, one a client abandoned does not). They do not include HTTP or detokenization time: what a client sees
+is measured by the benchmark client (``longctx.bench``). Counters appear with the ``_total`` suffix, as
+prometheus_client writes them.
+
+Why ``longctx:`` and not ``vllm:``: a dashboard must not mistake this engine for vLLM; the names after the
+colon are vLLM's, so its queries need only the prefix changed.
 """
 
 from __future__ import annotations
 
 import urllib.request
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -87,11 +95,43 @@ class EngineCollector:
             yield c
 
 
-def metrics_registry(collector: EngineCollector) -> CollectorRegistry:
-    """A registry of its own (not prometheus_client's global one): several servers in one process never clash."""
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+               480.0, 960.0, 1920.0, 7680.0)
+
+
+class LatencyHistograms:
+    """TTFT, inter-token and end-to-end latency histograms (an ``AsyncEngine`` observer)."""
+
+    def __init__(self, registry: CollectorRegistry, model_name: str) -> None:
+        def hist(name: str, doc: str, buckets: tuple[float, ...]):
+            return Histogram(PREFIX + name, doc, ["model_name"], registry=registry, buckets=buckets).labels(model_name)
+
+        self._ttft = hist("time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                          TTFT_BUCKETS)
+        self._itl = hist("inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS)
+        self._e2e = hist("e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+                         E2E_BUCKETS)
+
+    def first_token(self, seconds: float) -> None:
+        self._ttft.observe(seconds)
+
+    def inter_token(self, seconds: float) -> None:
+        self._itl.observe(seconds)
+
+    def finished(self, seconds: float) -> None:
+        self._e2e.observe(seconds)
+
+
+def metrics_registry(collector: EngineCollector) -> tuple[CollectorRegistry, LatencyHistograms]:
+    """A registry of its own (not prometheus_client's global one: several servers in one process never clash)
+    with the engine's collector and the latency histograms."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
-    return registry
+    return registry, LatencyHistograms(registry, collector.model_name)
 
 
 def exposition(registry: CollectorRegistry) -> tuple[bytes, str]:

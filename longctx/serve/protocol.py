@@ -1,23 +1,26 @@
-"""The OpenAI wire format: request models (pydantic), error bodies, response and chunk bodies (plain dicts).
+"""The OpenAI wire format, as vLLM's OpenAI-compatible server (v0.11) reads it: request models (pydantic) and
+the error shape. Response and chunk bodies: ``longctx.serve.responses``.
 
-``CompletionRequest`` and ``ChatCompletionRequest`` declare each field's type and bounds; FastAPI validates a
-body against them, and ``longctx.serve.validation`` turns the first failure into one 400 in OpenAI's error
-shape ``{"error": {"message", "type", "param", "code"}}`` that says what is wrong and what is allowed.
-Unknown fields are ignored, as OpenAI-compatible servers do; fields we cannot honour (``n > 1``,
-``logprobs``, ``echo``, ``best_of``, ``suffix``) are refused rather than silently ignored.
+``CompletionRequest`` and ``ChatCompletionRequest`` declare each field's type and bounds; a body is validated
+against them, and ``longctx.serve.validation`` turns the first failure into one 400 in OpenAI's error shape
+``{"error": {"message", "type", "param", "code"}}`` that names the field, says what is allowed and quotes
+what came. Every field OpenAI or vLLM define is either honoured as vLLM honours it or refused with that
+400 (``suffix``, ``min_p``, ``prompt_logprobs``, tools, a non-text ``response_format``, ...); unknown fields
+are ignored, as vLLM does, and so is ``user`` (a caller's label, no effect on the answer in any server).
 """
 
 from __future__ import annotations
 
-import time
-import uuid
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-ROLES = ("system", "user", "assistant")
-MAX_STOP_SEQUENCES = 4
+from longctx.engine.sampling_params import MAX_LOGPROBS
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+MAX_N = 64  # sequences per request (n x prompts): each holds KV blocks of its own
+MAX_PROMPTS = 256  # prompts in one batched /v1/completions request
 
 
 class APIError(Exception):
@@ -26,6 +29,7 @@ class APIError(Exception):
     TYPES = {
         400: "invalid_request_error",
         404: "not_found_error",
+        413: "invalid_request_error",
         503: "server_overloaded",
         500: "server_error",
     }
@@ -51,7 +55,10 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 
 # ---- request models ----
 StrictInt = Annotated[int, Field(strict=True)]
+StrictBool = Annotated[bool, Field(strict=True)]
 NonEmptyStr = Annotated[str, Field(strict=True, min_length=1)]
+Number = Annotated[float, Field(strict=True)]
+Refused = Annotated[None, Field(description="not supported: the validator refuses any value")]
 
 
 class TextPart(BaseModel):
@@ -62,17 +69,33 @@ class TextPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
+    """A message; ``content`` may be null (an assistant turn that only called tools, as OpenAI allows)."""
+
+    model_config = ConfigDict(extra="ignore")
     role: Literal[ROLES]
-    content: Annotated[str, Field(strict=True)] | list[TextPart]
+    content: Annotated[str, Field(strict=True)] | list[TextPart] | None = None
+    tool_calls: Annotated[list[Any], Field(max_length=0)] | None = None
 
     @property
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+    @property
+    def template_role(self) -> str:
+        return "system" if self.role == "developer" else self.role  # OpenAI's newer name for system
 
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    include_usage: bool = False
+    include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
 
 
 class GenerationRequest(BaseModel):
@@ -81,20 +104,52 @@ class GenerationRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     kind: ClassVar[str]
 
-    model: NonEmptyStr
+    model: NonEmptyStr | None = None  # None: the served model (vLLM)
     max_tokens: Annotated[int | None, Field(strict=True, ge=1)] = None
-    n: Literal[1] = 1
-    logprobs: Literal[False] | None = None
-    top_logprobs: Literal[0] | None = None
-    best_of: Literal[1] | None = None
-    echo: Literal[False] | None = None
-    suffix: None = None
-    stop: NonEmptyStr | Annotated[list[NonEmptyStr], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
-    stream: Annotated[bool, Field(strict=True)] = False
+    n: Annotated[int, Field(strict=True, ge=1, le=MAX_N)] = 1
+    best_of: Annotated[int | None, Field(strict=True, ge=1)] = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[StrictInt] | None = None
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     seed: Annotated[int | None, Field(strict=True)] = None
     temperature: Annotated[float | None, Field(strict=True, ge=0.0, le=2.0)] = None  # None: 1.0, OpenAI's default
     top_p: Annotated[float | None, Field(strict=True, gt=0.0, le=1.0)] = None  # None: 1.0
+    top_k: Annotated[int | None, Field(strict=True, ge=-1)] = None  # -1 or 0: every token (vLLM)
+    min_p: Annotated[float, Field(strict=True, le=0.0, ge=0.0)] = 0.0
+    min_tokens: Annotated[int, Field(strict=True, ge=0)] = 0
+    ignore_eos: StrictBool = False
+    repetition_penalty: Annotated[float | None, Field(strict=True, gt=0.0)] = None
+    frequency_penalty: Annotated[float | None, Field(strict=True, ge=-2.0, le=2.0)] = None
+    presence_penalty: Annotated[float | None, Field(strict=True, ge=-2.0, le=2.0)] = None
+    logit_bias: dict[str, Annotated[float, Field(strict=True, ge=-100.0, le=100.0)]] | None = None
+    response_format: ResponseFormat | None = None
+    prompt_logprobs: Refused = None
+    include_stop_str_in_output: Literal[False] = False
+    skip_special_tokens: Literal[True] = True
+    use_beam_search: Literal[False] = False
+    user: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings_not_empty(cls, value):
+        if value == "" or (isinstance(value, list) and "" in value):
+            raise ValueError("empty stop string")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_keys_are_token_ids(cls, value):
+        for key in value or {}:
+            if not key.isdigit():
+                raise ValueError(f"key {key!r} is not a token id")
+        return value
+
+    @model_validator(mode="after")
+    def _best_of_is_n(self):
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("best_of != n")
+        return self
 
     @property
     def stop_sequences(self) -> list[str]:
@@ -105,35 +160,59 @@ class GenerationRequest(BaseModel):
         return self.stream_options is not None and self.stream_options.include_usage
 
     @property
-    def sampling_temperature(self) -> float:
-        return 1.0 if self.temperature is None else float(self.temperature)
-
-    @property
-    def sampling_top_p(self) -> float:
-        return 1.0 if self.top_p is None else float(self.top_p)
+    def continuous_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.continuous_usage_stats
 
     @property
     def requested_max_tokens(self) -> int | None:
         """``max_tokens`` as asked (None: the server picks, for chat)."""
         return self.max_tokens
 
+    @property
+    def num_logprobs(self) -> int | None:
+        """How many top tokens to report per sampled token (None: no log-probabilities)."""
+        return None
+
+    @property
+    def echo_prompt(self) -> bool:
+        return False
+
+
+def _first_number_field_is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
 
 class CompletionRequest(GenerationRequest):
-    """``POST /v1/completions``: one prompt, as text or token ids."""
+    """``POST /v1/completions``: one prompt or a batch, as text or token ids."""
 
     kind: ClassVar[str] = "completion"
-    prompt: NonEmptyStr | Annotated[list[StrictInt], Field(min_length=1)]
+    prompt: (NonEmptyStr | Annotated[list[StrictInt], Field(min_length=1)]
+             | Annotated[list[NonEmptyStr], Field(min_length=1, max_length=MAX_PROMPTS)]
+             | Annotated[list[Annotated[list[StrictInt], Field(min_length=1)]], Field(min_length=1,
+                                                                                    max_length=MAX_PROMPTS)])
+    echo: StrictBool = False
+    logprobs: Annotated[int | None, Field(strict=True, ge=0, le=MAX_LOGPROBS)] = None
+    suffix: Refused = None
 
-    @field_validator("prompt", mode="before")
-    @classmethod
-    def _one_text_prompt(cls, value):
-        if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
-            return value[0]  # ["text"]: one prompt, as the openai client may send it
-        return value
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """The batch: each prompt as text or token ids."""
+        p = self.prompt
+        if isinstance(p, str) or _first_number_field_is_int(p[0]):
+            return [p]
+        return list(p)
 
     @property
     def requested_max_tokens(self) -> int:
         return DEFAULT_COMPLETION_MAX_TOKENS if self.max_tokens is None else self.max_tokens
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
+
+    @property
+    def echo_prompt(self) -> bool:
+        return self.echo
 
 
 class ChatCompletionRequest(GenerationRequest):
@@ -142,72 +221,26 @@ class ChatCompletionRequest(GenerationRequest):
     kind: ClassVar[str] = "chat"
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int | None, Field(strict=True, ge=1)] = None
+    logprobs: StrictBool = False
+    top_logprobs: Annotated[int | None, Field(strict=True, ge=0, le=MAX_LOGPROBS)] = None
+    tools: Annotated[list[Any], Field(max_length=0)] | None = None
+    tool_choice: Literal["none", "auto"] | None = None
+    functions: Refused = None
+
+    @model_validator(mode="after")
+    def _top_logprobs_needs_logprobs(self):
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs without logprobs")
+        return self
 
     @property
     def conversation(self) -> list[dict]:
-        return [{"role": m.role, "content": m.text} for m in self.messages]
+        return [{"role": m.template_role, "content": m.text} for m in self.messages]
 
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens if self.max_tokens is not None else self.max_completion_tokens
 
-
-# ---- response bodies ----
-def new_id(kind: str) -> str:
-    return ("cmpl-" if kind == "completion" else "chatcmpl-") + uuid.uuid4().hex[:24]
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
-
-
-def full_response(
-    req: GenerationRequest, rid: str, text: str, finish_reason: str, n_prompt: int, n_out: int
-) -> dict:
-    if req.kind == "completion":
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        obj = "text_completion"
-    else:
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": None,
-            "finish_reason": finish_reason,
-        }
-        obj = "chat.completion"
-    return {
-        "id": rid,
-        "object": obj,
-        "created": int(time.time()),
-        "model": req.model,
-        "choices": [choice],
-        "usage": usage(n_prompt, n_out),
-    }
-
-
-def chunk(req: GenerationRequest, rid: str, text: str, finish_reason: str | None, first: bool) -> dict:
-    """One streamed chunk (one generated token): the text it adds, and the finish reason on the last."""
-    if req.kind == "completion":
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        obj = "text_completion"
-    else:
-        delta = {"role": "assistant", "content": text} if first else {"content": text}
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        obj = "chat.completion.chunk"
-    return {"id": rid, "object": obj, "created": int(time.time()), "model": req.model, "choices": [choice]}
-
-
-def usage_chunk(req: GenerationRequest, rid: str, n_prompt: int, n_out: int) -> dict:
-    obj = "text_completion" if req.kind == "completion" else "chat.completion.chunk"
-    return {
-        "id": rid,
-        "object": obj,
-        "created": int(time.time()),
-        "model": req.model,
-        "choices": [],
-        "usage": usage(n_prompt, n_out),
-    }
+    @property
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None

@@ -18,39 +18,70 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
-from longctx.serve.protocol import MAX_STOP_SEQUENCES, ROLES, APIError
+from longctx.engine.sampling_params import MAX_LOGPROBS
+from longctx.serve.protocol import MAX_N, MAX_PROMPTS, ROLES, APIError
 
-FIELD_ORDER = ("model", "prompt", "messages", "max_tokens", "max_completion_tokens", "n", "logprobs",
-               "top_logprobs", "best_of", "echo", "suffix", "stop", "stream", "stream_options", "seed",
-               "temperature", "top_p")
-RANGES = {"temperature": "[0.0, 2.0]", "top_p": "(0.0, 1.0]"}  # the numbers' allowed ranges, as written
-UNSUPPORTED = ("logprobs", "top_logprobs", "best_of", "echo", "suffix")
+FIELD_ORDER = ("model", "prompt", "messages", "max_tokens", "max_completion_tokens", "n", "best_of", "echo",
+               "logprobs", "top_logprobs", "suffix", "stop", "stop_token_ids", "stream", "stream_options", "seed",
+               "temperature", "top_p", "top_k", "min_p", "min_tokens", "ignore_eos", "repetition_penalty",
+               "frequency_penalty", "presence_penalty", "logit_bias", "response_format", "tools", "tool_choice",
+               "functions", "prompt_logprobs", "include_stop_str_in_output", "skip_special_tokens",
+               "use_beam_search", "user")
+RANGES = {  # the numbers' allowed ranges, as written
+    "temperature": "[0.0, 2.0]", "top_p": "(0.0, 1.0]", "repetition_penalty": "(0.0, inf)",
+    "frequency_penalty": "[-2.0, 2.0]", "presence_penalty": "[-2.0, 2.0]",
+}
+INTEGERS = {  # integer fields: what is allowed
+    "max_tokens": "an integer >= 1", "max_completion_tokens": "an integer >= 1", "seed": "an integer",
+    "n": f"an integer in [1, {MAX_N}]", "best_of": "an integer equal to n (vLLM returns all best_of sequences)",
+    "logprobs": f"an integer in [0, {MAX_LOGPROBS}] for /v1/completions, true or false for chat",
+    "top_logprobs": f"an integer in [0, {MAX_LOGPROBS}], with logprobs: true",
+    "top_k": "an integer >= 1, or -1 or 0 for every token", "min_tokens": "an integer >= 0",
+}
+BOOLEANS = ("stream", "echo", "ignore_eos")
+REFUSED = {  # fields this server does not implement: what it says instead of ignoring them
+    "suffix": "'suffix' is not supported by this server (no fill-in-the-middle)",
+    "min_p": "'min_p' is not supported by this server (only 0)",
+    "prompt_logprobs": "'prompt_logprobs' is not supported by this server: use echo with logprobs",
+    "include_stop_str_in_output": "'include_stop_str_in_output' is not supported by this server (only false)",
+    "skip_special_tokens": "'skip_special_tokens' is not supported by this server (only true)",
+    "use_beam_search": "'use_beam_search' is not supported by this server (only false)",
+    "tools": "'tools' is not supported by this server: SmolLM2's chat template has no tool calling",
+    "tool_choice": "'tool_choice' must be 'none' or 'auto' (no tools are supported)",
+    "functions": "'functions' is not supported by this server: SmolLM2's chat template has no tool calling",
+    "response_format": "'response_format' must be {\"type\": \"text\"}: no guided decoding (JSON) here",
+    "logit_bias": "'logit_bias' must map token ids (strings of digits) to numbers in [-100, 100]",
+    "stop": "'stop' must be a non-empty string or a list of non-empty strings",
+    "stop_token_ids": "'stop_token_ids' must be a list of token ids",
+    "stream_options": "'stream_options' must be an object with boolean include_usage, continuous_usage_stats",
+    "user": "'user' must be a string",
+}
+MAX_BODY_BYTES = 32 * 2**20  # 32 MiB: a batch of long prompts fits; a larger body is a 413
 NOT_A_NUMBER = ("float_type", "float_parsing", "missing")
+MODEL_CHECKS = {  # a model validator's message -> the field it is about
+    "best_of != n": "best_of",
+    "top_logprobs without logprobs": "top_logprobs",
+}
 
 
 def _message(field: str, err: dict, body) -> str:
     """What is wrong with ``field`` and what is allowed (``err``: the first pydantic error on it)."""
     value = err.get("input")
     if field == "model":
-        return "'model' is required (a string; GET /v1/models lists them)"
+        return "'model' must be a non-empty string (GET /v1/models lists them) or left out"
     if field == "prompt":
-        return "'prompt' must be a non-empty string or a list of token ids (one prompt per request)"
+        return ("'prompt' must be a non-empty string, a list of token ids, or a batch of up to "
+                f"{MAX_PROMPTS} of either (a list of strings or a list of token-id lists)")
     if field == "messages":
         return _messages_message(err, body)
-    if field in ("max_tokens", "max_completion_tokens"):
-        return f"'{field}' must be an integer >= 1, got {value!r}"
-    if field == "n":
-        return f"only n=1 is supported, got n={value!r}"
-    if field in UNSUPPORTED:
-        return f"'{field}'={value!r} is not supported by this server"
-    if field == "stop":
-        return f"'stop' must be a non-empty string or a list of up to {MAX_STOP_SEQUENCES} of them"
-    if field == "stream":
-        return f"'stream' must be true or false, got {value!r}"
-    if field == "stream_options":
-        return "'stream_options' must be an object"
-    if field == "seed":
-        return f"'seed' must be an integer, got {value!r}"
+    if field in INTEGERS:
+        if field == "logprobs" and err["type"] == "bool_type":
+            return "'logprobs' must be true or false for chat (top_logprobs says how many)"
+        return f"'{field}' must be {INTEGERS[field]}, got {value!r}"
+    if field in BOOLEANS:
+        return f"'{field}' must be true or false, got {value!r}"
+    if field in REFUSED:
+        return REFUSED[field]
     if field in RANGES:
         if err["type"] in NOT_A_NUMBER:
             return f"'{field}' must be a number, got {value!r}"
@@ -64,23 +95,45 @@ def _messages_message(err: dict, body) -> str:
         return "'messages' must be a non-empty list of {role, content} objects"
     i = loc[2]
     message = body["messages"][i] if isinstance(body, dict) else None
+    if len(loc) > 3 and loc[3] == "tool_calls":
+        return f"messages[{i}].tool_calls: SmolLM2's chat template has no tool calls (only an empty list)"
     if len(loc) > 3 and loc[3] == "content":
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, list):
             return f"messages[{i}].content: only parts of type 'text' are supported"
-        return f"messages[{i}].content must be a string, got {type(content).__name__}"
+        return f"messages[{i}].content must be a string, a list of text parts or null, got {type(content).__name__}"
     return f"messages[{i}] needs a 'role' in {list(ROLES)}, got {message!r}"[:300]
+
+
+async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The raw body, refused with a 413 past ``limit`` bytes (before reading it all when Content-Length says
+    so)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"the request body is {declared} bytes; the limit is {limit}", code="body_too_large")
+    chunks, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise APIError(413, f"the request body is over the limit of {limit} bytes", code="body_too_large")
+        chunks.append(part)
+    return b"".join(chunks)
 
 
 async def parse_body(request: Request, model: type[BaseModel]):
     """The body of ``request`` validated as ``model``; raises ``RequestValidationError`` (or a 400 for a body
     that is not JSON)."""
+    raw = await read_body(request)
     try:
-        body = json.loads(await request.body())
+        body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise APIError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise APIError(400, "the request body is not valid JSON: nested too deeply", code="invalid_json") from None
     try:
         return model.model_validate(body)
+    except RecursionError:
+        raise APIError(400, "the request body is nested too deeply", code="invalid_value") from None
     except ValidationError as exc:  # located as FastAPI locates body errors: ("body", field, ...)
         errors = [{**err, "loc": ("body", *err["loc"])} for err in exc.errors()]
         raise RequestValidationError(errors, body=body) from None
@@ -90,13 +143,23 @@ def to_api_error(errors: Sequence[dict], body) -> APIError:
     """The 400 for a body that failed validation (``errors``: pydantic's list; ``body``: the parsed JSON)."""
     if not errors:
         return APIError(400, "the request body is not valid", code="invalid_value")
-    if len(errors[0]["loc"]) < 2 or not isinstance(body, dict):
+    if not isinstance(body, dict):
         return APIError(400, "the request body must be a JSON object", code="invalid_json")
 
+    def field_of(err: dict) -> str:
+        if len(err["loc"]) > 1:
+            return str(err["loc"][1])
+        msg = str(err.get("msg", ""))  # a check across fields has no field of its own in pydantic's loc
+        return next((name for check, name in MODEL_CHECKS.items() if check in msg), "")
+
     def rank(err: dict) -> int:
-        field = err["loc"][1] if len(err["loc"]) > 1 else ""
+        field = field_of(err)
         return FIELD_ORDER.index(field) if field in FIELD_ORDER else len(FIELD_ORDER)
 
     err = min(errors, key=rank)  # the first field in FIELD_ORDER that failed (min keeps pydantic's order)
-    field = str(err["loc"][1])
+    field = field_of(err)
+    if not field:
+        return APIError(400, f"the request body is not valid: {err.get('msg', '')}", code="invalid_value")
+    if len(err["loc"]) == 1:
+        err = {**err, "input": body.get(field)}
     return APIError(400, _message(field, err, body), field, "invalid_value")
