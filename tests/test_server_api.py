@@ -168,12 +168,25 @@ def test_stop_string_cuts_the_text_and_frees_blocks(server):
     [
         ({"prompt": "hi", "temperature": 3}, "temperature"),
         ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
-        ({"prompt": "hi", "n": 2}, "n"),
+        ({"prompt": "hi", "n": 0}, "n"),
+        ({"prompt": "hi", "n": 2, "best_of": 3}, "best_of"),
+        ({"prompt": "hi", "suffix": "x"}, "suffix"),
+        ({"prompt": "hi", "min_p": 0.1}, "min_p"),
+        ({"prompt": "hi", "response_format": {"type": "json_object"}}, "response_format"),
+        ({"prompt": "hi", "logit_bias": {"x": 1}}, "logit_bias"),
+        ({"prompt": "hi", "logit_bias": {"5": 101}}, "logit_bias"),
+        ({"prompt": "hi", "logprobs": 21}, "logprobs"),
+        ({"prompt": "hi", "top_k": -2}, "top_k"),
+        ({"prompt": "hi", "repetition_penalty": 0}, "repetition_penalty"),
+        ({"prompt": "hi", "frequency_penalty": 2.5}, "frequency_penalty"),
+        ({"prompt": "hi", "ignore_eos": "yes"}, "ignore_eos"),
+        ({"prompt": "hi", "include_stop_str_in_output": True}, "include_stop_str_in_output"),
         ({"prompt": "hi", "top_p": 0}, "top_p"),
         ({"prompt": "hi", "stop": 5}, "stop"),
         ({"prompt": "hi", "logprobs": 3}, "logprobs"),
         ({"prompt": ""}, "prompt"),
-        ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": [1, "b"]}, "prompt"),
+        ({"prompt": [[1], []]}, "prompt"),
         ({"prompt": [1, 99999999]}, "prompt"),
         ({"prompt": "hi", "max_tokens": 600}, "max_tokens"),  # over max_model_len 512
         ({"prompt": "hi " * 600, "max_tokens": 1}, "prompt"),  # the prompt alone is over 512 tokens
@@ -195,7 +208,8 @@ def test_other_error_cases(server):
     _assert_openai_error(httpx.post(url + "/v1/nope", json={}), 404)
     _assert_openai_error(httpx.post(url + "/v1/completions", content=b"{not json"), 400)
     _assert_openai_error(httpx.post(url + "/v1/completions", json=[1, 2]), 400)
-    _assert_openai_error(httpx.post(url + "/v1/completions", json={"prompt": "x"}), 400, "model")
+    no_model = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})  # vLLM: the served model
+    assert no_model.status_code == 200 and no_model.json()["model"] == MODEL
     bad_role = {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}
     _assert_openai_error(httpx.post(url + "/v1/chat/completions", json=bad_role), 400, "messages")
     _assert_openai_error(httpx.post(url + "/v1/chat/completions", json={"model": MODEL, "messages": []}), 400)
@@ -325,20 +339,29 @@ def test_bench_cli_against_the_server(server, tmp_path, capsys):
         ("completions", {"prompt": "hi", "temperature": "x"}, "'temperature' must be a number, got 'x'"),
         ("completions", {"prompt": "hi", "top_p": 0}, "'top_p' must be in (0.0, 1.0], got 0"),
         ("completions", {"prompt": "hi", "max_tokens": True}, "'max_tokens' must be an integer >= 1, got True"),
-        ("completions", {"prompt": "hi", "n": 2}, "only n=1 is supported, got n=2"),
-        ("completions", {"prompt": "hi", "echo": True}, "'echo'=True is not supported by this server"),
-        ("completions", {"prompt": "hi", "stop": ["a"] * 5},
-         "'stop' must be a non-empty string or a list of up to 4 of them"),
+        ("completions", {"prompt": "hi", "n": 0}, "'n' must be an integer in [1, 64], got 0"),
+        ("completions", {"prompt": "hi", "suffix": "x"},
+         "'suffix' is not supported by this server (no fill-in-the-middle)"),
+        ("completions", {"prompt": "hi", "stop": ["a", ""]},
+         "'stop' must be a non-empty string or a list of non-empty strings"),
+        ("completions", {"prompt": "hi", "n": 2, "best_of": 3},
+         "'best_of' must be an integer equal to n (vLLM returns all best_of sequences), got 3"),
+        ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+         "'top_logprobs' must be an integer in [0, 20], with logprobs: true, got 2"),
+        ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+         "'tools' is not supported by this server: SmolLM2's chat template has no tool calling"),
         ("completions", {"prompt": "hi", "stream": "yes"}, "'stream' must be true or false, got 'yes'"),
         ("completions", {"prompt": "hi", "seed": 1.5}, "'seed' must be an integer, got 1.5"),
-        ("completions", {"prompt": ["a", "b"], "temperature": 9},  # the first field in order is reported
-         "'prompt' must be a non-empty string or a list of token ids (one prompt per request)"),
+        ("completions", {"prompt": [1, "b"], "temperature": 9},  # the first field in order is reported
+         "'prompt' must be a non-empty string, a list of token ids, or a batch of up to 256 of either "
+         "(a list of strings or a list of token-id lists)"),
         ("chat/completions", {"messages": [{"role": "wizard", "content": "x"}]},
-         "messages[0] needs a 'role' in ['system', 'user', 'assistant'], got {'role': 'wizard', 'content': 'x'}"),
+         "messages[0] needs a 'role' in ['system', 'developer', 'user', 'assistant', 'tool'], "
+         "got {'role': 'wizard', 'content': 'x'}"),
         ("chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
          "messages[0].content: only parts of type 'text' are supported"),
         ("chat/completions", {"messages": [{"role": "user", "content": 3}]},
-         "messages[0].content must be a string, got int"),
+         "messages[0].content must be a string, a list of text parts or null, got int"),
         ("chat/completions", {"messages": []}, "'messages' must be a non-empty list of {role, content} objects"),
     ],
 )
