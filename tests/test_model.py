@@ -69,18 +69,20 @@ def naive_logits(model: Llama, ids: list[int]) -> torch.Tensor:
     return model.norm(h) @ model.output_weight.T
 
 
-@pytest.mark.parametrize("max_scores", [1 << 24, 40])  # 40: attention runs in query tiles of a few rows
+# reference: 40 makes the masked path run in query tiles of a few rows; fused: one call per chunk, paged decodes
+@pytest.mark.parametrize(("backend", "max_scores"), [("reference", 1 << 24), ("reference", 40), ("fused", 40)])
 @pytest.mark.parametrize("consecutive", [False, True])  # True: keys read as a slice of the pool, no gather
-def test_paged_forward_matches_naive_attention_on_a_tiny_random_model(monkeypatch, max_scores, consecutive):
+def test_paged_forward_matches_naive_attention_on_a_tiny_random_model(monkeypatch, backend, max_scores,
+                                                                       consecutive):
     """Shuffled block tables, chunks that straddle blocks, decodes batched with a prefill chunk."""
     from longctx.kv.cache import Chunk, PagedKVCache, build_attention_metadata
-    from longctx.model import llama
+    from longctx.model import attention
 
-    monkeypatch.setattr(llama, "MAX_SCORES_PER_CALL", max_scores)
+    monkeypatch.setattr(attention, "MAX_SCORES_PER_CALL", max_scores)
 
     cfg = tiny(vocab_size=50, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
                intermediate_size=48)
-    model = Llama(cfg).init_random_(seed=1, std=0.2).eval()
+    model = Llama(cfg, attention_backend=backend).init_random_(seed=1, std=0.2).eval()
     g = torch.Generator().manual_seed(0)
     a = torch.randint(0, 50, (23,), generator=g).tolist()
     b = torch.randint(0, 50, (9,), generator=g).tolist()

@@ -4,12 +4,15 @@
 (idempotent; prints the cache folder). ``generate`` prints SmolLM2's greedy completion of a prompt, with the
 chat template applied unless ``--raw``, prefilling in chunks of ``--chunk-size`` tokens if given, pruning
 the prompt's KV cache with ``--press NAME --compression-ratio R`` (``longctx.kv.press``), storing it as
-``--kv-dtype`` (fp32 default; bf16, fp16, fp8, int8, int4: ``longctx.kv.quant``). ``--prompt`` may be given
+``--kv-dtype`` (default: the model's dtype; fp32, bf16, fp16, fp8, int8, int4: ``longctx.kv.quant``), on
+``--device`` in ``--dtype`` with ``--attention-backend`` (``longctx.model.device``, ``longctx.model.attention``).
+``--prompt`` may be given
 several times: the prompts run one after the other on one engine, so with ``--prefix-caching`` a later
 prompt reuses the cached blocks of a prefix it shares with an earlier one (a system prompt). ``--json``
 prints one object per prompt, a line each: ``{"output", "prompt_tokens", "output_tokens", "press",
 "compression_ratio", "kv_tokens_after_prefill", "kv_blocks_after_prefill", "kv_blocks_without_press",
-"block_size", "kv_dtype", "kv_pool_bytes_per_token", "prefix_caching", "prefix_cached_tokens", "ttft_s"}``.
+"block_size", "kv_dtype", "kv_pool_bytes_per_token", "prefix_caching", "prefix_cached_tokens",
+"attention_backend", "ttft_s"}``.
 Registration imports nothing heavy; torch loads only when a command runs.
 """
 
@@ -36,12 +39,34 @@ def register(subparsers) -> None:
                    "random, knorm")
     g.add_argument("--compression-ratio", type=float, default=None,
                    help="fraction of the prompt's KV entries the press evicts, in [0, 1) (needs --press)")
-    g.add_argument("--kv-dtype", default=None, help="how the KV pool stores keys and values: fp32 (default), "
-                   "bf16, fp16, fp8, int8, int4")
+    g.add_argument("--kv-dtype", default=None, help="how the KV pool stores keys and values: the model's dtype "
+                   "(default), fp32, bf16, fp16, fp8, int8, int4")
     g.add_argument("--prefix-caching", action="store_true",
                    help="share the cached full blocks of a common prefix between the prompts")
     g.add_argument("--json", action="store_true", help="print a JSON object per prompt (output, KV blocks, TTFT)")
+    add_placement_arguments(g)
     g.set_defaults(func=run_generate)
+
+
+def add_placement_arguments(parser) -> None:
+    """``--device``, ``--dtype`` and ``--attention-backend``: where the real model runs and how it attends."""
+    from longctx.model.attention import BACKEND_NAMES
+    from longctx.model.device import DTYPE_CHOICES
+
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                        help="the model's dtype: auto (fp32 on a CPU, bf16 on CUDA), fp32, bf16, fp16")
+    parser.add_argument("--attention-backend", default="auto", choices=BACKEND_NAMES,
+                        help="auto (fused on CUDA in bf16/fp16, else reference), reference, fused")
+
+
+def load_placed_model(args):
+    """SmolLM2 on ``args.device`` in ``args.dtype`` with ``args.attention_backend`` (each checked)."""
+    from longctx.model.device import resolve_placement
+    from longctx.model.weights import load_model
+
+    device, dtype = resolve_placement(args.device, args.dtype)
+    return load_model(device=device, dtype=dtype, attention_backend=args.attention_backend)
 
 
 def make_cli_press(name, ratio):
@@ -95,15 +120,15 @@ def run_generate(args) -> int:
     press = make_cli_press(args.press, args.compression_ratio)
     if press is not None and args.prefix_caching:
         raise ValueError("--press and --prefix-caching do not combine: a press rewrites the blocks a cache shares")
-    from longctx.kv.quant import get_format, pool_bytes_per_token
-
-    kv_dtype = get_format(args.kv_dtype or "fp32").name
     import json
     import time
 
     from longctx.kv.block_manager import blocks_for_tokens
+    from longctx.kv.quant import get_format, pool_bytes_per_token
+    from longctx.model.device import dtype_name
 
     model, tokenizer, prompts = _load(args, texts)
+    kv_dtype = get_format(args.kv_dtype or dtype_name(next(model.parameters()).dtype)).name
     engine = _engine(args, model, tokenizer, prompts, press, kv_dtype)
     pool, bs = engine.block_manager, engine.block_manager.block_size
     for ids in prompts:
@@ -125,6 +150,7 @@ def run_generate(args) -> int:
             "kv_blocks_without_press": blocks_for_tokens(len(ids), bs), "block_size": bs,
             "kv_dtype": kv_dtype, "kv_pool_bytes_per_token": pool_bytes_per_token(model.config, kv_dtype),
             "prefix_caching": args.prefix_caching, "prefix_cached_tokens": seq.num_prefix_cached_tokens,
+            "attention_backend": engine.executor.attention_backend_choice.name,
             "ttft_s": round(ttft_s, 4)}), flush=True)
     return 0
 
@@ -135,7 +161,6 @@ def _load(args, texts: list[str]):
     import torch
 
     from longctx.model.tokenizer import load_tokenizer
-    from longctx.model.weights import load_model
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -143,7 +168,7 @@ def _load(args, texts: list[str]):
     prompts = [tokenizer.encode(t) if args.raw else tokenizer.encode_chat(t) for t in texts]
     if not all(prompts):
         raise ValueError("the prompt is empty")
-    model = load_model()
+    model = load_placed_model(args)
     for ids in prompts:
         if len(ids) > model.config.max_context:
             raise ValueError(f"the prompt has {len(ids)} tokens, more than {model.config.max_context}")

@@ -34,6 +34,9 @@ def register(subparsers) -> None:
                    help="prune each prompt's KV cache: streaming_llm, snapkv, h2o, random, knorm")
     p.add_argument("--compression-ratio", type=float, default=None,
                    help="fraction of a prompt's KV entries the press evicts, in [0, 1) (needs --press)")
+    from longctx.cli.model import add_placement_arguments
+
+    add_placement_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -73,5 +76,8 @@ def run(args) -> int:
         prefix_caching=args.prefix_caching,
         press=args.press,
         compression_ratio=args.compression_ratio,
+        device=args.device,
+        dtype=args.dtype,
+        attention_backend=args.attention_backend,
     )
     return 0

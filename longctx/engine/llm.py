@@ -22,6 +22,7 @@ def build_engine(
     kv_dtype: str | None = None,
     enable_prefix_caching: bool = False,
     press=None,
+    attention_backend: str | None = None,
 ):
     """An ``Engine`` running SmolLM2-135M-Instruct on ``device``; returns ``(engine, tokenizer)``.
 
@@ -29,7 +30,8 @@ def build_engine(
     (``longctx.kv.quant``; default: the model's dtype), sharing cached prefix blocks when
     ``enable_prefix_caching``; ``press`` (a ``longctx.kv.press.Press``) prunes each prompt's KV cache when
     its prefill ends (not with prefix caching). The scheduler defaults to ``ChunkedPrefillScheduler(512)``.
-    EOS is ``<|im_end|>``.
+    EOS is ``<|im_end|>``. ``attention_backend``: auto, reference or fused (``longctx.model.attention``; None:
+    the model's own choice, ``auto`` for a model loaded here).
     """
     from longctx.model.tokenizer import load_tokenizer
     from longctx.model.weights import load_model
@@ -38,7 +40,7 @@ def build_engine(
     tokenizer = load_tokenizer()
     engine = Engine(
         TorchExecutor(model, BlockManager(num_blocks, block_size, enable_prefix_caching), press=press,
-                      kv_dtype=kv_dtype),
+                      kv_dtype=kv_dtype, attention_backend=attention_backend),
         scheduler if scheduler is not None else ChunkedPrefillScheduler(512),
         clock=clock,
         max_model_len=model.config.max_context,
@@ -56,13 +58,15 @@ def generate(
     eos_token_id: int | None = None,
     block_size: int = 16,
     press=None,
+    attention_backend: str | None = None,
 ) -> list[int]:
     """Greedy completion of one prompt; prefill in chunks of ``chunk_size`` (None: all at once); ``press``
-    (a ``longctx.kv.press.Press``) prunes the prompt's KV cache when its prefill ends."""
+    (a ``longctx.kv.press.Press``) prunes the prompt's KV cache when its prefill ends; ``attention_backend``
+    as in ``build_engine``."""
     scheduler = MonolithicScheduler() if chunk_size is None else ChunkedPrefillScheduler(chunk_size)
     num_blocks = max(1, blocks_for_tokens(len(prompt_token_ids) + max(1, max_tokens), block_size))
     engine = Engine(
-        TorchExecutor(model, BlockManager(num_blocks, block_size), press=press),
+        TorchExecutor(model, BlockManager(num_blocks, block_size), press=press, attention_backend=attention_backend),
         scheduler,
         max_model_len=model.config.max_context,
         eos_token_id=eos_token_id,

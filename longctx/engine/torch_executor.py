@@ -33,12 +33,12 @@ class TorchExecutor(Executor):
     pool stores K and V (``longctx.kv.quant``; default: the model's dtype); ``press`` prunes each prompt's
     cache when its prefill ends (``longctx.kv.press``). Each sequence's next token follows its
     ``Sequence.sampling`` (None: greedy). ``attention_backend`` (``auto``, ``reference``, ``fused``:
-    ``longctx.model.attention.choose_backend``) is chosen once, knowing the pool; ``attention_backend_choice``
-    says which one runs and why.
+    ``longctx.model.attention.choose_backend``; None: what the model was built with) is chosen once, knowing
+    the pool; ``attention_backend_choice`` says which one runs and why.
     """
 
     def __init__(self, model, block_manager: BlockManager, device=None, dtype=None, press: Press | None = None,
-                 kv_dtype: str | None = None, attention_backend: str = "auto"):
+                 kv_dtype: str | None = None, attention_backend: str | None = None):
         if not isinstance(block_manager, BlockManager):
             raise ValueError(
                 f"TorchExecutor(model, block_manager): give a BlockManager (the KV pool), "
@@ -54,7 +54,8 @@ class TorchExecutor(Executor):
                 "shared: use a press or prefix caching (BlockManager(enable_prefix_caching=True)), not both"
             )
         self.cache = PagedKVCache.for_pool(model.config, block_manager, self.device, dtype or p.dtype, kv_dtype)
-        model.attention_backend = choose_backend(attention_backend, self.device, self.cache.dtype,
+        requested = attention_backend or model.attention_backend.requested
+        model.attention_backend = choose_backend(requested, self.device, self.cache.dtype,
                                                  pool_in_model_dtype=self.cache.format is None)
         self.press = press
         self.sampler = Sampler()

@@ -119,6 +119,10 @@ class NiahRunner:
             self._cache = PagedKVCache.for_model(
                 self.model.config, self.num_blocks, self.block_size, p.device, p.dtype, self.kv_dtype
             )
+            from longctx.model.attention import choose_backend  # re-chosen knowing the pool
+
+            self.model.attention_backend = choose_backend(
+                self.model.attention_backend.requested, p.device, p.dtype, self._cache.format is None)
             self._table = list(range(self.num_blocks))
             self._torch = torch
         return self._cache

@@ -101,6 +101,9 @@ class FusedBackend:
     def attend(self, q, k, v, k_cache, v_cache, meta, out, probe=None) -> None:
         if probe is not None:
             raise ValueError("the fused attention backend runs no probes: a probed layer uses the reference backend")
+        if not isinstance(k_cache, torch.Tensor):
+            raise ValueError("the fused attention backend reads the pool in place: it needs a pool in the model's "
+                             "dtype, not a quantized or cast one (choose_backend with pool_in_model_dtype=False)")
         for i in meta.prefill_indices:
             start, n, kv_len = meta.q_starts[i], meta.q_lens[i], meta.kv_lens[i]
             keys, values = prefill_keys(k, v, k_cache, v_cache, meta, i)  # [1, H_kv, kv_len, d]

@@ -112,14 +112,17 @@ def load_state_dict(directory: Path | None = None, device="cpu", dtype=None) -> 
     return sd
 
 
-def load_model(device="cpu", dtype=None):
-    """SmolLM2-135M-Instruct as a ``longctx.model.llama.Llama`` in eval mode (float32 by default)."""
+def load_model(device="cpu", dtype=None, attention_backend: str = "auto"):
+    """SmolLM2-135M-Instruct as a ``longctx.model.llama.Llama`` in eval mode (float32 by default) on ``device``;
+    ``attention_backend``: ``longctx.model.attention.choose_backend`` (an engine re-chooses it for its pool)."""
     import torch
 
+    from longctx.model.attention import choose_backend
     from longctx.model.llama import Llama
 
     d = fetch_model()
     dtype = dtype or torch.float32
     model = Llama(load_config(d), device="meta", dtype=dtype)
     model.load_state_dict(load_state_dict(d, device=device, dtype=dtype), assign=True)
+    model.attention_backend = choose_backend(attention_backend, device, dtype)
     return model.eval()

@@ -36,6 +36,9 @@ def build_app(
     press: str | None = None,
     compression_ratio: float | None = None,
     model=None,
+    device: str = "cpu",
+    dtype: str | None = "auto",
+    attention_backend: str = "auto",
 ):
     """The FastAPI app over SmolLM2-135M-Instruct on the engine (``scheduler``: monolithic | chunked).
 
@@ -45,7 +48,9 @@ def build_app(
     ``kv_dtype``: how the KV pool stores K and V (fp32, bf16, fp16, fp8, int8, int4; default: the model's
     dtype, fp32 on a CPU);
     ``prefix_caching``: share cached full blocks of common prefixes; ``press`` + ``compression_ratio``: prune
-    each prompt's KV cache when its prefill ends (``longctx.kv.press``; not with prefix caching).
+    each prompt's KV cache when its prefill ends (``longctx.kv.press``; not with prefix caching);
+    ``device`` / ``dtype`` / ``attention_backend``: where SmolLM2 runs and how it attends (``--device``,
+    ``--dtype``, ``--attention-backend``: ``longctx.model.device``, ``longctx.model.attention``).
     """
     if scheduler not in SCHEDULERS:
         raise ValueError(f"scheduler must be one of {SCHEDULERS}, got {scheduler!r}")
@@ -60,13 +65,19 @@ def build_app(
     from longctx.serve.app import DEFAULT_MODEL_NAME, create_app
     from longctx.serve.async_engine import AsyncEngine
 
+    from longctx.model.attention import choose_backend
+    from longctx.model.device import resolve_placement
+
     kv_format = None if kv_dtype is None else get_format(kv_dtype).name  # a clear error before the model loads
+    torch_device, torch_dtype = resolve_placement(device, dtype)
+    choose_backend(attention_backend, torch_device, torch_dtype)  # an unknown name fails before the model loads
     kv_press = make_cli_press(press, compression_ratio)
     policy = (
         MonolithicScheduler() if scheduler == "monolithic" else ChunkedPrefillScheduler(int(token_budget))
     )
     engine, tokenizer = build_engine(policy, num_blocks=int(kv_blocks), kv_dtype=kv_format, model=model,
-                                     enable_prefix_caching=bool(prefix_caching), press=kv_press)
+                                     enable_prefix_caching=bool(prefix_caching), press=kv_press,
+                                     device=torch_device, dtype=torch_dtype, attention_backend=attention_backend)
     aengine = AsyncEngine(engine, max_waiting=max_waiting)
     press_label = "none" if kv_press is None else f"{press}@{compression_ratio:g}"
     return create_app(aengine, tokenizer, model_name or DEFAULT_MODEL_NAME, base_seed=seed,
