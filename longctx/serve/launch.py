@@ -62,11 +62,10 @@ def build_app(
     from longctx.engine import build_engine
     from longctx.engine.scheduler import ChunkedPrefillScheduler, MonolithicScheduler
     from longctx.kv.quant import get_format
-    from longctx.serve.app import DEFAULT_MODEL_NAME, create_app
-    from longctx.serve.async_engine import AsyncEngine
-
     from longctx.model.attention import choose_backend
     from longctx.model.device import resolve_placement
+    from longctx.serve.app import DEFAULT_MODEL_NAME, create_app
+    from longctx.serve.async_engine import AsyncEngine
 
     kv_format = None if kv_dtype is None else get_format(kv_dtype).name  # a clear error before the model loads
     torch_device, torch_dtype = resolve_placement(device, dtype)
