@@ -24,6 +24,9 @@ one-minute load average at the start of every run; every row has the load when i
 REFUSES to start when the one-minute load average exceeds ``--threads`` (the cores it uses), and pauses
 between trials while the load from other work (the load minus its own threads) exceeds them. ``--force``
 records anyway but marks the file and its rows ``usable: false`` (dry runs only; tests refuse such files).
+``--verdicts-only`` (grid sections) records without the gate for what does not depend on load (a trial's
+verdict, output and log-probabilities: greedy decoding on one CPU thread is deterministic) and marks that run's
+timings ``timings_usable: false``.
 
 Usage (one CPU thread, in the background; resumable)::
 
@@ -139,7 +142,8 @@ def run_trials(path, cells, model, tok, meta, max_tokens, threads, force):
         model.rope_scaling = VARIANTS[var]
         t0 = time.perf_counter()
         row = runner.trial(n, d, seed, hay).to_dict()
-        row.update(trial=i, trial_s=time.perf_counter() - t0, load_1min=load, usable=meta["usable"])
+        row.update(trial=i, trial_s=time.perf_counter() - t0, load_1min=load, usable=meta["usable"],
+                   timings_usable=meta.get("timings_usable", True))
         data["rows"].append(row)
         write_record(path, data)
     model.rope_scaling = None
@@ -244,6 +248,9 @@ def main(argv=None) -> int:
     ap.add_argument("--haystacks", default="passkey,multikey", help="beyond: which haystacks")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--force", action="store_true", help="record despite the load (marks the record unusable)")
+    ap.add_argument("--verdicts-only", action="store_true",
+                    help="grid sections: record despite the load for the verdicts and log-probabilities (which do "
+                         "not depend on load); the run's timings are marked unusable (timings_usable: false)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.section == "rescore":
@@ -255,7 +262,9 @@ def main(argv=None) -> int:
         print_table(merge_records(args.inputs, args.out))
         print(f"wrote {args.out}")
         return 0
-    gate_load = load_gate(args.threads, args.force)
+    if args.verdicts_only and not args.section.startswith("grid"):
+        ap.error("--verdicts-only is for the grid sections (their verdicts do not depend on load)")
+    gate_load = load_gate(args.threads, args.force or args.verdicts_only)
 
     import torch
 
@@ -265,6 +274,8 @@ def main(argv=None) -> int:
 
     model, tok = load_model(), load_tokenizer()
     meta = provenance(args.threads, usable=not args.force, gate_load=gate_load)
+    if args.verdicts_only:
+        meta["timings_usable"] = False  # no load gate: trial_s / prefill_s of this run are not measurements
     out = args.out or RECORDED / f"niah_{args.section.replace('-', '_')}.json"
     variants = args.variants.split(",")
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
@@ -275,7 +286,8 @@ def main(argv=None) -> int:
         lengths = ints(args.lengths or ("512,1024,2048,4096,8176" if hay == "passkey" else "1024,2048,4096,8176"))
         depths = floats(args.depths or DEPTHS)
         cells = [(hay, "none", n, d, i) for i in trials for n in lengths for d in depths]  # trial-major
-        print_table(run_trials(out, cells, model, tok, meta, max(lengths) + 64, args.threads, args.force))
+        print_table(run_trials(out, cells, model, tok, meta, max(lengths) + 64, args.threads,
+                               args.force or args.verdicts_only))
     elif args.section == "beyond":
         lengths = ints(args.lengths or "12288")
         depths = floats(args.depths or "0.5")
