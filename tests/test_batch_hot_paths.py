@@ -1,6 +1,7 @@
-"""The simulator's hot paths decide exactly what the general path decides: ``ScheduledBatch.add``'s shortcut
-for a running decode whose last block has room, and ``ScheduledBatch.add_decodes`` (a stall-free policy's
-first loop in one call), for decodes with and without room, preemptions, budgets and prefix caching."""
+"""The simulator's hot path decides exactly what the general path decides: ``ScheduledBatch.add``'s shortcut
+for a running decode whose last block has room, reached alone or through ``ScheduledBatch.add_decodes`` (a
+stall-free policy's first loop in one call), for decodes with and without room, preemptions, budgets and
+prefix caching."""
 
 import copy
 
@@ -52,14 +53,10 @@ def _one_by_one(batch, seqs):
 
 
 class _NoShortcut(ScheduledBatch):
-    """``add`` without its shortcut: no block table is visible to it, so every call takes the general path."""
+    """``add`` without its shortcut: every call takes the general path."""
 
-    def add(self, seq, num_tokens):
-        tables, self._tables = self._tables, {}
-        try:
-            return super().add(seq, num_tokens)
-        finally:
-            self._tables = tables
+    def _fits_one_more(self, seq):
+        return False
 
 
 @settings(max_examples=150, deadline=None)

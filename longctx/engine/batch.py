@@ -21,7 +21,8 @@ bookkeeping a step needs, so a policy reads like the paper's pseudo-code:
   itself. ``add`` returns False when the sequence cannot run this step.
 
 ``add_decodes(seqs)`` is ``add(seq, 1)`` for each decode of ``seqs`` in one call (a stall-free policy's first
-loop; the simulator spends most of its time there). ``ScheduledChunk`` lives in ``longctx.engine.sequence``
+loop; the simulator spends most of its time there, in ``add``'s short path for a decode whose last block has
+room). ``ScheduledChunk`` lives in ``longctx.engine.sequence``
 (import it from either module).
 
 Sequences and queues do not change while the policy runs (only the block manager does); ``commit`` then
@@ -47,6 +48,7 @@ class ScheduledBatch:
         running: the running queue as the policy sees it, oldest first (preemption picks from its end).
         token_budget: most tokens per step (``add`` refuses more), or None for no limit.
         max_num_seqs: most sequences holding KV blocks at once, or None for no limit.
+        decode_chunks: seq id -> its one-token entry, kept by the caller across steps (the engine's).
     """
 
     def __init__(
@@ -56,6 +58,7 @@ class ScheduledBatch:
         *,
         token_budget: int | None = None,
         max_num_seqs: int | None = None,
+        decode_chunks: dict[int, ScheduledChunk] | None = None,
     ) -> None:
         self.block_manager = block_manager
         self.running = running
@@ -73,9 +76,9 @@ class ScheduledBatch:
         self._admitted: list[Sequence] = []  # waiting sequences this step admits, in entry order (commit)
         self._num_holding = len(running)  # sequences holding blocks (running - preempted + admitted)
         self._victim = len(running)  # preemption scans running from the newest end, once per step
-        self._tables, self._block_size = block_manager._tables, block_manager.block_size  # (read by hot paths)
         self._caching = block_manager.enable_prefix_caching
-        self._decode_chunks: dict[int, ScheduledChunk] = {}  # seq id -> its (seq, 1) (the engine's lasts)
+        # seq id -> its entry (seq, 1): the engine passes its own dict, so a decode's entry lives across steps
+        self.decode_chunks: dict[int, ScheduledChunk] = {} if decode_chunks is None else decode_chunks
 
     # ---- what a policy reads ----
     def __len__(self) -> int:
@@ -109,24 +112,9 @@ class ScheduledBatch:
         sid = seq.seq_id
         if sid in self._preempted_ids:
             return False
-        if num_tokens.__class__ is int and num_tokens == 1 and seq.status is RUNNING and sid not in self._ids:
-            # the hot path (a running decode): one token within the budget and the last block, no pool call
-            computed, outputs, budget = seq.num_computed_tokens, seq.output_token_ids, self.token_budget
-            left = len(seq.prompt_token_ids) + len(outputs) - computed  # seq.num_uncomputed_tokens
-            table = self._tables.get(sid)
-            if (left and (budget is None or self.num_tokens < budget) and table is not None
-                    and computed - seq.num_evicted_tokens < len(table) * self._block_size):
-                if self._caching:  # the block this token fills is shareable now (same step too)
-                    self.block_manager.cache_full_blocks(sid, seq.token_ids, computed + 1)
-                chunk = self._decode_chunks.get(sid)
-                if chunk is None or chunk[0] is not seq:
-                    chunk = self._decode_chunks[sid] = _chunk(ScheduledChunk, (seq, 1))
-                self.entries.append(chunk)
-                self._ids.add(sid)
-                self.num_tokens += 1
-                if left == 1 and outputs:  # a decode (Sequence.is_decode, inlined)
-                    self.num_decode_tokens += 1
-                return True
+        if num_tokens.__class__ is int and num_tokens == 1 and self._fits_one_more(seq):
+            self._append(seq, 1, seq.num_computed_tokens)  # the hot path: a running decode, no pool change
+            return True
         num_tokens = self._checked(seq, num_tokens)
         computed = seq.num_computed_tokens  # tokens before this entry's (with a prefix-cache hit, its tokens)
         if seq.status is WAITING:
@@ -135,51 +123,45 @@ class ScheduledBatch:
                 return False
             computed, num_tokens = admitted
             self._admitted.append(seq)
-        elif not self._make_room(seq, computed - seq.num_evicted_tokens + num_tokens):
+        elif not self._make_room(seq, seq.num_cached_tokens + num_tokens):
             return False
-        if self._caching:  # the blocks it fills are shareable now (same step too)
-            self.block_manager.cache_full_blocks(sid, seq.token_ids, computed + num_tokens)
-        self.entries.append(ScheduledChunk(seq, num_tokens))
-        self._ids.add(sid)
-        self.num_tokens += num_tokens
-        if seq.output_token_ids and seq.num_tokens - computed == 1:  # a decode (Sequence.is_decode, inlined)
-            self.num_decode_tokens += 1
+        self._append(seq, num_tokens, computed)
         return True
 
     def add_decodes(self, seqs) -> list[Sequence]:
         """``add(seq, 1)`` for each decode of ``seqs`` (``Sequence.is_decode``) in order, while the token budget
-        lasts (no budget: all); returns the others (prefills), in order. A stall-free policy's first loop,
-        the simulator's hottest: a decode whose last block has room is appended without a call."""
+        lasts (no budget: all); returns the others (prefills), in order. A stall-free policy's first loop."""
         others, budget = [], self.token_budget
-        if type(self).add is not ScheduledBatch.add:  # a subclass watches each add (the lessons' checks)
-            for seq in seqs:
-                if not seq.is_decode:
-                    others.append(seq)
-                elif budget is None or self.num_tokens < budget:
-                    self.add(seq, 1)
-            return others
-        entries, ids, gone, tables, bs = self.entries, self._ids, self._preempted_ids, self._tables, self._block_size
-        limit, chunks = (1 << 62) if budget is None else budget, self._decode_chunks
-        fast = not self._caching  # with prefix caching every add registers blocks: the general path
         for seq in seqs:
-            n_out, computed = len(seq.output_token_ids), seq.num_computed_tokens
-            if not n_out or len(seq.prompt_token_ids) + n_out - computed != 1:
-                others.append(seq)  # not a decode
-            elif self.num_tokens < limit:
-                sid = seq.seq_id
-                table = tables.get(sid)
-                if (fast and table is not None and computed - seq.num_evicted_tokens < len(table) * bs
-                        and seq.status is RUNNING and sid not in ids and sid not in gone):
-                    chunk = chunks.get(sid)
-                    if chunk is None or chunk[0] is not seq:
-                        chunk = chunks[sid] = _chunk(ScheduledChunk, (seq, 1))
-                    entries.append(chunk)
-                    ids.add(sid)
-                    self.num_tokens += 1
-                    self.num_decode_tokens += 1
-                else:  # it needs a block (or the prefix cache, or add's checks): the general path
-                    self.add(seq, 1)
+            if not seq.is_decode:
+                others.append(seq)
+            elif budget is None or self.num_tokens < budget:
+                self.add(seq, 1)
         return others
+
+    def _fits_one_more(self, seq: Sequence) -> bool:
+        """Whether one more token of running ``seq`` is a legal entry whose KV slot its last block already has
+        (what ``_checked`` and ``_make_room`` would find, without their calls)."""
+        return (seq.status is RUNNING and seq.seq_id not in self._ids and seq.num_uncomputed_tokens > 0
+                and (self.token_budget is None or self.num_tokens < self.token_budget)
+                and self.block_manager.has_room(seq.seq_id, seq.num_cached_tokens + 1))
+
+    def _append(self, seq: Sequence, num_tokens: int, computed: int) -> None:
+        """Append the entry ``num_tokens`` tokens of ``seq`` after its first ``computed`` (slots reserved)."""
+        sid = seq.seq_id
+        if self._caching:  # the blocks it fills are shareable now (same step too)
+            self.block_manager.cache_full_blocks(sid, seq.token_ids, computed + num_tokens)
+        if num_tokens == 1:  # a decode's entry is the same tuple every step (the engine keeps them)
+            chunk = self.decode_chunks.get(sid)
+            if chunk is None or chunk[0] is not seq:
+                chunk = self.decode_chunks[sid] = _chunk(ScheduledChunk, (seq, 1))
+        else:
+            chunk = ScheduledChunk(seq, num_tokens)
+        self.entries.append(chunk)
+        self._ids.add(sid)
+        self.num_tokens += num_tokens
+        if seq.output_token_ids and seq.num_tokens - computed == 1:  # a decode: only the last output is left
+            self.num_decode_tokens += 1
 
     def _checked(self, seq: Sequence, num_tokens) -> int:
         """``num_tokens`` as an int, or ``ValueError`` when the entry is illegal (see ``add``)."""
@@ -221,7 +203,7 @@ class ScheduledBatch:
         if not bm.can_admit(sid, computed + left, hit):
             return None  # admit a prompt only when all of it fits: a half-done prefill rarely restarts
         self._num_holding += 1
-        total = computed - seq.num_evicted_tokens + num_tokens  # KV slots it will hold
+        total = seq.num_cached_tokens + num_tokens  # KV slots it will hold
         if hit is not None:  # a prefix-cache hit: no prefill for those tokens (commit counts them computed)
             bm.take_prefix(sid, hit)
             self._prefix_hits[sid] = computed = hit.num_tokens

@@ -191,10 +191,9 @@ class Engine:
     def new_batch(self) -> ScheduledBatch:
         """An empty batch over this engine's pool and running queue, with the scheduler's limits."""
         s = self.scheduler
-        batch = ScheduledBatch(self.block_manager, list(self.running), token_budget=getattr(s, "token_budget", None),
-                               max_num_seqs=getattr(s, "max_num_seqs", DEFAULT_MAX_NUM_SEQS))
-        batch._decode_chunks = self._decode_chunks  # a decode's entry is the same tuple every step
-        return batch
+        return ScheduledBatch(self.block_manager, list(self.running), token_budget=getattr(s, "token_budget", None),
+                              max_num_seqs=getattr(s, "max_num_seqs", DEFAULT_MAX_NUM_SEQS),
+                              decode_chunks=self._decode_chunks)  # a decode's entry is the same tuple every step
 
     def step(self) -> StepRecord | None:
         """Run one iteration. Returns its record, or None when there was nothing to do."""

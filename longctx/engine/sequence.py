@@ -93,11 +93,6 @@ class Sequence:
         return not self.is_decode
 
     @property
-    def is_prefill_in_progress(self) -> bool:
-        """A prefill that already has part of its tokens in the cache (a started chunked prefill)."""
-        return self.is_prefill and self.num_computed_tokens > 0
-
-    @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 

@@ -126,6 +126,12 @@ class BlockManager:
         need = blocks_for_tokens(num_tokens, self.block_size) - (len(table) if table else 0)
         return need if need > 0 else 0
 
+    def has_room(self, seq_id: int, num_tokens: int) -> bool:
+        """Whether the blocks ``seq_id`` holds already have slots for ``num_tokens`` tokens in total (a decode's
+        usual case: no block to take; ``extra_blocks_needed == 0`` without counting)."""
+        table = self._tables.get(seq_id)
+        return table is not None and num_tokens <= len(table) * self.block_size
+
     def can_allocate(self, seq_id: int, num_tokens: int) -> bool:
         """Whether ``seq_id`` (new or not) can hold ``num_tokens`` tokens in total right now."""
         return self.extra_blocks_needed(seq_id, num_tokens) <= self.num_free_blocks
