@@ -15,7 +15,8 @@
   about 540 s, the browser tests 300 s, the hostile grading run 200 s and the security run 60 s. The grading
   run starts at once on one worker; the other worker takes the browser and hostile runs. Each worker is
   handed two modules at the start, so the short test_test_setup.py comes second: worker one gets it, and
-  the browser module goes to worker two.
+  the browser module goes to worker two. nbval's solution notebooks (one unit each, 2-60 s) come next, so
+  they run beside the grading run instead of after it.
 """
 
 from __future__ import annotations
@@ -25,27 +26,27 @@ import sys
 
 import pytest
 
-# Two xdist workers on two cores, plus the grading sandbox's kernels: a BLAS/OpenMP pool of one thread per
-# process (set before torch is imported; subprocesses, kernels and JupyterLab inherit it). More threads
-# than cores make OpenMP's spinning workers steal each other's time.
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ.setdefault(_name, "1")
-
+# One BLAS/OpenMP thread per process under xdist: set by the repository's conftest.py (loaded first).
 TESTS = os.path.dirname(os.path.abspath(__file__))
 if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
 import model_fixtures  # noqa: E402
 
+SOLUTION_NOTEBOOKS = "solutions/*/*.ipynb"  # nbval's items (the repository's conftest.py), one unit per notebook
 START_FIRST = ("test_lessons_graded.py", "test_test_setup.py", "test_browser.py", "test_autograder_hostile.py",
-                 "test_autograder_security.py", "test_server_model.py", "test_rope.py")
+               SOLUTION_NOTEBOOKS, "test_autograder_security.py", "test_server_model.py", "test_rope.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
     """Stable reorder: the modules of START_FIRST in that order, then every other module as collected."""
     rank = {name: index for index, name in enumerate(START_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+    def key(item):
+        name = SOLUTION_NOTEBOOKS if item.path.suffix == ".ipynb" else item.path.name
+        return rank.get(name, len(rank))
+
+    items.sort(key=key)
 
 
 @pytest.fixture(scope="session")
