@@ -18,6 +18,7 @@ Functions accept a ModelSpec or a registered model name.
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass
 
@@ -88,6 +89,13 @@ def blocks_that_fit(budget_bytes: float, block_size: int, bytes_per_token: int) 
     The one place a KV pool is sized; ``plan.pool_blocks`` (a pool of so many GiB) and
     ``sim.run.kv_pool_blocks`` (what a GPU leaves after the weights) call it and say why a 0 is an error."""
     return max(0, int(budget_bytes // (block_size * bytes_per_token)))
+
+
+def evicted_tokens(num_tokens: int, compression_ratio: float) -> int:
+    """KV entries a press with ``compression_ratio`` evicts of a ``num_tokens`` prompt (per KV head):
+    ``floor(ratio * T)``. The one place this count is written: ``kv.press.Press.num_kept`` keeps the rest
+    (at least its protected tokens) and the simulator's ``CostModelExecutor`` frees it."""
+    return math.floor(compression_ratio * num_tokens)
 
 
 def padded_tokens(tokens: int, block_size: int | None) -> int:

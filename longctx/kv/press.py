@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from longctx.checks import positive_int
+from longctx.memory import evicted_tokens
 
 
 @dataclass
@@ -142,7 +143,7 @@ class Press:
 
     def num_kept(self, num_tokens: int) -> int:
         """Tokens each KV head keeps of a ``num_tokens`` prompt: ``T - floor(ratio * T)``, at least the protected."""
-        kept = num_tokens - math.floor(self.compression_ratio * num_tokens)
+        kept = num_tokens - evicted_tokens(num_tokens, self.compression_ratio)
         return max(kept, int(self.protected(num_tokens, kept).sum()))
 
     def keep_indices(self, inp: PressInput) -> torch.Tensor:
