@@ -379,3 +379,60 @@ def test_the_body_must_be_a_json_object_whatever_its_content_type(server):
     form = httpx.post(url, content=b'{"model": "%s", "prompt": "x", "max_tokens": 2}' % MODEL.encode(),
                       headers={"content-type": "application/x-www-form-urlencoded"})  # what curl -d sends
     assert form.status_code == 200 and form.json()["usage"]["completion_tokens"] == 2
+
+
+def test_nested_or_oversized_bodies_are_400_and_413_never_500(server):
+    url = server.url + "/v1/completions"
+    deep = b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    err = _assert_openai_error(httpx.post(url, content=deep), 400)
+    assert "nested too deeply" in err["message"]
+    err = _assert_openai_error(httpx.post(url, content=b" " * (33 * 2**20)), 413)
+    assert err["code"] == "body_too_large"
+    assert server.health()["status"] == "ok"
+
+
+def test_batches_n_many_stop_strings_and_chat_roles(server, tokenizer):
+    url = server.url + "/v1/completions"
+    ids = tokenizer.encode("hi")
+    r = httpx.post(url, json={"prompt": [ids, ids + ids], "n": 2, "max_tokens": 3}).json()
+    assert [c["index"] for c in r["choices"]] == [0, 1, 2, 3]
+    assert r["usage"] == {"prompt_tokens": 3 * len(ids), "completion_tokens": 12, "total_tokens": 3 * len(ids) + 12}
+    stops = ["zzz", "yyy", "xxx", "www", " brown"]  # more than OpenAI's 4, as vLLM allows
+    r = httpx.post(url, json={"prompt": "hi", "max_tokens": 10, "stop": stops}).json()
+    assert r["choices"][0]["text"] == " the quick" and r["choices"][0]["finish_reason"] == "stop"
+    fox = tokenizer.encode(" fox")[0]
+    r = httpx.post(url, json={"prompt": "hi", "max_tokens": 10, "stop_token_ids": [fox]}).json()
+    assert r["choices"][0]["text"] == " the quick brown" and r["usage"]["completion_tokens"] == 4
+    chat = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "What is 6 x 7?"},
+            {"role": "assistant", "content": None}, {"role": "tool", "content": "42"}]
+    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": chat, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    server.wait_idle()
+
+
+def test_ignore_eos_generates_max_tokens(tokenizer):
+    with Server(tokenizer, text=" yes<|im_end|>") as s:
+        url = s.url + "/v1/completions"
+        stopped = httpx.post(url, json={"prompt": "hi", "max_tokens": 8}).json()
+        assert stopped["usage"]["completion_tokens"] == 2 and stopped["choices"][0]["finish_reason"] == "stop"
+        full = httpx.post(url, json={"prompt": "hi", "max_tokens": 8, "ignore_eos": True}).json()
+        assert full["usage"]["completion_tokens"] == 8 and full["choices"][0]["finish_reason"] == "length"
+        refused = httpx.post(url, json={"prompt": "hi", "min_tokens": 4})  # needs logits: a cost model has none
+        _assert_openai_error(refused, 400, "logprobs")
+
+
+def test_tokenize_detokenize_version_and_tokenizer_info(server, tokenizer):
+    url = server.url
+    r = httpx.post(url + "/tokenize", json={"prompt": "hello world", "return_token_strs": True}).json()
+    assert r["tokens"] == tokenizer.encode("hello world") and r["count"] == 2 and r["max_model_len"] == 512
+    assert "".join(r["token_strs"]) == "hello world"
+    chat = httpx.post(url + "/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}).json()
+    assert chat["tokens"] == tokenizer.encode_chat([{"role": "user", "content": "hi"}])
+    assert httpx.post(url + "/detokenize", json={"tokens": r["tokens"]}).json() == {"prompt": "hello world"}
+    _assert_openai_error(httpx.post(url + "/detokenize", json={"tokens": [10**9]}), 400, "tokens")
+    _assert_openai_error(httpx.post(url + "/tokenize", json={}), 400, "prompt")
+    from longctx import __version__
+
+    assert httpx.get(url + "/version").json() == {"version": __version__}
+    info = httpx.get(url + "/tokenizer_info").json()
+    assert info["eos_token"] == "<|im_end|>" and "im_start" in info["chat_template"]
