@@ -72,6 +72,30 @@ def test_released_lessons_have_no_outputs(lesson):
             assert cell["outputs"] == [] and cell["execution_count"] is None
 
 
+def test_release_clears_outputs_that_solutions_carry(tmp_path):
+    """solutions/ keeps the outputs nbval compares (NBVAL_CHECK_OUTPUT cells, scripts/nbval_outputs.py);
+    nbgrader's generate_assignment must clear them, whatever a source cell carries, so learners never see them."""
+    import nbformat
+    from nbformat.v4 import new_output
+
+    lesson = LESSONS[0]
+    source = tmp_path / "course" / "solutions" / lesson
+    source.mkdir(parents=True)
+    nb = nbformat.read(ROOT / "solutions" / lesson / f"{lesson}.ipynb", as_version=4)
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    for count, cell in enumerate(code, 1):
+        cell.execution_count = count
+        cell.outputs = [new_output("stream", name="stdout", text=f"recorded output {count}\n"),
+                        new_output("execute_result", data={"text/plain": f"'result {count}'"}, execution_count=count)]
+    nbformat.write(nb, source / f"{lesson}.ipynb")
+    out = tmp_path / "release"
+    release(out, [lesson], root=tmp_path / "course")
+    released = [c for c in _cells(out / lesson / f"{lesson}.ipynb") if c["cell_type"] == "code"]
+    assert len(released) == len(code)
+    assert all(c["outputs"] == [] and c["execution_count"] is None for c in released)
+    assert "recorded output" not in (out / lesson / f"{lesson}.ipynb").read_text()
+
+
 def test_release_command_runs_from_the_makefile_entry_point(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "release.py"), "--out", str(tmp_path),
                              LESSONS[0]], capture_output=True, text=True)
