@@ -1,0 +1,111 @@
+"""The attention-backend seam: the fused backend (eager FlexAttention on a CPU) gives the reference backend's logits
+on mixed steps, changes no engine token, and is chosen (or refused) by one rule with a reason."""
+
+import random
+
+import pytest
+import torch
+
+from longctx.engine import ChunkedPrefillScheduler, Engine, MonolithicScheduler, TorchExecutor, generate
+from longctx.kv.block_manager import BlockManager
+from longctx.kv.cache import Chunk, PagedKVCache, build_attention_metadata
+from longctx.model.attention import BACKEND_NAMES, choose_backend
+from longctx.model.llama import Llama
+from longctx.model.paged_flex import block_ranks
+from longctx.specs import ModelSpec
+
+SPEC = ModelSpec(name="tiny", num_layers=2, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8, source="test",
+                 intermediate_size=48, vocab_size=50, rope_theta=10000.0, max_context=256)
+ATOL = 2e-5  # fp32: the two backends sum the same products in another order
+
+
+def run_steps(model, steps, num_blocks=48, block_size=4):
+    """Logits of each step: ``steps`` is a list of (token ids, chunks) over one fresh pool."""
+    cache = PagedKVCache.for_model(model.config, num_blocks, block_size)
+    groups = model.attention_backend.backend.uses_decode_groups
+    with torch.inference_mode():
+        return [model(torch.tensor(ids), cache, build_attention_metadata(chunks, block_size, decode_groups=groups))
+                for ids, chunks in steps]
+
+
+def mixed_steps(seed=0, block_size=4, num_blocks=48):
+    """Scattered block tables; step 2 holds a chunk after a prefix, a decode whose context fills its last block
+    exactly, and a fresh prompt; D shares A's first two blocks (a cached prefix) and adds a chunk after them;
+    step 4 decodes four unequal contexts beside a fresh prompt."""
+    rng = random.Random(seed)
+    blocks = list(range(num_blocks))
+    rng.shuffle(blocks)
+    a, b, c = blocks[:10], blocks[10:16], blocks[16:22]
+    d = a[:2] + blocks[22:26]  # shares A's first 8 slots
+    ids = lambda n: [rng.randrange(SPEC.vocab_size) for _ in range(n)]  # noqa: E731
+    return [
+        (ids(11 + 7), [Chunk(a, 0, 11), Chunk(b, 0, 7)]),
+        (ids(13 + 1 + 5), [Chunk(a, 11, 13), Chunk(b, 7, 1), Chunk(c, 0, 5)]),
+        (ids(4), [Chunk(d, 8, 4)]),  # D's own tokens after the shared prefix (a chunk after a prefix)
+        (ids(4 + 6), [Chunk(a, 24, 1), Chunk(b, 8, 1), Chunk(c, 5, 1), Chunk(d, 12, 1), Chunk(blocks[26:30], 0, 6)]),
+    ]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fused_gives_the_reference_logits_on_mixed_steps(seed):
+    model = Llama(SPEC, attention_backend="reference").init_random_(seed=seed, std=0.3).eval()
+    steps = mixed_steps(seed)
+    ref = run_steps(model, steps)
+    model.attention_backend = choose_backend("fused", "cpu", torch.float32)
+    fused = run_steps(model, steps)
+    for r, f in zip(ref, fused, strict=True):
+        torch.testing.assert_close(f, r, atol=ATOL, rtol=0)
+
+
+def test_block_ranks_say_which_sequence_owns_each_block():
+    tables = torch.tensor([[5, 2, 7], [5, 1, 0]], dtype=torch.int32)  # block 5 shared, row 1 uses 2 blocks
+    ranks = block_ranks(tables, torch.tensor([3, 2]), num_blocks=8)
+    assert ranks.tolist() == [[-1, -1, 1, -1, -1, 0, -1, 2], [-1, 1, -1, -1, -1, 0, -1, -1]]
+
+
+@pytest.mark.parametrize("scheduler", [ChunkedPrefillScheduler(6), MonolithicScheduler()])
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_engine_tokens_are_the_same_with_either_backend(scheduler, prefix_caching):
+    model = Llama(SPEC).init_random_(seed=3, std=0.3).eval()
+    g = torch.Generator().manual_seed(1)
+    shared = torch.randint(0, 50, (9,), generator=g).tolist()
+    prompts = [shared + torch.randint(0, 50, (n,), generator=g).tolist() for n in (3, 17, 6, 30)]
+    outputs = {}
+    for backend in ("reference", "fused"):
+        pool = BlockManager(64, 4, enable_prefix_caching=prefix_caching)
+        executor = TorchExecutor(model, pool, attention_backend=backend)
+        assert executor.attention_backend_choice.name == backend
+        engine = Engine(executor, scheduler, max_model_len=256)
+        seqs = [engine.add_request(p, 10, arrival_s=0.0) for p in prompts]
+        engine.run_until_done()
+        outputs[backend] = [s.output_token_ids for s in seqs]
+        assert pool.num_free_blocks == 64 or prefix_caching  # a prefix cache keeps its blocks for reuse
+        assert max(r.num_decode_tokens for r in engine.history) >= 2  # decodes shared a step
+    assert outputs["fused"] == outputs["reference"]
+
+
+def test_a_probed_layer_attends_with_the_reference_backend():
+    model = Llama(SPEC, attention_backend="fused").init_random_(seed=4, std=0.3).eval()
+    seen = []
+    model.layers[1].attn.probe = lambda q, keys, row: seen.append((row, keys.shape[2]))
+    prompt = list(range(1, 12))
+    tokens = generate(model, prompt, 4, block_size=4)
+    model.layers[1].attn.probe = None
+    assert tokens == generate(model, prompt, 4, block_size=4, attention_backend="reference")
+    assert seen[0] == (0, 11) and [n for _, n in seen[1:]] == [12, 13, 14]  # the prompt, then each decode
+
+
+def test_choice_rules_and_their_errors():
+    assert choose_backend("auto", "cpu", torch.float32).name == "reference"
+    assert "not on CUDA" in choose_backend("auto", "cpu", torch.bfloat16).reason
+    assert choose_backend("fused", "cpu", torch.float32).name == "fused"  # allowed: eager, slow
+    with pytest.raises(ValueError, match="auto, reference, fused"):
+        choose_backend("flash", "cpu", torch.float32)
+    with pytest.raises(ValueError, match="quantized or cast.*reference"):
+        choose_backend("fused", "cpu", torch.float32, pool_in_model_dtype=False)
+    assert BACKEND_NAMES == ("auto", "reference", "fused")
+    model = Llama(SPEC).init_random_(seed=0).eval()
+    with pytest.raises(ValueError, match="quantized or cast"):
+        TorchExecutor(model, BlockManager(8, 4), kv_dtype="fp8", attention_backend="fused")
+    executor = TorchExecutor(model, BlockManager(8, 4), kv_dtype="fp8", attention_backend="auto")
+    assert executor.attention_backend_choice.name == "reference"
