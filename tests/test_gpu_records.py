@@ -6,7 +6,15 @@ import json
 import pytest
 from gpu_fixtures import small_record
 
-from longctx.gpu.records import check_record, describe, device_key, load_record, record_path, save_record
+from longctx.gpu.records import (
+    check_record,
+    describe,
+    device_key,
+    load_record,
+    load_serving,
+    record_path,
+    save_record,
+)
 
 
 def test_save_and_load_round_trip(tmp_path):
@@ -56,3 +64,32 @@ def test_absent_and_invalid_files_raise(tmp_path):
                                       ("NVIDIA GeForce RTX 4090", "geforce-rtx-4090"), ("Tesla T4", "t4")])
 def test_device_key(name, key):
     assert device_key(name) == key
+
+
+def test_the_shipped_h200_record_names_the_measured_tree():
+    rec = load_record("h200")
+    assert rec["toy"] is False and rec["device"]["name"] == "NVIDIA H200" and rec["errors"] == []
+    assert rec["device"]["commit"].startswith("a1e9a4f")  # the measured tree, corrected when committed
+    assert "d396ec4" in rec["device"]["commit_note"]  # what the run wrote, kept, not hidden
+    assert rec["attention_backend"] == "reference"
+
+
+@pytest.mark.parametrize("part,cells", [("stall", 6), ("capstone", 2)])
+def test_the_shipped_serving_runs_carry_their_provenance(part, cells):
+    data = load_serving(part, "h200")
+    p = data["provenance"]
+    assert data["what"] == part and len(data["rows"]) == cells
+    assert (p["device"], p["commit"][:7], p["attention_backend"], p["runs_per_cell"]) == (
+        "NVIDIA H200", "a1e9a4f", "reference", 1)
+    assert p["torch"].startswith("2.") and p["cuda"] and p["how"]
+    assert all(r["n"] == len(r.get("runs", [r])) == 1 for r in data["rows"])
+
+
+def test_serving_parts_are_checked(tmp_path):
+    with pytest.raises(ValueError, match="unknown serving part 'warp'; allowed: stall, capstone"):
+        load_serving("warp")
+    data = load_serving("stall")
+    data["rows"][0]["runs"] = []
+    (tmp_path / "s.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"^not a valid stall file: rows\[0\].runs: List should have at least 1"):
+        load_serving("stall", path=tmp_path / "s.json")

@@ -1,7 +1,9 @@
 """A GPU record: one JSON object per run of ``make gpu-bench``, in ``longctx/data/gpu/<device key>.json``.
 
 ``GpuRecord`` (pydantic) is its schema, what the readers rely on (lessons' GPU figures, the calibration
-benchmark, the summary); seconds, per second, bytes. Keys it does not name are kept as written.
+benchmark, the summary); seconds, per second, bytes. Keys it does not name are kept as written. Its serving
+sections (``stall``, ``capstone``) have the same rows as the one-off serving runs shipped beside it
+(``<device>_stall.json``, ``<device>_capstone.json``, read by ``load_serving``).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class Ceilings(_Part):
 
 class PrefillRow(_Part):  # one prompt prefilled in chunks of chunk_size, each after the earlier ones
     model: str
+    attention_backend: str | None = None  # the backend that ran; None: the record's (older records: one)
     chunk_size: int
     prompt_tokens: int
     time_s: PositiveFloat
@@ -53,6 +56,7 @@ class PrefillRow(_Part):  # one prompt prefilled in chunks of chunk_size, each a
 
 class DecodeRow(_Part):  # one decode step of batch_size sequences at context_tokens each
     model: str
+    attention_backend: str | None = None
     batch_size: int
     context_tokens: int
     step_s: PositiveFloat
@@ -66,6 +70,38 @@ class AttentionRow(_Part):  # one layer's prefill of context_tokens: attention a
     flop_share: float = Field(ge=0, le=1)
 
 
+class StallRun(_Part):  # one run of D decoders + one long prompt arriving while they decode
+    long_ttft_s: PositiveFloat  # the long prompt's arrival to its first token
+    itl_median_s: NonNegativeFloat  # over every decoder's inter-token gaps after the arrival
+    itl_p99_s: NonNegativeFloat
+    itl_max_s: NonNegativeFloat  # the worst stall a decoder saw
+    decoder_gaps_after_arrival: int = Field(ge=1)
+
+
+class StallRow(_Part):  # one cell: a long prompt under one scheduler, n runs after a warm-up
+    long_prompt: int = Field(ge=1)
+    scheduler: Literal["monolithic", "chunked"]
+    token_budget: int | None  # chunked: the step's token budget; monolithic: None
+    attention_backend: str
+    n: int = Field(ge=1)
+    runs: list[StallRun] = Field(min_length=1)
+
+
+class CapstoneRow(_Part):  # users x prompt tokens arriving at once, one KV dtype
+    users: int = Field(ge=1)
+    prompt: int = Field(ge=1)
+    out_tokens: int = Field(ge=1)
+    kv_dtype: str  # "bf16", "fp8", ...
+    attention_backend: str
+    n: int = Field(ge=1)
+    pool_blocks: int = Field(ge=1)
+    peak_resident: int | None  # most sequences decoding in one step (None: not recorded)
+    gpu_mem_peak_gib: NonNegativeFloat | None
+    ttft_median_s: PositiveFloat
+    ttft_max_s: PositiveFloat
+    wall_s: PositiveFloat
+
+
 class GpuRecord(_Part):
     schema_: Literal[SCHEMA] = Field(alias="schema")
     date: datetime.datetime
@@ -77,20 +113,55 @@ class GpuRecord(_Part):
     prefill_chunks: list[PrefillRow] = []
     decode: list[DecodeRow] = []
     attention_share: list[AttentionRow] = []
+    stall: list[StallRow] = []
+    capstone: list[CapstoneRow] = []
     errors: list[str] = []
     skipped: list[str] = []
 
 
+class Provenance(_Part):  # where a one-off serving run's numbers come from
+    device: str
+    date: str
+    commit: str
+    torch: str
+    cuda: str | None
+    attention_backend: str
+    runs_per_cell: int = Field(ge=1)
+    how: str
+
+
+class _Serving(_Part):
+    provenance: Provenance
+    setup: dict
+
+
+class StallData(_Serving):
+    what: Literal["stall"]
+    rows: list[StallRow] = Field(min_length=1)
+
+
+class CapstoneData(_Serving):
+    what: Literal["capstone"]
+    rows: list[CapstoneRow] = Field(min_length=1)
+
+
+SERVING = {"stall": StallData, "capstone": CapstoneData}
+
+
 def check_record(record: dict) -> dict:
     """``record`` when ``GpuRecord`` accepts it; else ``ValueError`` naming each field at fault."""
+    return _check(GpuRecord, record, f"a valid GPU record ({SCHEMA})")
+
+
+def _check(schema: type[BaseModel], data: dict, what: str) -> dict:
     try:
-        GpuRecord.model_validate(record)
+        schema.model_validate(data)
     except ValidationError as exc:
         errs = [_where(e["loc"]) + f": {e['msg']}" + (f", got {e['input']!r}" if isinstance(
             e["input"], str | int | float) else "") for e in exc.errors()]
         more = f"; and {len(errs) - 5} more" if len(errs) > 5 else ""
-        raise ValueError(f"not a valid GPU record ({SCHEMA}): " + "; ".join(errs[:5]) + more) from None
-    return record
+        raise ValueError(f"not {what}: " + "; ".join(errs[:5]) + more) from None
+    return data
 
 
 def _where(loc: tuple) -> str:
@@ -106,6 +177,16 @@ def record_path(device: str = "h200") -> pathlib.Path:
 def load_record(device: str = "h200", path: str | pathlib.Path | None = None) -> dict:
     """The checked record of ``device`` (or the file at ``path``); ``ValueError`` when absent or broken."""
     return check_record(load_recorded(f"{device}.json", "gpu", path))
+
+
+def load_serving(part: str, device: str = "h200", path: str | pathlib.Path | None = None) -> dict:
+    """A one-off serving run shipped beside ``device``'s record: ``part`` ``"stall"`` or ``"capstone"``
+    (``longctx/data/gpu/<device>_<part>.json``, or the file at ``path``), checked: ``{"what", "provenance",
+    "setup", "rows"}``, rows as the record's ``stall`` / ``capstone`` sections. ``ValueError`` when absent or
+    broken."""
+    if part not in SERVING:
+        raise ValueError(f"unknown serving part {part!r}; allowed: {', '.join(SERVING)}")
+    return _check(SERVING[part], load_recorded(f"{device}_{part}.json", "gpu", path), f"a valid {part} file")
 
 
 def save_record(record: dict, path: str | pathlib.Path) -> pathlib.Path:
