@@ -51,9 +51,10 @@ from dataclasses import asdict, dataclass
 
 from longctx import memory
 from longctx.kv import quant
+from longctx.kv.quant import KV_SCALES, scale_layout  # noqa: F401  (re-exported: the planner's layouts)
 from longctx.specs import ModelSpec, get_model
 
-KV_SCALES = ("per-tensor", "per-vector", "per-group")  # the layouts ``kv_scales`` accepts (None: the engine's)
+bytes_per_token = quant.pool_bytes_per_token  # the planner's name for the pool's bytes per token
 
 
 @dataclass(frozen=True)
@@ -141,47 +142,6 @@ def _pool_size(pool_gib: float | None, pool_bytes: float | None) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
     return math.floor(value * memory.GiB) if name == "pool_gib" else math.floor(value)
-
-
-def scale_layout(kv_dtype: str, kv_scales: str | None = None) -> str | None:
-    """The scale layout a plan of ``kv_dtype`` uses: ``kv_scales`` checked, or the engine's own when None
-    (``"per-vector"`` for fp8, ``"per-group"`` for int8 / int4); None for a plain format (fp32, fp16, bf16),
-    which has no scales (``"per-tensor"`` is accepted there too: it stores nothing per token either)."""
-    fmt = quant.get_format(kv_dtype)
-    if kv_scales is not None:
-        key = str(kv_scales).lower()
-        if key not in KV_SCALES:
-            raise ValueError(f"unknown kv_scales {kv_scales!r}; allowed: {', '.join(KV_SCALES)} (or None: the engine's)")
-        if not fmt.quantized:
-            if key != "per-tensor":
-                raise ValueError(f"{fmt.name} stores plain numbers, no scales: kv_scales={key!r} applies to the "
-                                 f"quantized formats only ({', '.join(n for n, f in quant.FORMATS.items() if f.quantized)})")
-            return None
-        return key
-    if not fmt.quantized:
-        return None
-    return "per-vector" if fmt.group_size is None else "per-group"
-
-
-def bytes_per_token(model: ModelSpec | str, kv_dtype: str, kv_scales: str | None = None) -> int:
-    """Bytes one token takes in a paged pool of ``kv_dtype`` with scale layout ``kv_scales`` (see the module
-    docstring): ``2 x L x H_kv x (code bytes + scales per vector x 2)``, with 0 scales per vector for
-    ``"per-tensor"``, 1 for ``"per-vector"``, ``head_dim / 32`` for ``"per-group"``. With ``kv_scales=None``
-    this is ``quant.pool_bytes_per_token``, what the engine's pool allocates."""
-    m = get_model(model)
-    fmt = quant.get_format(kv_dtype)
-    layout = scale_layout(fmt.name, kv_scales)
-    if layout is None or layout == "per-tensor":
-        scales = 0
-    elif layout == "per-vector":
-        scales = 1
-    else:
-        if m.head_dim % quant.GROUP_SIZE:
-            raise ValueError(f"per-group scales take one scale per {quant.GROUP_SIZE} numbers, which does not divide "
-                             f"{m.name}'s head_dim={m.head_dim}; use per-vector or per-tensor")
-        scales = m.head_dim // quant.GROUP_SIZE
-    fmt.code_bytes(m.head_dim)  # raises where the codes do not fill whole bytes (int4 with an odd head_dim)
-    return memory.kv_bytes_per_token(m, fmt.name, scales * quant.SCALE_BYTES)
 
 
 def _whole_blocks(pool: int, block_size: int, bytes_per_token: int) -> int:

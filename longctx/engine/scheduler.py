@@ -83,7 +83,19 @@ class MonolithicScheduler(Scheduler):
         return f"MonolithicScheduler(max_num_batched_tokens={self.max_num_batched_tokens})"
 
 
-class PrefillFirstChunkedScheduler(Scheduler):
+class TokenBudgetScheduler(Scheduler):
+    """A policy with a token budget per step (chunked prefill): the one constructor of the two below."""
+
+    def __init__(self, token_budget: int = 512, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS) -> None:
+        self.token_budget = positive_int("token_budget", token_budget)
+        positive_int("max_num_seqs", max_num_seqs)
+        self.max_num_seqs = max_num_seqs
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(token_budget={self.token_budget})"
+
+
+class PrefillFirstChunkedScheduler(TokenBudgetScheduler):
     """Chunked prefill with a token budget, but a step is prefill OR decode, prefill first (mini-SGLang).
 
     While any prompt has tokens left, the step prefills chunks (in-progress prompts first, then new ones)
@@ -91,11 +103,6 @@ class PrefillFirstChunkedScheduler(Scheduler):
     prefill step is short, yet decodes still wait for *all* queued prompt tokens: the stall is split into
     ``ceil(prompt / token_budget)`` steps, not removed.
     """
-
-    def __init__(self, token_budget: int = 512, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS) -> None:
-        self.token_budget = positive_int("token_budget", token_budget)
-        positive_int("max_num_seqs", max_num_seqs)
-        self.max_num_seqs = max_num_seqs
 
     def schedule(self, running, waiting, batch):
         for seq in running:  # 1. prefills in progress
@@ -110,22 +117,14 @@ class PrefillFirstChunkedScheduler(Scheduler):
             if batch.budget_left:
                 batch.add(seq, 1)
 
-    def __repr__(self) -> str:
-        return f"PrefillFirstChunkedScheduler(token_budget={self.token_budget})"
 
-
-class ChunkedPrefillScheduler(Scheduler):
+class ChunkedPrefillScheduler(TokenBudgetScheduler):
     """Chunked prefill with a token budget, in Sarathi-Serve's stall-free order.
 
     Each step computes at most ``token_budget`` tokens: (1) one token for every running decode, (2) the
     next chunk of prefills already in progress, (3) new prefills, the last one chunked to fill the budget.
     A decode therefore waits for at most one step of ``token_budget`` tokens, never for a whole prompt.
     """
-
-    def __init__(self, token_budget: int = 512, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS) -> None:
-        self.token_budget = positive_int("token_budget", token_budget)
-        positive_int("max_num_seqs", max_num_seqs)
-        self.max_num_seqs = max_num_seqs
 
     def schedule(self, running, waiting, batch):
         in_progress = batch.add_decodes(running)  # 1. running decodes first: they never stall
@@ -135,6 +134,3 @@ class ChunkedPrefillScheduler(Scheduler):
         for seq in waiting:  # 3. new prefills, chunked to fill the budget
             if not batch.budget_left or not batch.add(seq, min(seq.num_uncomputed_tokens, batch.budget_left)):
                 break
-
-    def __repr__(self) -> str:
-        return f"ChunkedPrefillScheduler(token_budget={self.token_budget})"

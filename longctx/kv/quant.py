@@ -94,16 +94,55 @@ def get_format(kv_dtype: str | KVFormat) -> KVFormat:
     return FORMATS[key]
 
 
-def pool_bytes_per_token(model, kv_dtype: str) -> int:
-    """Bytes one token takes in a paged pool of ``kv_dtype``: ``2 x L x H_kv x bytes_per_vector(d_head)``
-    (``model``: a ``ModelSpec`` or a registered name). Scales included; see the module docstring. The
-    formula is ``memory.kv_bytes_per_token``'s, given this format's scale bytes per vector."""
+KV_SCALES = ("per-tensor", "per-vector", "per-group")  # the layouts ``kv_scales`` accepts (None: the engine's)
+
+
+def scale_layout(kv_dtype: str, kv_scales: str | None = None) -> str | None:
+    """The scale layout a pool of ``kv_dtype`` uses: ``kv_scales`` checked, or the engine's own when None
+    (``"per-vector"`` for fp8, ``"per-group"`` for int8 / int4); None for a plain format (fp32, fp16, bf16),
+    which has no scales (``"per-tensor"`` is accepted there too: it stores nothing per token either)."""
+    fmt = get_format(kv_dtype)
+    if kv_scales is not None:
+        key = str(kv_scales).lower()
+        if key not in KV_SCALES:
+            raise ValueError(f"unknown kv_scales {kv_scales!r}; allowed: {', '.join(KV_SCALES)} (or None: the engine's)")
+        if not fmt.quantized:
+            if key != "per-tensor":
+                quantized = ", ".join(n for n, f in FORMATS.items() if f.quantized)
+                raise ValueError(f"{fmt.name} stores plain numbers, no scales: kv_scales={key!r} applies to the "
+                                 f"quantized formats only ({quantized})")
+            return None
+        return key
+    if not fmt.quantized:
+        return None
+    return "per-vector" if fmt.group_size is None else "per-group"
+
+
+def pool_bytes_per_token(model, kv_dtype: str, kv_scales: str | None = None) -> int:
+    """Bytes one token takes in a paged pool of ``kv_dtype`` with scale layout ``kv_scales`` (``model``: a
+    ``ModelSpec`` or a registered name): ``2 x L x H_kv x (code bytes + scales per vector x 2)``, with 0
+    scales per vector for ``"per-tensor"``, 1 for ``"per-vector"``, ``head_dim / 32`` for ``"per-group"``.
+    With ``kv_scales=None`` the engine's layout: what ``PagedKVCache`` allocates. The one place the pool's
+    bytes per token are counted (``longctx.plan`` calls it ``bytes_per_token``); the formula is
+    ``memory.kv_bytes_per_token``'s, given the scale bytes per vector."""
     from longctx.memory import kv_bytes_per_token
     from longctx.specs import get_model
 
     m, fmt = get_model(model), get_format(kv_dtype)
+    layout = scale_layout(fmt.name, kv_scales)
+    if kv_scales is None:  # the engine's own layout
+        scales = fmt.groups(m.head_dim)
+    elif layout is None or layout == "per-tensor":
+        scales = 0
+    elif layout == "per-vector":
+        scales = 1
+    else:
+        if m.head_dim % GROUP_SIZE:
+            raise ValueError(f"per-group scales take one scale per {GROUP_SIZE} numbers, which does not divide "
+                             f"{m.name}'s head_dim={m.head_dim}; use per-vector or per-tensor")
+        scales = m.head_dim // GROUP_SIZE
     fmt.code_bytes(m.head_dim)  # raises where the codes do not fill whole bytes (int4 with an odd head_dim)
-    return kv_bytes_per_token(m, fmt.name, fmt.groups(m.head_dim) * SCALE_BYTES)
+    return kv_bytes_per_token(m, fmt.name, scales * SCALE_BYTES)
 
 
 # ---- torch: quantize on write, dequantize on read ----

@@ -42,6 +42,7 @@ from collections.abc import Iterable
 from longctx import flops
 from longctx.engine.executor import ExecutionResult, Executor
 from longctx.kv.quant import pool_bytes_per_token
+from longctx.memory import evicted_tokens
 from longctx.sim.factors import (  # noqa: F401  (re-exported: the cost model's factors and step records)
     ASSUMED,
     ASSUMED_BATCH,
@@ -58,6 +59,7 @@ from longctx.sim.factors import (  # noqa: F401  (re-exported: the cost model's 
 )
 from longctx.sim.gemm_profile import LAYER_GROUPS, GemmProfile
 from longctx.sim.operators import LayerShape, check_tp, embedding_time_s, gemm_time_s, layers_time_s
+from longctx.sim.step_terms import operator_breakdown
 from longctx.specs import HardwareSpec, ModelSpec, dtype_bytes, get_hardware, get_model
 
 
@@ -122,7 +124,7 @@ class CostModelExecutor(Executor):
         self._linear_flops_per_token = flops.linear_flops(m, 1, params, logit_tokens=0)
         self._linear_flops_per_entry = (flops.linear_flops(m, 1, params, logit_tokens=1)
                                         - self._linear_flops_per_token)
-        self._attention_flops_per_pair = flops.attention_flops(m, 1, "full")  # one (query, key) pair
+        self.attention_flops_per_pair = flops.attention_flops(m, 1, "full")  # one (query, key) pair
         self.weight_bytes = flops.step_cost(m, [], attention, params, weight_dtype, kv_dtype).weight_bytes
         self.kv_bytes_per_token = pool_bytes_per_token(m, kv_dtype)  # scales included (fp8/int8/int4)
         self._layers_cache: dict[tuple[int, int], float] = {}  # (tokens, tp) -> seconds (operator form)
@@ -176,7 +178,9 @@ class CostModelExecutor(Executor):
                    lin * self.weight_elem_bytes / (hw.memory_bandwidth_bytes_per_s * k.memory_efficiency)) / tp
 
     # ---- the cost of a list of (new_tokens, cached_tokens) ----
-    def _totals(self, sequences: Iterable[tuple[int, int]]) -> tuple[int, int, int, int]:
+    def totals(self, sequences: Iterable[tuple[int, int]]) -> tuple[int, int, int, int]:
+        """``(new tokens, attention pairs, cached tokens, entries)`` of a step's ``(new, cached)`` pairs (a decode
+        attends its ``S + 1`` keys; a chunk ``flops.attention_pairs`` under this executor's convention)."""
         tokens = pairs = cached = n = 0
         for c, s in sequences:
             tokens += c
@@ -187,12 +191,13 @@ class CostModelExecutor(Executor):
 
     def features(self, sequences: Iterable[tuple[int, int]]) -> StepFeatures:
         """Ideal compute and memory times of a step (``flops.step_cost``'s FLOPs and bytes over the roofline)."""
-        tokens, pairs, cached, n = self._totals(sequences)
+        tokens, pairs, cached, n = self.totals(sequences)
         peak = self.hardware.peak_flops_per_s
-        num_bytes = self.weight_bytes + (cached + tokens) * self.kv_bytes_per_token
+        attention_flops, kv_bytes = self.attention_work(tokens, pairs, cached)
+        num_bytes = self.weight_bytes + kv_bytes
         return StepFeatures(
             linear_s=(tokens * self._linear_flops_per_token + n * self._linear_flops_per_entry) / peak,
-            attention_s=pairs * self._attention_flops_per_pair / peak,
+            attention_s=attention_flops / peak,
             memory_s=num_bytes / self.hardware.memory_bandwidth_bytes_per_s,
             num_sequences=n,
         )
@@ -206,8 +211,6 @@ class CostModelExecutor(Executor):
             memory_s = f.memory_s / k.memory_efficiency
             overhead_s = k.step_overhead_s + k.per_sequence_overhead_s * f.num_sequences
             return StepBreakdown(compute_s, memory_s, overhead_s, max(compute_s, memory_s))
-        from longctx.sim.step_terms import operator_breakdown
-
         return operator_breakdown(self, sequences)
 
     def step_time_s(self, sequences: Iterable[tuple[int, int]]) -> float:
@@ -216,7 +219,7 @@ class CostModelExecutor(Executor):
             return self.breakdown(sequences).time_s
         if self.gemm_profile is not None:
             return self._profiled_step_s(sequences)
-        return self._operator_step_s(*self._totals(sequences))
+        return self._operator_step_s(*self.totals(sequences))
 
     def profiled_parts(self, sequences: Iterable[tuple[int, int]]) -> tuple[float, list[tuple[int, int]], int, int]:
         """With a ``GemmProfile``: ``(measured_s, modelled, tokens, entries)``: the measured seconds of the
@@ -235,14 +238,20 @@ class CostModelExecutor(Executor):
     def _profiled_step_s(self, sequences) -> float:
         measured, modelled, _, n = self.profiled_parts(sequences)
         k = self.factors
-        attention = self._attention_s(*self._totals(modelled)[:3]) if modelled else 0.0
+        attention = self._attention_s(*self.totals(modelled)[:3]) if modelled else 0.0
         return k.step_overhead_s + k.per_sequence_overhead_s * n + measured + attention
 
+    def attention_work(self, tokens: int, pairs: int, cached: int) -> tuple[float, float]:
+        """The attention's work, the one definition: ``(FLOPs of its (query, key) pairs, KV bytes of its
+        cached + new tokens)`` (``features``, the operator form and ``step_terms`` all price these)."""
+        return pairs * self.attention_flops_per_pair, (cached + tokens) * self.kv_bytes_per_token
+
     def _attention_s(self, tokens: int, pairs: int, cached: int) -> float:
-        """The attention roofline: FLOPs of ``pairs`` at attention efficiency, or the KV bytes of ``cached + tokens``."""
+        """The attention roofline: its FLOPs at attention efficiency, or its KV bytes at memory efficiency."""
         k, hw = self.factors, self.hardware
-        return max(pairs * self._attention_flops_per_pair / (hw.peak_flops_per_s * k.attention_efficiency),
-                   (cached + tokens) * self.kv_bytes_per_token / (hw.memory_bandwidth_bytes_per_s * k.memory_efficiency))
+        attention_flops, kv_bytes = self.attention_work(tokens, pairs, cached)
+        return max(attention_flops / (hw.peak_flops_per_s * k.attention_efficiency),
+                   kv_bytes / (hw.memory_bandwidth_bytes_per_s * k.memory_efficiency))
 
     def _operator_step_s(self, tokens: int, pairs: int, cached: int, n: int) -> float:
         k = self.factors
@@ -252,19 +261,18 @@ class CostModelExecutor(Executor):
     # ---- the Executor protocol ----
     def execute(self, batch) -> ExecutionResult:
         """The modelled time of a ``ScheduledBatch`` (read before the engine updates its sequences)."""
-        # (new tokens, cached KV tokens): Sequence.num_cached_tokens, inlined (hot in the simulator). A
-        # prefix-cache hit is already in num_computed_tokens (ScheduledBatch.add): its tokens are read as
+        # (new tokens, cached KV tokens: Sequence.num_cached_tokens). A prefix-cache hit is already in num_computed_tokens (ScheduledBatch.add): its tokens are read as
         # cached context, never charged as new (prefilled) tokens.
         if self.form == "operator" and not self.kv_compression_ratio and self.gemm_profile is None:  # hot path
-            pairs = ((e.num_tokens, e.seq.num_computed_tokens - e.seq.num_evicted_tokens) for e in batch.entries)
-            return ExecutionResult(self._operator_step_s(*self._totals(pairs)), None, None)
-        seqs = [(e.num_tokens, e.seq.num_computed_tokens - e.seq.num_evicted_tokens) for e in batch.entries]
+            pairs = ((e.num_tokens, e.seq.num_cached_tokens) for e in batch.entries)
+            return ExecutionResult(self._operator_step_s(*self.totals(pairs)), None, None)
+        seqs = [(e.num_tokens, e.seq.num_cached_tokens) for e in batch.entries]
         evicted = None
         if self.kv_compression_ratio:
             evicted = {}
             for (n, cached), e in zip(seqs, batch.entries, strict=True):
                 if e.completes_prefill and not e.is_decode:  # this step ends its prefill
-                    evicted[e.seq.seq_id] = int(self.kv_compression_ratio * (cached + n))
+                    evicted[e.seq.seq_id] = evicted_tokens(cached + n, self.kv_compression_ratio)
         return ExecutionResult(duration_s=self.step_time_s(seqs), next_token_ids=None, evicted_tokens=evicted or None)
 
     def with_factors(self, factors: CostFactors) -> CostModelExecutor:

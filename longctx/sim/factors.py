@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
+from longctx.roofline import RooflineTime
+
 COST_FORMS = ("operator", "batch")
 # Fitted on Vidur's H100 profiles (5 models, TP 1/2/4/8, 1 ... 4,096 tokens) by
 # longctx.sim.calibration.fit_profiles(); tests/test_sim_calibration.py refits and compares.
@@ -114,25 +116,20 @@ class CostFactors:
 
 
 @dataclass(frozen=True)
-class StepBreakdown:
+class StepBreakdown(RooflineTime):
     """Where one step's modelled time goes (seconds): ``time_s = overhead_s + work_s``.
 
-    ``compute_s`` and ``memory_s``: the step's compute and memory terms (``"batch"``: the two sides of its
-    one roofline, ``work_s = max``; ``"operator"``: sums over its operators of each side).
+    ``compute_s``, ``memory_s`` and ``bound`` are a ``roofline.RooflineTime``'s: the step's compute and memory
+    terms (``"batch"``: the two sides of its one roofline, ``work_s = max``; ``"operator"``: sums over its
+    operators of each side, ``work_s`` the operators' exact time).
     """
 
-    compute_s: float
-    memory_s: float
     overhead_s: float
     work_s: float
 
     @property
     def time_s(self) -> float:
         return self.overhead_s + self.work_s
-
-    @property
-    def bound(self) -> str:
-        return "compute" if self.compute_s >= self.memory_s else "memory"
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,6 @@ import numpy as np
 from longctx.engine import SLO, Engine, Scheduler, StepRecord, VirtualClock, summarize
 from longctx.kv.block_manager import BlockManager
 from longctx.kv.quant import pool_bytes_per_token
-from longctx.memory import blocks_that_fit
 from longctx.metrics import RequestMetrics, RunMetrics, request_metrics
 from longctx.plan import pool_blocks
 from longctx.sim.cost_model import CostFactors, CostModelExecutor
@@ -48,19 +47,18 @@ def kv_pool_blocks(
     weight_dtype: str = "bf16",
     kv_dtype: str = "bf16",
 ) -> int:
-    """KV blocks that fit: ``(utilization * memory - weight bytes) // (block_size * KV bytes per token)``,
-    KV bytes per token from ``quant.pool_bytes_per_token`` (scales included)."""
+    """KV blocks that fit what the GPU leaves: ``plan.pool_blocks`` of ``utilization * memory - weight bytes``
+    (KV bytes per token from ``quant.pool_bytes_per_token``, scales included)."""
     m, hw = get_model(model), get_hardware(hardware)
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     free_bytes = gpu_memory_utilization * hw.memory_bytes - m.num_params * dtype_bytes(weight_dtype)
-    blocks = blocks_that_fit(free_bytes, block_size, pool_bytes_per_token(m, kv_dtype))
-    if blocks < 1:
+    if free_bytes < block_size * pool_bytes_per_token(m, kv_dtype):
         raise ValueError(
             f"{m.name} ({weight_dtype} weights) leaves no room for a KV cache in "
             f"{gpu_memory_utilization:.0%} of {hw.name}'s {hw.memory_bytes / 1e9:.0f} GB"
         )
-    return blocks
+    return pool_blocks(m, kv_dtype, block_size, pool_bytes=free_bytes)
 
 
 def sim_prompt_ids(index: int, prompt_tokens: int, shared_prefix_tokens: int = 0) -> list[int]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from longctx.sim.factors import StepBreakdown
 from longctx.sim.operators import gemm_ideal_s, small_ops_time_s
 
 
@@ -49,14 +50,15 @@ def operator_terms(ex, sequences: Iterable[tuple[int, int]]) -> OperatorTerms:
         parts = [(tokens, kk, mm, s.num_layers) for kk, mm in s.gemm_dims(1).values()]
         if s.vocab_size and n:
             parts.append((n, s.d_model, s.vocab_size, 1))
-    att_tokens, pairs, cached, _ = ex._totals(attended)
+    att_tokens, pairs, cached, _ = ex.totals(attended)
+    attention_flops, kv_bytes = ex.attention_work(att_tokens, pairs, cached)
     ideal = [(reps, *gemm_ideal_s(rows, kk, mm, k.gemm_tile_tokens, peak, bw, ex.weight_elem_bytes,
                                   ex.act_elem_bytes, k.gemm_wave_sms)) for rows, kk, mm, reps in parts]
     return OperatorTerms(
         gemm_compute_s=np.array([r * c for r, c, _ in ideal]),
         gemm_memory_s=np.array([r * m for r, _, m in ideal]),
-        attention_compute_s=pairs * ex._attention_flops_per_pair / peak,
-        attention_memory_s=(cached + att_tokens) * ex.kv_bytes_per_token / bw,
+        attention_compute_s=attention_flops / peak,
+        attention_memory_s=kv_bytes / bw,
         fixed_s=fixed + k.kernel_overhead_s * sum(r for r, _, _ in ideal),
         num_sequences=n,
     )
@@ -77,8 +79,6 @@ def design_row(t: OperatorTerms, theta: np.ndarray, serial_fraction: float) -> t
 
 def operator_breakdown(ex, sequences: Iterable[tuple[int, int]]):
     """``StepBreakdown`` of the operator form: each side summed over the operators, the exact time."""
-    from longctx.sim.cost_model import StepBreakdown
-
     seqs = list(sequences)
     t, k = operator_terms(ex, seqs), ex.factors
     compute_s = float(np.sum(t.gemm_compute_s)) / k.compute_efficiency + t.attention_compute_s / k.attention_efficiency
