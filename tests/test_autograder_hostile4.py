@@ -281,6 +281,19 @@ def test_staging_copies_the_notebook_and_the_lessons_own_files_only(tmp_path):
     assert len(notes) == 3 and all("\n" not in n for n in notes), notes
 
 
+def test_a_notebook_that_is_a_link_or_a_hard_link_is_not_copied(tmp_path):
+    src = tmp_path / "autograder" / "submitted"
+    outside = tmp_path / "outside.ipynb"
+    outside.write_text("{}")
+    (src / "linker" / LESSON).mkdir(parents=True)
+    os.symlink(outside, src / "linker" / LESSON / f"{LESSON}.ipynb")
+    (src / "hard" / LESSON).mkdir(parents=True)
+    os.link(outside, src / "hard" / LESSON / f"{LESSON}.ipynb")
+    for student, why in (("linker", "not a regular file"), ("hard", "a hard link")):
+        dst, notes = staging.stage(str(tmp_path), str(tmp_path / "work"), student, student, LESSON)
+        assert os.listdir(dst) == [] and any(why in n for n in notes), notes
+
+
 # ----------------------------------------------------------------------------- 5. forged lines
 @pytest.mark.slow
 def test_student_strings_cannot_forge_report_or_summary_lines(graded):
