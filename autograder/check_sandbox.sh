@@ -37,6 +37,31 @@ if [ -n "$py" ]; then
        say "         (\`make grade\` refuses to grade without them; --allow-no-cgroups grades with per-process limits only)"
        ok=0 ;;
   esac
+  if command -v bwrap >/dev/null 2>&1 && command -v unshare >/dev/null 2>&1; then
+    # the sandbox's seccomp filter (autograder/seccomp.py) must make `unshare -U` fail inside bwrap
+    userns="$("$py" - "$here" <<'EOF' 2>&1
+import os, subprocess, sys
+sys.path.insert(0, sys.argv[1])
+import seccomp
+program = seccomp.sandbox_filter()
+if program is None:
+    print("unknown")
+    sys.exit()
+r, w = os.pipe()
+os.write(w, program)
+os.close(w)
+probe = subprocess.run(["bwrap", "--die-with-parent", "--unshare-pid", "--ro-bind", "/", "/", "--proc", "/proc",
+                        "--dev", "/dev", "--seccomp", str(r), "--", "unshare", "-U", "true"],
+                       pass_fds=(r,), capture_output=True)
+print("denied" if probe.returncode else "allowed")
+EOF
+)"
+    case "$userns" in
+      denied) say "ok: user namespaces are denied inside the sandbox (seccomp)" ;;
+      unknown) say "note: no seccomp filter for $(uname -m): user namespaces and key calls are not denied in the sandbox" ;;
+      *) say "MISSING: the seccomp filter did not deny user namespaces in the sandbox: $userns"; ok=0 ;;
+    esac
+  fi
 else
   say "note: no python3 to check the cgroups with (the grader checks them itself when it starts)"
 fi
