@@ -35,17 +35,20 @@ $(SETUP): requirements.txt pyproject.toml
 lab: $(SETUP)
 	JUPYTER_CONFIG_PATH="$(CURDIR)/binder/learner" $(VENV)/bin/jupyter lab --no-browser --port=$(PORT) --ServerApp.root_dir=lessons $(if $(filter 0,$(shell id -u)),--allow-root)
 
+# pytest (pyproject.toml) runs tests/ and, through nbval (--nbval-lax), every solutions/<id>/<id>.ipynb cell by
+# cell on two xdist workers; NBVAL_CHECK_OUTPUT cells must print their committed output (re-record them with
+# scripts/nbval_outputs.py). The slowest items and each notebook's time are printed at the end.
 # Without root or bubblewrap the autograder's sandbox tests are skipped (with the reason), not failed;
 # likewise the browser tests without Chromium (check_browser.sh installs Debian's chromium with apt).
 test: $(SETUP)
 	-autograder/check_sandbox.sh --install
 	-scripts/check_browser.sh --install
-	$(VENV)/bin/ruff check longctx tests benchmarks autograder scripts
+	$(VENV)/bin/ruff check longctx tests benchmarks autograder scripts conftest.py
 	$(PY) -m pytest
 
 # The unit tests only (no notebooks, no sandbox, no browser, no real model): a few minutes on 2 cores.
 test-fast: $(SETUP)
-	$(VENV)/bin/ruff check longctx tests benchmarks autograder scripts
+	$(VENV)/bin/ruff check longctx tests benchmarks autograder scripts conftest.py
 	$(PY) -m pytest -m "not slow and not notebooks"
 
 release: $(SETUP)
