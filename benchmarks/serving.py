@@ -5,7 +5,7 @@ Scenario (``longctx.lessons.stall_server``): ``num_chat`` users stream long chat
 requests with ``--long-prompt-tokens``-token prompts arrive. For each load and each scheduler a fresh server
 is started (``ServerProcess``, 127.0.0.1, ``--threads`` torch threads) and the scenario runs ``--repeats``
 times on it, one after the other (each repeat its own seed: its own story topics and long documents). The
-streaming client times every chunk by vLLM's rule (``longctx.bench.metrics``) and the script keeps, per row,
+streaming client times every chunk by vLLM's rule (``longctx.bench.client_metrics``) and the script keeps, per row,
 the chat users' TTFT and ITL percentiles, each chat user's worst gap, each long request's TTFT, and chat
 goodput: chat requests with TTFT <= ``--slo-ttft-s`` and no gap over ``--slo-itl-s``, with its 95 % Wilson
 interval, and Fisher's exact test of chunked against monolithic at each load.
@@ -46,7 +46,7 @@ def rows_started_quiet(loads_before_rows, threads: int) -> bool:
 
 
 def run_row(load: str, scheduler: str, args, tokenizer) -> dict:
-    from longctx.bench.metrics import SLOs
+    from longctx.bench.client_metrics import SLOs
     from longctx.evals.stats import wilson_interval
     from longctx.lessons.stall import StallScenario
     from longctx.lessons.stall_server import run_stall

@@ -3,7 +3,7 @@ on, labels axes with units, and never calls ``plt.show()``.
 
 matplotlib is imported inside the functions so that ``import longctx.plots`` stays cheap.
 
-A timeline is a list of ``longctx.engine.stats.StepRecord``: the engine's ``history``, lesson 01's napkin
+A timeline is a list of ``longctx.engine.step_records.StepRecord``: the engine's ``history``, lesson 01's napkin
 model (``longctx.lessons.stall``) or a recorded run (``StepRecord.at``).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from longctx.engine.stats import StepRecord, step_kind
+from longctx.engine.step_records import StepRecord, step_kind
 
 # One colour per kind of iteration, used by every timeline in the course.
 KIND_COLOURS = {"decode": "#1f77b4", "prefill": "#ff7f0e", "mixed": "#9467bd", "idle": "#cccccc"}

@@ -12,7 +12,7 @@ import pytest
 
 from longctx.bench import client as bench_client
 from longctx.bench.client import arrival_offsets_s, stream_request
-from longctx.bench.metrics import RequestRecord, SLOs, format_table, request_latencies, summarize
+from longctx.bench.client_metrics import RequestRecord, SLOs, format_table, request_latencies, summarize
 
 
 def test_request_latencies_hand_worked():

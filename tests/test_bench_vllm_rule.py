@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from longctx.bench.metrics import RequestRecord, summarize
+from longctx.bench.client_metrics import RequestRecord, summarize
 
 
 def _rec(i, times, has_text, n, error=None):
@@ -42,7 +42,7 @@ def test_records_without_flags_are_all_text():
 
 
 def test_the_table_gives_checked_answers_an_interval():
-    from longctx.bench.metrics import format_table
+    from longctx.bench.client_metrics import format_table
 
     rec = RequestRecord(0, 0.0, [0.1, 0.2], 0.2, 2, 10, "it is 42", None, 200, "42")
     table = format_table(summarize([rec], 1.0))

@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import pytest  # noqa: E402
 
-from longctx.engine.stats import StepRecord  # noqa: E402
+from longctx.engine.step_records import StepRecord  # noqa: E402
 from longctx.plots import plot_iteration_timeline, plot_roofline, plot_token_gaps  # noqa: E402
 
 

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from longctx.metrics import SLO, Distribution, RequestMetrics, percentile, summarize
+from longctx.request_metrics import SLO, Distribution, RequestMetrics, percentile, summarize
 
 
 def test_request_metrics_by_hand():

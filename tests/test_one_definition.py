@@ -2,7 +2,7 @@
 second definition appears. It scans the package's source with ``ast``:
 
 - serving metrics (per-request latencies, the SLO, the latency distributions, the run aggregate,
-  percentiles): ``longctx/metrics.py``
+  percentiles): ``longctx/request_metrics.py``
 - tokens -> blocks rounding, ``ceil(tokens / block_size)``: ``memory.blocks_for_tokens``
 - KV-pool sizing, the blocks that fit a byte budget: ``memory.blocks_that_fit``
 - KV bytes per token, ``2 * L * H_kv * (...)``: ``memory.kv_bytes_per_token``
@@ -10,7 +10,7 @@ second definition appears. It scans the package's source with ``ast``:
 - the decode-stall scenario (its sizes, its napkin timeline, its engine run, its server requests):
   ``lessons/stall.py`` (``StallScenario``; ``Exercise1`` is an alias); ``lessons/stall_server.py`` only sends it
 - a request of a workload (arrival, prompt and output tokens): ``sim/workload.Request``; a step's record:
-  ``engine/stats.StepRecord`` (the engine's history and every timeline; ``sim.MeasuredStep`` is a different
+  ``engine/step_records.StepRecord`` (the engine's history and every timeline; ``sim.MeasuredStep`` is a different
   thing, a calibration sample: a batch's entries and its measured time)
 
 Two checks: a ``def`` / ``class`` of each canonical name exists in its home module only, and the formula
@@ -36,19 +36,19 @@ HOMES = {  # a def or class name -> the one module (relative to longctx/) that d
     "blocks_that_fit": "memory.py",
     "kv_bytes_per_token": "memory.py",
     "arrival_times": "arrivals.py",
-    "RequestMetrics": "metrics.py",
-    "from_timestamps": "metrics.py",
-    "SLO": "metrics.py",
-    "Distribution": "metrics.py",
-    "RunMetrics": "metrics.py",
-    "percentile": "metrics.py",
+    "RequestMetrics": "request_metrics.py",
+    "from_timestamps": "request_metrics.py",
+    "SLO": "request_metrics.py",
+    "Distribution": "request_metrics.py",
+    "RunMetrics": "request_metrics.py",
+    "percentile": "request_metrics.py",
     "StallScenario": "lessons/stall.py",
     "NapkinCosts": "lessons/stall.py",
     "StallResult": "lessons/stall.py",
     "exercise1": "lessons/stall.py",
     "run_stall": "lessons/stall_server.py",
-    "StepRecord": "engine/stats.py",
-    "step_kind": "engine/stats.py",
+    "StepRecord": "engine/step_records.py",
+    "step_kind": "engine/step_records.py",
     "Request": "sim/workload.py",
 }
 RETIRED = ("blocks_needed", "SLOs", "distribution_ms", "pool_gib_blocks", "Exercise1", "Exercise1Result",
@@ -59,8 +59,8 @@ FORMULA_HOMES = {  # concept -> (module, function) where its formula may be writ
     "KV bytes per token": ("memory.py", "kv_bytes_per_token"),
     "pool sizing": ("memory.py", "blocks_that_fit"),
     "arrival gaps": ("arrivals.py", "arrival_times"),
-    "percentile": ("metrics.py", None),
-    "latency fields": ("metrics.py", None),
+    "percentile": ("request_metrics.py", None),
+    "latency fields": ("request_metrics.py", None),
 }
 LATENCY_FIELDS = {"ttft_s", "tpot_s", "itl_s", "e2e_s"}
 ARRIVAL_DRAWS = {"exponential", "standard_exponential", "gamma", "standard_gamma", "poisson"}
@@ -169,8 +169,9 @@ def test_no_second_formula_outside_the_one_definition():
 
 
 def test_aliases_and_re_exports_are_the_one_object():
-    from longctx import arrivals, engine, memory, metrics, plan, sim
-    from longctx.bench import metrics as bench_metrics
+    from longctx import arrivals, engine, memory, plan, sim
+    from longctx import request_metrics as metrics
+    from longctx.bench import client_metrics as bench_metrics
     from longctx.kv import block_manager
 
     assert memory.blocks_needed is memory.blocks_for_tokens  # lesson 04's name

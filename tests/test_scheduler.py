@@ -164,7 +164,7 @@ def test_engine_and_schedulers_do_not_import_torch():
     import subprocess
 
     code = (
-        "import sys; import longctx.engine, longctx.metrics, longctx.kv.block_manager;"
+        "import sys; import longctx.engine, longctx.request_metrics, longctx.kv.block_manager;"
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

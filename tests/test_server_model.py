@@ -121,7 +121,7 @@ def test_soak_64_concurrent_streaming_clients(server):
     from model_fixtures import our_tokenizer
 
     from longctx.bench.client import run_benchmark
-    from longctx.bench.metrics import summarize
+    from longctx.bench.client_metrics import summarize
     from longctx.bench.workloads import build_workload
 
     requests = build_workload("chat", 256, our_tokenizer(), prompt_tokens=40, max_tokens=3, seed=1)

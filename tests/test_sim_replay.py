@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from longctx.engine import ChunkedPrefillScheduler, Engine, VirtualClock, summarize
-from longctx.metrics import request_metrics
+from longctx.request_metrics import request_metrics
 from longctx.sim import (
     CostModelExecutor,
     MeasuredStep,

@@ -24,7 +24,7 @@ import httpx
 import numpy as np
 
 from longctx.arrivals import arrival_times
-from longctx.bench.metrics import RequestRecord
+from longctx.bench.client_metrics import RequestRecord
 
 DEFAULT_TIMEOUT_S = 600.0
 

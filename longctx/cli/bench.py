@@ -44,9 +44,9 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from longctx.bench.client import run_benchmark
-    from longctx.bench.metrics import format_table, summarize
+    from longctx.bench.client_metrics import format_table, summarize
     from longctx.bench.workloads import WORKLOADS, build_workload
-    from longctx.metrics import SLO
+    from longctx.request_metrics import SLO
 
     if args.workload not in WORKLOADS:
         raise ValueError(f"--workload must be one of {', '.join(WORKLOADS)}, got {args.workload!r}")

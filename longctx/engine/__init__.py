@@ -6,7 +6,7 @@ Importing it does not import torch: ``TorchExecutor``, ``build_engine``, ``gener
 - ``Engine(executor, scheduler, block_manager=None, *, num_blocks, block_size, clock, max_model_len, ...)``
   (engine.py): ``add_request(prompt_ids, max_tokens, arrival_s, sampling) -> Sequence``, ``step() ->
   StepRecord | None``, ``run_until_done()``, ``abort(seq_id)``, ``history``, ``counters``
-  (``EngineCounters``: tokens, preemptions, prefix-cache lookups; stats.py).
+  (``EngineCounters``: tokens, preemptions, prefix-cache lookups; step_records.py).
 - ``Sequence`` / ``SequenceStatus`` (sequence.py); ``SamplingParams`` (sampling_params.py; None: greedy).
 - ``Scheduler`` (scheduler.py): write ``schedule(running, waiting, batch)`` with ``batch.add(seq, n) ->
   bool`` (``ScheduledBatch`` / ``ScheduledChunk``, batch.py: reserves KV slots, admits, preempts by
@@ -19,7 +19,7 @@ Importing it does not import torch: ``TorchExecutor``, ``build_engine``, ``gener
   press=None) -> (engine, tokenizer)`` and ``generate(model, prompt_ids, max_tokens, chunk_size)``
   (llm.py); ``chunked_prefill_max_diff`` / ``chunked_prefill_logits`` (exactness.py).
 - ``WallClock`` / ``VirtualClock`` / ``Clock`` (clock.py).
-- Re-exported from ``longctx.metrics``: ``SLO``, ``RequestMetrics``, ``RunMetrics``, ``percentile``,
+- Re-exported from ``longctx.request_metrics``: ``SLO``, ``RequestMetrics``, ``RunMetrics``, ``percentile``,
   ``request_metrics``, ``summarize`` (vLLM benchmark_serving's definitions).
 """
 
@@ -37,7 +37,7 @@ from longctx.engine.scheduler import (
     Scheduler,
 )
 from longctx.engine.sequence import Sequence, SequenceStatus
-from longctx.metrics import SLO, RequestMetrics, RunMetrics, percentile, request_metrics, summarize
+from longctx.request_metrics import SLO, RequestMetrics, RunMetrics, percentile, request_metrics, summarize
 
 __all__ = [
     "SLO",

@@ -23,7 +23,7 @@ from longctx.engine.executor import Executor
 from longctx.engine.sampling_params import SamplingParams
 from longctx.engine.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler
 from longctx.engine.sequence import Sequence, SequenceStatus
-from longctx.engine.stats import EngineCounters, StepRecord
+from longctx.engine.step_records import EngineCounters, StepRecord
 from longctx.kv.block_manager import BlockManager
 
 DEFAULT_MAX_MODEL_LEN = 8192  # SmolLM2's context length (its GGUF's llama.context_length)

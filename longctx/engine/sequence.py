@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from longctx.engine.sampling_params import SamplingParams
-from longctx.metrics import request_metrics
+from longctx.request_metrics import request_metrics
 
 
 class SequenceStatus(enum.Enum):
@@ -109,7 +109,7 @@ class Sequence:
     # ---- timestamps ----
     @property
     def ttft_s(self) -> float | None:
-        """Time to first token so far (``longctx.metrics``' definition); None before the first token."""
+        """Time to first token so far (``longctx.request_metrics``' definition); None before the first token."""
         return request_metrics(self).ttft_s if self.token_times_s else None
 
     @property

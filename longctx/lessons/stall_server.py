@@ -8,9 +8,9 @@ the prefill rides along with the decodes in budget-sized pieces (many slightly s
 from __future__ import annotations
 
 from longctx.bench.client import run_benchmark
-from longctx.bench.metrics import summarize
+from longctx.bench.client_metrics import summarize
 from longctx.lessons.stall import StallScenario
-from longctx.metrics import SLO, RequestMetrics
+from longctx.request_metrics import SLO, RequestMetrics
 
 
 def run_stall(base_url: str, model: str, tokenizer, slos: SLO | None = None,
@@ -18,10 +18,10 @@ def run_stall(base_url: str, model: str, tokenizer, slos: SLO | None = None,
     """Send ``scenario.requests(tokenizer, **request_options)`` to the server; returns plain data (times in s
     from the first send).
 
-    Keys: ``chat`` / ``long`` (summaries of each class, as ``bench.metrics.summarize``), ``chat_gaps``
+    Keys: ``chat`` / ``long`` (summaries of each class, as ``bench.client_metrics.summarize``), ``chat_gaps``
     (``[(time_s, gap_s)]`` of every chat chunk after the first), ``long_sent_s``, ``long_first_token_s``
     (None if it failed), and per completed chat user ``chat_worst_gap_s``, ``chat_ttft_s``, ``chat_good``
-    (met ``slos``); ``chat_itl_s`` pools every chat gap. Chunks are timed by vLLM's rule (``longctx.metrics``).
+    (met ``slos``); ``chat_itl_s`` pools every chat gap. Chunks are timed by vLLM's rule (``longctx.request_metrics``).
     """
     requests, offsets = (scenario or StallScenario(4, 1024)).requests(tokenizer, **request_options)
     records, duration_s = run_benchmark(base_url, model, requests, offsets_s=offsets)

@@ -34,8 +34,8 @@ from dataclasses import asdict, dataclass
 from longctx.checks import positive_int
 from longctx.engine import ChunkedPrefillScheduler, Engine, VirtualClock, summarize
 from longctx.kv.block_manager import BlockManager
-from longctx.metrics import request_metrics
 from longctx.plan import plan, pool_blocks
+from longctx.request_metrics import request_metrics
 from longctx.sim.cost_model import CostModelExecutor
 from longctx.sim.run import sim_prompt_ids
 from longctx.sim.workload import Request

@@ -30,8 +30,8 @@ import numpy as np
 from longctx.engine import SLO, Engine, Scheduler, StepRecord, VirtualClock, summarize
 from longctx.kv.block_manager import BlockManager
 from longctx.kv.quant import pool_bytes_per_token
-from longctx.metrics import RequestMetrics, RunMetrics, request_metrics
 from longctx.plan import pool_blocks
+from longctx.request_metrics import RequestMetrics, RunMetrics, request_metrics
 from longctx.sim.cost_model import CostFactors, CostModelExecutor
 from longctx.sim.workload import Request
 from longctx.specs import HardwareSpec, ModelSpec, dtype_bytes, get_hardware, get_model

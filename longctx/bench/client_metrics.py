@@ -25,7 +25,7 @@ A server that sends its ``finish_reason`` in a chunk of its own (ours does) adds
 to the ITL list under this rule; ``RequestRecord.text_times_s`` gives the text-only timeline (``summarize(...,
 chunks="text")``) so the difference can be measured rather than guessed.
 The definitions (per-request latencies, the SLO, the distributions and the run aggregate) are
-``longctx.metrics``', the ones the engine and the simulator use; this module adds what only a client has
+``longctx.request_metrics``', the ones the engine and the simulator use; this module adds what only a client has
 (``RequestRecord``, failures, answer checks, the table) and renders the summary in milliseconds.
 Percentiles are numpy's linear interpolation (``np.percentile``), as vLLM prints them; the median is the
 50th of them. Pure Python + numpy.
@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
-from longctx.metrics import DEFAULT_PERCENTILES, SLO, RequestMetrics, RunMetrics
+from longctx.request_metrics import DEFAULT_PERCENTILES, SLO, RequestMetrics, RunMetrics
 
 
 @dataclass
@@ -79,7 +79,7 @@ class RequestRecord:
 def request_latencies(
     start_s: float, token_times_s, end_s: float | None = None, output_tokens: int | None = None
 ) -> dict:
-    """TTFT, ITL, TPOT and E2E of one request from raw timestamps (seconds): ``longctx.metrics.RequestMetrics``
+    """TTFT, ITL, TPOT and E2E of one request from raw timestamps (seconds): ``longctx.request_metrics.RequestMetrics``
     as a plain dict.
 
     ``token_times_s``: arrival time of each text-carrying chunk (at least one). ``end_s``: arrival of the
@@ -91,7 +91,7 @@ def request_latencies(
             "output_tokens": r.num_output_tokens}
 
 
-SLOs = SLO  # the benchmark's name for longctx.metrics.SLO (lesson 08, the CLI and benchmarks/serving.py use it)
+SLOs = SLO  # the benchmark's name for longctx.request_metrics.SLO (lesson 08, the CLI and benchmarks/serving.py use it)
 
 
 def summarize(
@@ -101,7 +101,7 @@ def summarize(
     percentiles=DEFAULT_PERCENTILES,
     chunks: str = "choices",
 ) -> dict:
-    """Benchmark summary (plain data, JSON-ready) of a run's records: ``longctx.metrics.RunMetrics`` of the
+    """Benchmark summary (plain data, JSON-ready) of a run's records: ``longctx.request_metrics.RunMetrics`` of the
     completed requests in milliseconds, plus the failures, the answer checks and the SLOs.
 
     ``chunks``: which arrivals are timed: ``"choices"`` (every chunk with choices: vLLM's rule, the default)
