@@ -150,9 +150,13 @@ class Lesson:
             node = node.args[0]
         return isinstance(node, ast.Name) and node.id in self.answers
 
-    def own_case(self, node, env) -> bool:
+    def own_case(self, node, env, names=frozenset()) -> bool:
+        """``node`` (or an item of it) is a notebook function called on the lesson's own arguments, or a name
+        in ``names`` that a test cell bound from such a call."""
         while isinstance(node, ast.Subscript):
             node = node.value
+        if isinstance(node, ast.Name):
+            return node.id in names
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in self.functions):
             return False
         key = _call_key(node, env)
@@ -207,6 +211,8 @@ def leaks(nb) -> list[str]:
         visible, _, hidden = cell.source.partition(HIDDEN)
         vtree = _parse(visible)
         env = {**lesson.env, **_literal_env([vtree])}
+        bound = {t.id for n in ast.walk(vtree) if isinstance(n, ast.Assign) and lesson.own_case(n.value, env)
+                 for target in n.targets for t in ast.walk(target) if isinstance(t, ast.Name)}
         checked_here = {ast.unparse(c) for _, c, _, _ in _expectations(vtree)}
         hidden_numbers = []  # what the hidden part checks of an answer, or of a quantity the visible part checks too
         if hidden:
@@ -222,7 +228,7 @@ def leaks(nb) -> list[str]:
                 continue
             if lesson.is_answer(checked) and (value is not NOT_CONSTANT or lesson.computable(expected)):
                 problems.append(f"{where}: a value answer checked against its expected value")
-            elif value is not NOT_CONSTANT and lesson.own_case(checked, env):
+            elif value is not NOT_CONSTANT and lesson.own_case(checked, env, bound):
                 problems.append(f"{where}: the lesson's own case of a function, with its value")
             elif any(abs(x - h) <= 0.01 * max(abs(x), abs(h)) for x in _numbers(value) for h in hidden_numbers):
                 problems.append(f"{where}: a value the hidden tests check")
@@ -254,6 +260,7 @@ PLANTED = {
     "item of a value": "check_true('answer', answer[0] == 3, 'think')",
     "own case": "check_number('f(64, 3)', f(64, 3), 192, answer_kind='function')",
     "own case, formula": "check_number('f(64, 3)', f(64, 3), 64 * 3, answer_kind='function')",
+    "own case, through a name": "got = f(64, 3)\ncheck_number('f(64, 3)', got, 192, answer_kind='function')",
     "hidden value": "check_number('f(0.1175, 1)', f(0.1175, 1), 0.1175, answer_kind='function')\n" + HIDDEN
                     + "\ncheck_number('answer', answer, 0.1174, answer_kind='value')\n### END HIDDEN TESTS",
     "hidden value, same check": "check_number('f(2, 5)', f(2, 5), 10, answer_kind='function')\n" + HIDDEN
