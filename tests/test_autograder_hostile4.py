@@ -230,6 +230,43 @@ def test_tcp_buffers_are_charged_on_this_host():
         group.remove()
 
 
+PIPE_PAYLOAD = """
+import os, resource
+resource.setrlimit(resource.RLIMIT_NOFILE, (4200, 4200))
+held = 0
+try:
+    for _ in range(2000):
+        r, w = os.pipe(); os.set_blocking(w, False)
+        try:
+            while True:
+                held += os.write(w, b"x" * 65536)
+        except BlockingIOError:
+            pass
+except OSError:
+    pass
+print("PIPES_HELD", held, flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or cgroups.detect().kind is None, reason="needs root and usable cgroups")
+def test_kernel_memory_is_charged_to_the_cgroup_on_this_host():
+    """Pipe buffers are kernel memory: up to 125 MiB of them, in a cgroup of 64 MiB, never get past it
+    (v1 and v2 both charge kernel memory to the memory limit; this guards that claim of the README)."""
+    host = cgroups.detect()
+    host.activate()
+    group = cgroups.Cgroup(host, "kmemprobe", memory_bytes=64 * MiB, max_pids=16, cpus=1)
+    try:
+        out = subprocess.run([sys.executable, "-c", PIPE_PAYLOAD], preexec_fn=group.enter,
+                             capture_output=True, text=True, timeout=90)
+        if out.returncode != 0:
+            assert group.oom_killed(), out.stderr[-1500:]
+            return
+        assert int(out.stdout.split()[1]) < 64 * MiB, out.stdout
+    finally:
+        group.remove()
+
+
 # ----------------------------------------------------------------------------- 3. student ids
 @pytest.mark.slow
 def test_a_newline_folder_never_forges_a_grade_row(graded):
