@@ -17,7 +17,7 @@ def test_doctor_prints_every_check_as_json():
     result = subprocess.run([sys.executable, "-m", "longctx", "doctor", "--json"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     names = {c["name"] for c in json.loads(result.stdout)}
-    assert {"python", "torch", "model file", "model cache", "cuda", "memory"} <= names
+    assert {"python", "torch", "model file", "model cache", "cuda", "attention backend", "memory"} <= names
     assert result.stderr == ""
 
 

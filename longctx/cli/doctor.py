@@ -63,6 +63,19 @@ def _cuda() -> Check:
     return Check("cuda", True, "no GPU: GPU cells show recorded measurements")
 
 
+def _attention_backend() -> Check:
+    """Which attention backend ``--attention-backend auto`` picks here, and why (``longctx.model.attention``)."""
+    if _version("torch") is None:
+        return Check("attention backend", True, "torch not installed")
+    import torch
+
+    from longctx.model.attention import choose_backend
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    choice = choose_backend("auto", device, torch.bfloat16 if device == "cuda" else torch.float32)
+    return Check("attention backend", True, f"auto -> {choice.name} ({choice.reason})")
+
+
 def run_checks() -> list[Check]:
     checks = [Check("python", sys.version_info >= (3, 11), platform.python_version(), "use Python 3.11 or newer")]
     for package in PACKAGES:
@@ -73,6 +86,7 @@ def run_checks() -> list[Check]:
     checks.append(_model_file_check())
     checks.append(_model_cache_check())
     checks.append(_cuda())
+    checks.append(_attention_backend())
     total, available = _memory_bytes()
     gib = 2**30
     if total is not None:

@@ -55,7 +55,7 @@ class TorchExecutor(Executor):
             )
         self.cache = PagedKVCache.for_pool(model.config, block_manager, self.device, dtype or p.dtype, kv_dtype)
         requested = attention_backend or model.attention_backend.requested
-        model.attention_backend = choose_backend(requested, self.device, self.cache.dtype,
+        self.attention_backend_choice = choose_backend(requested, self.device, self.cache.dtype,
                                                  pool_in_model_dtype=self.cache.format is None)
         self.press = press
         self.sampler = Sampler()
@@ -75,11 +75,6 @@ class TorchExecutor(Executor):
         self.sampler.forget(seq_id)
         if self._pruning is not None:
             self._pruning.forget(seq_id)
-
-    @property
-    def attention_backend_choice(self):
-        """The ``longctx.model.attention.BackendChoice`` that runs: ``.name`` and ``.reason``."""
-        return self.model.attention_backend
 
     @property
     def block_size(self) -> int:
@@ -103,12 +98,14 @@ class TorchExecutor(Executor):
             rows += range(row, row + n) if every_row else [row + n - 1]
             row += n
             last_rows.append(len(rows) - 1)
-        groups = self.model.attention_backend.backend.uses_decode_groups
+        backend = self.attention_backend_choice.backend  # BackendChoice: .name, .reason
+        groups = backend.uses_decode_groups
         meta = build_attention_metadata(chunks, self.block_size, self.device, decode_groups=groups)
         picked = None if row == len(rows) else torch.tensor(rows, device=self.device)
         recording = contextlib.nullcontext() if self._pruning is None else self._pruning.recording(prefills)
         with torch.inference_mode(), recording:
-            logits = self.model(torch.tensor(ids, device=self.device), self.cache, meta, logits_rows=picked)
+            logits = self.model(torch.tensor(ids, device=self.device), self.cache, meta, logits_rows=picked,
+                                backend=backend)
         return logits, last_rows
 
     def _prune(self, batch: ScheduledBatch) -> dict[int, int]:

@@ -161,13 +161,16 @@ class Llama(nn.Module):
         cache: PagedKVCache,
         meta: AttentionMetadata,
         logits_rows: torch.Tensor | None = None,
+        backend: AttentionBackend | None = None,
     ) -> torch.Tensor:
         """input_ids: [T] tokens of the step (all sequences concatenated). Writes their K/V into ``cache``.
 
         Returns logits ``[len(logits_rows), vocab]`` for the chosen rows (default: all ``T`` rows): the
         engine needs only the last row of each sequence, which saves the big output matmul elsewhere.
+        ``backend`` attends (``longctx.model.attention``; default: the model's ``attention_backend``; an engine
+        passes the one it chose for its pool).
         """
-        backend = self.attention_backend.backend
+        backend = backend or self.attention_backend.backend
         h = self.embed(input_ids)  # [T, d_model]
         cos, sin = self._rope(meta.positions, h.dtype)
         for layer, block in enumerate(self.layers):
