@@ -70,16 +70,10 @@ def load_placed_model(args):
 
 
 def make_cli_press(name, ratio):
-    """The press for ``--press NAME --compression-ratio R`` (None without --press); clear errors."""
-    if name is None:
-        if ratio is not None:
-            raise ValueError("--compression-ratio needs --press NAME")
-        return None
-    from longctx.kv.press import make_press
+    """``longctx.engine.pruning.press_from_options`` (the server's too), imported late: it loads torch."""
+    from longctx.engine.pruning import press_from_options
 
-    if ratio is None:
-        raise ValueError("--press needs --compression-ratio R, a fraction in [0, 1)")
-    return make_press(name, ratio)
+    return press_from_options(name, ratio)
 
 
 def run_fetch_model(args) -> int:

@@ -24,7 +24,19 @@ from contextlib import contextmanager
 import torch
 
 from longctx.kv.block_manager import slots
-from longctx.kv.press import Press, PressInput, attention_weights, compact
+from longctx.kv.press import Press, PressInput, attention_weights, compact, make_press
+
+
+def press_from_options(name: str | None, compression_ratio: float | None) -> Press | None:
+    """The press of the ``--press NAME --compression-ratio R`` options (the CLI's and the server's), or None
+    without a name; clear errors when only one of the two is given."""
+    if name is None:
+        if compression_ratio is not None:
+            raise ValueError("--compression-ratio needs --press NAME")
+        return None
+    if compression_ratio is None:
+        raise ValueError("--press needs --compression-ratio R, a fraction in [0, 1)")
+    return make_press(name, compression_ratio)
 
 
 class PressRecorder:
