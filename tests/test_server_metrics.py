@@ -85,7 +85,9 @@ def test_metrics_parse_with_prometheus_client_and_use_vllms_names(tiny):
               "kv_cache_total_blocks", "cache_config_info"}
     counters = {"prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "prompt_tokens",
                 "generation_tokens", "kv_press_evicted_tokens", "kv_press_freed_blocks"}
-    assert set(families) == {M + n for n in gauges | counters}
+    histograms = {"time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds"}
+    assert {n for n in families if not n.endswith("_created")} == {M + n for n in gauges | counters | histograms}
+    assert all(families[M + n].type == "histogram" for n in histograms)
     assert all(families[M + n].type == "gauge" for n in gauges)
     assert all(families[M + n].type == "counter" for n in counters)
     assert families[M + "kv_cache_total_blocks"].samples[0].value == 64
