@@ -5,7 +5,7 @@ per-token ops, no attention) at a few token counts, then per token range the med
 default (fitted) factors, the token counts where the error exceeds 15 %, and the leave-one-model-out error
 (the factors fitted on the other models, tested on this one), and per TP degree how many points of
 64-4,096 tokens are within 15 % and which are not; the floor no monotone model can beat; and whether the form
-or the fit is the limit: the four GEMM factors searched over a grid (``longctx.sim.calibration.search_factors``)
+or the fit is the limit: the four GEMM factors searched over a grid (``search_factors`` below)
 for the criterion itself at TP 1, 64-4,096 tokens (fewest points over 15 %; smallest worst error), each such
 search held out model by model (fit on four, scored on the fifth) beside the least-squares fit, and the
 smallest worst error with other GEMM tile heights and wave sizes. Pure numpy; about fifteen seconds.
@@ -17,20 +17,131 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
 
 from longctx.sim.calibration import (
-    SEARCH_GRID,
+    ACT_BYTES,
+    WEIGHT_BYTES,
     fit_profiles,
     leave_one_model_out,
     linear_time_points,
     monotone_error_bound,
     profile_errors,
-    score_factors,
-    search_factors,
+    profiled_names,
 )
 from longctx.sim.factors import FITTED_H100, CostFactors
+from longctx.sim.operators import gemm_ideal_s, small_ops_time_s
 from longctx.sim.profiles import load_profiles
+from longctx.specs import HardwareSpec, get_hardware
+
+# The grid ``search_factors`` searches: 26 x 4 x 13 x 15 = 20,280 sets of the operator form's GEMM factors.
+SEARCH_GRID = {
+    "compute_efficiency": tuple(round(0.70 + 0.01 * i, 2) for i in range(26)),  # 0.70 ... 0.95
+    "memory_efficiency": (0.85, 0.9, 0.95, 1.0),
+    "serial_fraction": tuple(round(0.05 * i, 2) for i in range(13)),  # 0 ... 0.6
+    "kernel_overhead_s": tuple(round(2e-6 * i, 12) for i in range(15)),  # 0 ... 28 us
+}
+SEARCH_OBJECTIVES = ("misses", "worst")
+
+
+@dataclass(frozen=True)
+class FactorScore:
+    """How one set of factors does on the measured linear time of some models at one TP degree and token
+    range: points with ``|predicted / measured - 1|`` over ``threshold``, the worst and the median ``|error|``."""
+
+    factors: CostFactors
+    models: tuple[str, ...]
+    tp: int
+    num_points: int
+    misses: int
+    worst_abs_error: float
+    median_abs_error: float
+    threshold: float = 0.15
+
+
+def _linear_parts(models: Sequence[str], tp: int, low_tokens: int, high_tokens: int, base: CostFactors,
+                  hardware: HardwareSpec | str):
+    """Arrays over the profiled points of ``models`` at ``tp`` in the token range: each of the four GEMMs'
+    compute and memory seconds at efficiency 1 (``gemm_ideal_s``, ``base``'s tile shape; points x 4), layer
+    counts, the small ops' and embedding's seconds at ``base``'s factors, and the measured linear time."""
+    hw, table = get_hardware(hardware), load_profiles()
+    peak, bw = hw.peak_flops_per_s, hw.memory_bandwidth_bytes_per_s
+    comp, mem, layers, fixed, measured = [], [], [], [], []
+    for name in models:
+        pm = table[name]
+        if tp not in pm.num_tokens:
+            raise ValueError(f"{name} was profiled at TP {', '.join(map(str, pm.tp_degrees))}, not {tp!r}")
+        dims = pm.shape.gemm_dims(tp).values()
+        for n, y in zip(pm.num_tokens[tp], pm.linear_time_s(tp), strict=True):
+            if not low_tokens <= n <= high_tokens:
+                continue
+            parts = [gemm_ideal_s(n, k, m, base.gemm_tile_tokens, peak, bw, WEIGHT_BYTES, ACT_BYTES,
+                                  base.gemm_wave_sms) for k, m in dims]
+            comp.append([c for c, _ in parts])
+            mem.append([b for _, b in parts])
+            layers.append(pm.shape.num_layers)
+            fixed.append(small_ops_time_s(pm.shape, n, base, bw, ACT_BYTES, tp))
+            measured.append(y)
+    if not measured:
+        raise ValueError(f"no profiled point of {', '.join(models)} at TP {tp} in {low_tokens} ... {high_tokens} tokens")
+    return tuple(np.array(a, dtype=float) for a in (comp, mem, layers, fixed, measured))
+
+
+def _scan(parts, grid: dict, threshold: float):
+    """Yield ``(factor values, misses, worst |error|, median |error|)`` for every set in ``grid`` (the
+    operator form's GEMM time, ``longctx.sim.operators``, vectorized over the serial fractions and overheads)."""
+    comp, mem, layers, fixed, measured = parts
+    serial = np.array(grid["serial_fraction"], dtype=float)[:, None, None]
+    over = np.array(grid["kernel_overhead_s"], dtype=float)[None, :, None]
+    for ce in grid["compute_efficiency"]:
+        for me in grid["memory_efficiency"]:
+            c, m = comp / ce, mem / me
+            hi, lo = np.maximum(c, m).sum(axis=1), np.minimum(c, m).sum(axis=1)
+            pred = layers * (comp.shape[1] * over + hi + serial * lo) + fixed
+            err = np.abs(pred / measured - 1.0)
+            misses, worst, med = (err > threshold).sum(axis=2), err.max(axis=2), np.median(err, axis=2)
+            for i, s in enumerate(grid["serial_fraction"]):
+                for j, o in enumerate(grid["kernel_overhead_s"]):
+                    yield (ce, me, s, o), int(misses[i, j]), float(worst[i, j]), float(med[i, j])
+
+
+def _score(values, misses, worst, med, names, tp, n, base, threshold) -> FactorScore:
+    ce, me, s, o = values
+    f = replace(base, compute_efficiency=ce, memory_efficiency=me, serial_fraction=s, kernel_overhead_s=o)
+    return FactorScore(f, tuple(names), tp, n, misses, worst, med, threshold)
+
+
+def search_factors(models: Sequence[str] | None = None, tp: int = 1, low_tokens: int = 64,
+                   high_tokens: int = 4096, objective: str = "misses", grid: dict | None = None,
+                   base: CostFactors | None = None, threshold: float = 0.15,
+                   hardware: HardwareSpec | str = "h100") -> FactorScore:
+    """The GEMM factors in ``grid`` (default ``SEARCH_GRID``) that do best on the measured linear time of
+    ``models`` (default: all shipped) at ``tp`` over ``low_tokens ... high_tokens``: the fewest points over
+    ``threshold``, then the smaller worst error (``objective="misses"``), or the smallest worst error, then
+    the fewer misses (``"worst"``). The small ops and tile shape stay ``base``'s (default ``CostFactors()``)."""
+    if objective not in SEARCH_OBJECTIVES:
+        raise ValueError(f"objective must be one of {', '.join(SEARCH_OBJECTIVES)}, got {objective!r}")
+    names = profiled_names(models)
+    grid = SEARCH_GRID if grid is None else grid
+    base = base or CostFactors()
+    parts = _linear_parts(names, tp, low_tokens, high_tokens, base, hardware)
+    key = (lambda r: (r[1], r[2])) if objective == "misses" else (lambda r: (r[2], r[1]))
+    best = min(_scan(parts, grid, threshold), key=key)
+    return _score(*best, names, tp, len(parts[-1]), base, threshold)
+
+
+def score_factors(factors: CostFactors, models: Sequence[str] | None = None, tp: int = 1, low_tokens: int = 64,
+                  high_tokens: int = 4096, threshold: float = 0.15, hardware: HardwareSpec | str = "h100") -> FactorScore:
+    """``factors`` scored as ``search_factors`` scores a grid point (its small ops included)."""
+    names = profiled_names(models)
+    grid = {"compute_efficiency": (factors.compute_efficiency,), "memory_efficiency": (factors.memory_efficiency,),
+            "serial_fraction": (factors.serial_fraction,), "kernel_overhead_s": (factors.kernel_overhead_s,)}
+    parts = _linear_parts(names, tp, low_tokens, high_tokens, factors, hardware)
+    (only,) = _scan(parts, grid, threshold)
+    return _score(*only, names, tp, len(parts[-1]), factors, threshold)
 
 
 def main(argv=None) -> int:

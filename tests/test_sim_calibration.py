@@ -16,14 +16,13 @@ from longctx.sim.calibration import (
     linear_time_points,
     monotone_error_bound,
     profile_errors,
-    score_factors,
-    search_factors,
 )
 from longctx.sim.factors import FITTED_H100, CostFactors
 from longctx.sim.profiles import load_profiles
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import sim_profiles  # noqa: E402
+from sim_profiles import score_factors, search_factors  # noqa: E402
 
 
 def test_the_defaults_are_the_refit_factors():

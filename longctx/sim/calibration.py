@@ -15,12 +15,8 @@ Two kinds of measurement:
 - **Measured engine steps** (``longctx.sim.recording``): ``calibrate`` (``longctx.sim.step_fit``) fits
   the five step factors, e.g. to the real engine on this CPU or to a GPU record.
 
-**Is the form the limit, or the fit?** ``search_factors`` searches the four GEMM factors exhaustively over a
-grid (``SEARCH_GRID``, the small ops held at their fit) for the issue's own criterion: the fewest points over
-15 % (``objective="misses"``) or the smallest worst error (``"worst"``), at one TP degree and token range (the
-tile shape, wave size and small ops held at ``base``'s);
-``score_factors`` scores given factors the same way. ``benchmarks/sim_profiles.py`` prints both, and the
-criterion fit held out model by model against the least-squares one.
+**Is the form the limit, or the fit?** ``benchmarks/sim_profiles.py`` answers it (its ``search_factors``
+searches the four GEMM factors over a grid for the issue's own criterion; the least-squares fit here stayed).
 
 The GEMM fit: for a fixed serial fraction the time is linear in ``(kernel_overhead_s, 1/ce, 1/me)`` once
 each point's bound is known, so bounds and a bounded least squares alternate (as in ``step_fit``); the
@@ -35,7 +31,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from longctx.sim.cost_model import GEMM_TILE_TOKENS, GEMM_WAVE_SMS, CostFactors
-from longctx.sim.operators import gemm_ideal_s, gemm_tile_area, layers_time_s, small_ops_time_s
+from longctx.sim.operators import gemm_tile_area, layers_time_s
 from longctx.sim.profiles import GEMM_OPS, SMALL_OPS, ProfiledModel, load_profiles
 from longctx.sim.step_fit import Calibration, bounded_lstsq, calibrate
 from longctx.specs import HardwareSpec, get_hardware
@@ -155,7 +151,7 @@ def fit_profiles(models: Sequence[str] | None = None, hardware: HardwareSpec | s
     """Fit the operator form's GEMM and small-op factors on the profiles of ``models`` (default: all
     shipped) for ``hardware``'s datasheet peak and bandwidth; ``tile_tokens`` and ``wave_sms`` are held
     (module docstring)."""
-    table, names = load_profiles(), _profiled_names(models)
+    table, names = load_profiles(), profiled_names(models)
     hw = get_hardware(hardware)
     gpts, spts = _points([table[x] for x in names])
     area = np.array([gemm_tile_area(int(n), m, tile_tokens, wave_sms) for n, _, m, _, _ in gpts])
@@ -199,6 +195,16 @@ def fit_profiles(models: Sequence[str] | None = None, hardware: HardwareSpec | s
 
 def _sig(x: float, digits: int = 4) -> float:
     return float(f"{float(x):.{digits}g}")
+
+
+def profiled_names(models: Sequence[str] | None) -> tuple[str, ...]:
+    """``models`` (default: every shipped profile) checked against the shipped profiles."""
+    table = load_profiles()
+    names = tuple(table) if models is None else tuple(models)
+    unknown = [x for x in names if x not in table]
+    if unknown or not names:
+        raise ValueError(f"unknown profiled models {unknown}; allowed: {', '.join(table)}")
+    return names
 
 
 def _profiled(model: str) -> ProfiledModel:
@@ -264,123 +270,6 @@ def monotone_error_bound(model: str, tp: int = 1, low_tokens: int = 64, high_tok
     return float(best), int(pair[0]), int(pair[1])
 
 
-# The grid ``search_factors`` searches: 26 x 4 x 13 x 15 = 20,280 sets of the operator form's GEMM factors.
-SEARCH_GRID = {
-    "compute_efficiency": tuple(round(0.70 + 0.01 * i, 2) for i in range(26)),  # 0.70 ... 0.95
-    "memory_efficiency": (0.85, 0.9, 0.95, 1.0),
-    "serial_fraction": tuple(round(0.05 * i, 2) for i in range(13)),  # 0 ... 0.6
-    "kernel_overhead_s": tuple(round(2e-6 * i, 12) for i in range(15)),  # 0 ... 28 us
-}
-SEARCH_OBJECTIVES = ("misses", "worst")
-
-
-@dataclass(frozen=True)
-class FactorScore:
-    """How one set of factors does on the measured linear time of some models at one TP degree and token
-    range: points with ``|predicted / measured - 1|`` over ``threshold``, the worst and the median ``|error|``."""
-
-    factors: CostFactors
-    models: tuple[str, ...]
-    tp: int
-    num_points: int
-    misses: int
-    worst_abs_error: float
-    median_abs_error: float
-    threshold: float = 0.15
-
-
-def _profiled_names(models: Sequence[str] | None) -> tuple[str, ...]:
-    """``models`` (default: every shipped profile) checked against the shipped profiles."""
-    table = load_profiles()
-    names = tuple(table) if models is None else tuple(models)
-    unknown = [x for x in names if x not in table]
-    if unknown or not names:
-        raise ValueError(f"unknown profiled models {unknown}; allowed: {', '.join(table)}")
-    return names
-
-
-def _linear_parts(models: Sequence[str], tp: int, low_tokens: int, high_tokens: int, base: CostFactors,
-                  hardware: HardwareSpec | str):
-    """Arrays over the profiled points of ``models`` at ``tp`` in the token range: each of the four GEMMs'
-    compute and memory seconds at efficiency 1 (``gemm_ideal_s``, ``base``'s tile shape; points x 4), layer
-    counts, the small ops' and embedding's seconds at ``base``'s factors, and the measured linear time."""
-    hw, table = get_hardware(hardware), load_profiles()
-    peak, bw = hw.peak_flops_per_s, hw.memory_bandwidth_bytes_per_s
-    comp, mem, layers, fixed, measured = [], [], [], [], []
-    for name in models:
-        pm = table[name]
-        if tp not in pm.num_tokens:
-            raise ValueError(f"{name} was profiled at TP {', '.join(map(str, pm.tp_degrees))}, not {tp!r}")
-        dims = pm.shape.gemm_dims(tp).values()
-        for n, y in zip(pm.num_tokens[tp], pm.linear_time_s(tp), strict=True):
-            if not low_tokens <= n <= high_tokens:
-                continue
-            parts = [gemm_ideal_s(n, k, m, base.gemm_tile_tokens, peak, bw, WEIGHT_BYTES, ACT_BYTES,
-                                  base.gemm_wave_sms) for k, m in dims]
-            comp.append([c for c, _ in parts])
-            mem.append([b for _, b in parts])
-            layers.append(pm.shape.num_layers)
-            fixed.append(small_ops_time_s(pm.shape, n, base, bw, ACT_BYTES, tp))
-            measured.append(y)
-    if not measured:
-        raise ValueError(f"no profiled point of {', '.join(models)} at TP {tp} in {low_tokens} ... {high_tokens} tokens")
-    return tuple(np.array(a, dtype=float) for a in (comp, mem, layers, fixed, measured))
-
-
-def _scan(parts, grid: dict, threshold: float):
-    """Yield ``(factor values, misses, worst |error|, median |error|)`` for every set in ``grid`` (the
-    operator form's GEMM time, ``longctx.sim.operators``, vectorized over the serial fractions and overheads)."""
-    comp, mem, layers, fixed, measured = parts
-    serial = np.array(grid["serial_fraction"], dtype=float)[:, None, None]
-    over = np.array(grid["kernel_overhead_s"], dtype=float)[None, :, None]
-    for ce in grid["compute_efficiency"]:
-        for me in grid["memory_efficiency"]:
-            c, m = comp / ce, mem / me
-            hi, lo = np.maximum(c, m).sum(axis=1), np.minimum(c, m).sum(axis=1)
-            pred = layers * (comp.shape[1] * over + hi + serial * lo) + fixed
-            err = np.abs(pred / measured - 1.0)
-            misses, worst, med = (err > threshold).sum(axis=2), err.max(axis=2), np.median(err, axis=2)
-            for i, s in enumerate(grid["serial_fraction"]):
-                for j, o in enumerate(grid["kernel_overhead_s"]):
-                    yield (ce, me, s, o), int(misses[i, j]), float(worst[i, j]), float(med[i, j])
-
-
-def _score(values, misses, worst, med, names, tp, n, base, threshold) -> FactorScore:
-    ce, me, s, o = values
-    f = replace(base, compute_efficiency=ce, memory_efficiency=me, serial_fraction=s, kernel_overhead_s=o)
-    return FactorScore(f, tuple(names), tp, n, misses, worst, med, threshold)
-
-
-def search_factors(models: Sequence[str] | None = None, tp: int = 1, low_tokens: int = 64,
-                   high_tokens: int = 4096, objective: str = "misses", grid: dict | None = None,
-                   base: CostFactors | None = None, threshold: float = 0.15,
-                   hardware: HardwareSpec | str = "h100") -> FactorScore:
-    """The GEMM factors in ``grid`` (default ``SEARCH_GRID``) that do best on the measured linear time of
-    ``models`` (default: all shipped) at ``tp`` over ``low_tokens ... high_tokens``: the fewest points over
-    ``threshold``, then the smaller worst error (``objective="misses"``), or the smallest worst error, then
-    the fewer misses (``"worst"``). The small ops and tile shape stay ``base``'s (default ``CostFactors()``)."""
-    if objective not in SEARCH_OBJECTIVES:
-        raise ValueError(f"objective must be one of {', '.join(SEARCH_OBJECTIVES)}, got {objective!r}")
-    names = _profiled_names(models)
-    grid = SEARCH_GRID if grid is None else grid
-    base = base or CostFactors()
-    parts = _linear_parts(names, tp, low_tokens, high_tokens, base, hardware)
-    key = (lambda r: (r[1], r[2])) if objective == "misses" else (lambda r: (r[2], r[1]))
-    best = min(_scan(parts, grid, threshold), key=key)
-    return _score(*best, names, tp, len(parts[-1]), base, threshold)
-
-
-def score_factors(factors: CostFactors, models: Sequence[str] | None = None, tp: int = 1, low_tokens: int = 64,
-                  high_tokens: int = 4096, threshold: float = 0.15, hardware: HardwareSpec | str = "h100") -> FactorScore:
-    """``factors`` scored as ``search_factors`` scores a grid point (its small ops included)."""
-    names = _profiled_names(models)
-    grid = {"compute_efficiency": (factors.compute_efficiency,), "memory_efficiency": (factors.memory_efficiency,),
-            "serial_fraction": (factors.serial_fraction,), "kernel_overhead_s": (factors.kernel_overhead_s,)}
-    parts = _linear_parts(names, tp, low_tokens, high_tokens, factors, hardware)
-    (only,) = _scan(parts, grid, threshold)
-    return _score(*only, names, tp, len(parts[-1]), factors, threshold)
-
-
 def leave_one_model_out(tps: Sequence[int] | None = None, ranges=TOKEN_RANGES) -> dict[str, tuple[ProfileFit, list[ProfileError]]]:
     """For each profiled model: the fit on all the others and its errors on the one left out."""
     names = tuple(load_profiles())
@@ -388,6 +277,5 @@ def leave_one_model_out(tps: Sequence[int] | None = None, ranges=TOKEN_RANGES) -
                    profile_errors(fit.factors, [held], tps, ranges)) for held in names}
 
 
-__all__ = ["SEARCH_GRID", "Calibration", "FactorScore", "ProfileError", "ProfileFit", "TOKEN_RANGES", "calibrate",
-           "fit_profiles", "leave_one_model_out", "linear_time_points", "monotone_error_bound", "profile_errors",
-           "score_factors", "search_factors"]
+__all__ = ["Calibration", "ProfileError", "ProfileFit", "TOKEN_RANGES", "calibrate", "fit_profiles",
+           "leave_one_model_out", "linear_time_points", "monotone_error_bound", "profile_errors", "profiled_names"]

@@ -38,7 +38,7 @@ chose this form: at TP 1, 64 ... 4,096 tokens, the linear time misses by more th
 profiled points, against 92 when rows are only rounded to 128 (and S = 114 or 144 fits worse than 132). What
 it cannot follow is the library's own kernel choices (e.g. a gate+up 44,032 wide twice as slow for 328 ...
 384 tokens as for 448): ``benchmarks/sim_profiles.py`` names those points. The form, not the fit, is the
-limit: over 20,280 sets of the four GEMM factors (``calibration.search_factors``) the smallest worst error
+limit: over 20,280 sets of the four GEMM factors (``benchmarks/sim_profiles.py``) the smallest worst error
 at TP 1 is 21.1 % (76 points over 15 %), the fewest misses 29 (worst 25.0 %); T = 64 or 256 and S = 114 or
 144 do no better (worst 22.0-25.9 %). Fitted on four models and scored on the fifth, those two criterion
 fits miss 101 and 145 held-out points, least squares 60: it is the one kept.
