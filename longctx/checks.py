@@ -1,6 +1,9 @@
-"""Argument checks shared across the package: what counts as an integer, and the positive-integer check.
+"""Argument checks shared across the package, the one place they are written: what counts as an integer,
+positive integers, token counts, non-negative and positive numbers, fractions in (0, 1].
 
-No dependencies (no numpy, no torch), so every module may import it.
+Each raises ``ValueError`` saying what is wrong and what is allowed. (Request bodies of the server are
+checked by its pydantic models instead, ``longctx.serve.protocol``.) No dependencies (no numpy, no torch),
+so every module may import it.
 """
 
 from __future__ import annotations
@@ -34,3 +37,41 @@ def positive_int(name: str, value: object, *, allow_none: bool = False, floats: 
         what = what or ("a positive integer or None" if allow_none else "a positive integer")
         raise ValueError(f"{name} must be {what}, got {value!r}")
     return n
+
+
+def token_count(name: str, value: object, *, allow_zero: bool = True) -> int:
+    """Validate a token count (an integer >= 0, or >= 1 without allow_zero) and return it as int."""
+    count = as_integer(value)  # numpy integers too
+    if count is None:
+        raise ValueError(f"{name} must be an integer number of tokens, got {value!r}")
+    if count < 0 or (count == 0 and not allow_zero):
+        allowed = ">= 0" if allow_zero else ">= 1"
+        raise ValueError(f"{name} must be {allowed} tokens, got {count}")
+    return count
+
+
+def _real(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, numbers.Real)
+
+
+def nonnegative_number(name: str, value: object) -> float:
+    """``value`` as a float when it is a finite real number >= 0."""
+    if not _real(value) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
+    return float(value)
+
+
+def positive_number(name: str, value: object) -> float:
+    """``value`` as a float when it is a finite real number > 0."""
+    if not _real(value) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def fraction(name: str, value: object, meaning: str) -> float:
+    """``value`` as a float when it is a real number in (0, 1]; ``meaning`` says what it is a fraction of."""
+    if not _real(value) or not 0 < value <= 1:
+        raise ValueError(f"{name} must be in (0, 1] ({meaning}), got {value!r}")
+    return float(value)

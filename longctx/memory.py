@@ -22,7 +22,7 @@ import math
 import numbers
 from dataclasses import dataclass
 
-from longctx.checks import as_integer
+from longctx.checks import token_count
 from longctx.specs import ModelSpec, dtype_bytes, get_model
 
 KiB = 2**10
@@ -31,15 +31,7 @@ GiB = 2**30
 GB = 10**9
 
 
-def check_token_count(name: str, value: object, *, allow_zero: bool = True) -> int:
-    """Validate a token count (an integer >= 0, or >= 1 without allow_zero) and return it as int."""
-    count = as_integer(value)  # numpy integers too
-    if count is None:
-        raise ValueError(f"{name} must be an integer number of tokens, got {value!r}")
-    if count < 0 or (count == 0 and not allow_zero):
-        allowed = ">= 0" if allow_zero else ">= 1"
-        raise ValueError(f"{name} must be {allowed} tokens, got {count}")
-    return count
+check_token_count = token_count  # the calculators' name for ``checks.token_count``
 
 
 def _block_size(block_size: int | None) -> int | None:

@@ -46,10 +46,10 @@ Pure Python (no torch). Units: bytes (ints); ``memory.GiB = 2**30``.
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import asdict, dataclass
 
 from longctx import memory
+from longctx.checks import positive_int, positive_number
 from longctx.kv import quant
 from longctx.kv.quant import KV_SCALES, scale_layout  # noqa: F401  (re-exported: the planner's layouts)
 from longctx.specs import ModelSpec, get_model
@@ -139,8 +139,7 @@ def _pool_size(pool_gib: float | None, pool_bytes: float | None) -> int:
     if (pool_gib is None) == (pool_bytes is None):
         raise ValueError("give exactly one of pool_gib or pool_bytes (the KV pool's size)")
     name, value = ("pool_gib", pool_gib) if pool_gib is not None else ("pool_bytes", pool_bytes)
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    positive_number(name, value)  # (the value itself is floored below: an int stays exact)
     return math.floor(value * memory.GiB) if name == "pool_gib" else math.floor(value)
 
 
@@ -181,9 +180,7 @@ def plan(
     Raises ``ValueError`` on bad input."""
     m = get_model(model)
     fmt = quant.get_format(kv_dtype)
-    if isinstance(users, bool) or not hasattr(users, "__index__") or int(users) < 1:
-        raise ValueError(f"users must be an integer >= 1, got {users!r}")
-    users = int(users)
+    users = positive_int("users", users, floats=False, what="an integer >= 1")
     context = memory.check_token_count("context", context, allow_zero=False)
     shared_prefix = memory.check_token_count("shared_prefix", shared_prefix)
     if shared_prefix >= context:

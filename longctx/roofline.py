@@ -14,32 +14,17 @@ roofline) and can be calibrated from measurements.
 
 from __future__ import annotations
 
-import math
 import numbers
 from dataclasses import dataclass
 
-from longctx.checks import positive_int
+from longctx.checks import fraction, nonnegative_number, positive_int
 from longctx.specs import HardwareSpec, dtype_bytes, get_hardware
-
-
-def _nonnegative(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value!r}")
-    return float(value)
-
-
-def _efficiency(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value <= 1:
-        raise ValueError(f"{name} must be in (0, 1] (fraction of the datasheet peak), got {value!r}")
-    return float(value)
 
 
 def arithmetic_intensity(flops: float, num_bytes: float) -> float:
     """FLOPs per byte moved. ``num_bytes`` must be > 0."""
-    flops = _nonnegative("flops", flops)
-    if _nonnegative("num_bytes", num_bytes) == 0:
+    flops = nonnegative_number("flops", flops)
+    if nonnegative_number("num_bytes", num_bytes) == 0:
         raise ValueError("num_bytes must be > 0 to define an arithmetic intensity")
     return flops / float(num_bytes)
 
@@ -49,8 +34,8 @@ def ridge_point(
 ) -> float:
     """Intensity (FLOP/byte) where compute and memory time are equal. H100 SXM: 989e12/3.35e12 = 295."""
     hw = get_hardware(hardware)
-    ce = _efficiency("compute_efficiency", compute_efficiency)
-    me = _efficiency("memory_efficiency", memory_efficiency)
+    ce = fraction("compute_efficiency", compute_efficiency, "fraction of the datasheet peak")
+    me = fraction("memory_efficiency", memory_efficiency, "fraction of the datasheet peak")
     return (hw.peak_flops_per_s * ce) / (hw.memory_bandwidth_bytes_per_s * me)
 
 
@@ -97,10 +82,10 @@ def roofline_time(
     "150 TFLOPS sustained").
     """
     hw = get_hardware(hardware)
-    flops = _nonnegative("flops", flops)
-    num_bytes = _nonnegative("num_bytes", num_bytes)
-    ce = _efficiency("compute_efficiency", compute_efficiency)
-    me = _efficiency("memory_efficiency", memory_efficiency)
+    flops = nonnegative_number("flops", flops)
+    num_bytes = nonnegative_number("num_bytes", num_bytes)
+    ce = fraction("compute_efficiency", compute_efficiency, "fraction of the datasheet peak")
+    me = fraction("memory_efficiency", memory_efficiency, "fraction of the datasheet peak")
     peak = hw.peak_flops_per_s if peak_flops_per_s is None else peak_flops_per_s
     if isinstance(peak, bool) or not isinstance(peak, numbers.Real) or not peak > 0:
         raise ValueError(f"peak_flops_per_s must be a positive number of FLOP/s, got {peak!r}")

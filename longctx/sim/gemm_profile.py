@@ -119,6 +119,43 @@ class GemmProfile:
         return cls(d["model"], tuple(d["rows"]), {g: tuple(v) for g, v in d["seconds"].items()}, d.get("source", ""))
 
 
+_WEIGHTS_OF_GROUP = {"qkv": ("q", "k", "v"), "o": ("o",), "gate_up": ("gate", "up"), "down": ("down",)}
+
+
+def _timed_pass(layers, norms, caches, head, t: dict, ops) -> dict[str, float]:
+    """Seconds of one pass over every layer of each group in ``GROUPS`` at the inputs ``t`` (tensors of one
+    row count); ``ops``: ``(torch.nn.functional, apply_rope, sdpa)``."""
+    F, apply_rope, sdpa = ops
+    x_d, x_ff, q, kv = t["x_d"], t["x_ff"], t["q"], t["kv"]
+    acc = dict.fromkeys(GROUPS, 0.0)
+    for layer, (n1, n2), (kc, vc) in zip(layers, norms, caches, strict=True):
+        for g, names in _WEIGHTS_OF_GROUP.items():
+            x = x_ff if g == "down" else x_d
+            t0 = time.perf_counter()
+            for name in names:
+                F.linear(x, layer[name])
+            acc[g] += time.perf_counter() - t0
+        t0 = time.perf_counter()  # the layer's small ops, as longctx.model.llama runs them
+        normed = n1(x_d)
+        apply_rope(q, t["cos"], t["sin"])
+        apply_rope(kv, t["cos"], t["sin"])
+        kc[t["slots"]] = kv
+        vc[t["slots"]] = kv
+        h = x_d + normed  # attention's residual add
+        normed = n2(h)
+        F.silu(x_ff) * x_ff
+        h + normed  # the MLP's residual add
+        acc["small_ops"] += time.perf_counter() - t0
+    t0 = time.perf_counter()
+    F.linear(x_d, head)
+    acc["lm_head"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for _ in layers:  # one fresh chunk's attention in every layer, as Attention._prefill runs it
+        t["att"][:] = sdpa(t["qh"], t["kh"], t["kh"], is_causal=True).squeeze(0).transpose(0, 1)
+    acc["causal_attention"] = time.perf_counter() - t0
+    return acc
+
+
 def measure_gemm_profile(model: ModelSpec | str = "smollm2-135m", rows=DEFAULT_ROWS, repeats: int = 3,
                          dtype: str = "fp32", seed: int = 0) -> GemmProfile:
     """This machine's ``GemmProfile`` of ``model``'s GEMMs (module docstring); uses torch's current threads."""
@@ -141,7 +178,6 @@ def measure_gemm_profile(model: ModelSpec | str = "smollm2-135m", rows=DEFAULT_R
                "o": w(d, m.num_heads * hd), "gate": w(ff, d), "up": w(ff, d), "down": w(d, ff)}
               for _ in range(m.num_layers)]
     head = w(m.vocab_size, d)
-    groups = {"qkv": ("q", "k", "v"), "o": ("o",), "gate_up": ("gate", "up"), "down": ("down",)}
     norms = [(RMSNorm(d, 1e-5, dtype=torch_dtype), RMSNorm(d, 1e-5, dtype=torch_dtype)) for _ in layers]
     slots = max(rows)
     caches = [(torch.zeros(slots, m.num_kv_heads, hd, dtype=torch_dtype),
@@ -158,33 +194,10 @@ def measure_gemm_profile(model: ModelSpec | str = "smollm2-135m", rows=DEFAULT_R
             qh, kh = q.transpose(0, 1).unsqueeze(0), kv.transpose(0, 1).unsqueeze(0)  # [1, H, n, d]
             att = torch.empty_like(q)
             passes: dict[str, list[float]] = {g: [] for g in GROUPS}
+            t = {"x_d": x_d, "x_ff": x_ff, "q": q, "kv": kv, "cos": cos, "sin": sin, "slots": slot_mapping,
+                 "qh": qh, "kh": kh, "att": att}
             for rep in range(repeats + 1):  # the first pass warms up
-                acc = dict.fromkeys(GROUPS, 0.0)
-                for layer, (n1, n2), (kc, vc) in zip(layers, norms, caches, strict=True):
-                    for g, names in groups.items():
-                        x = x_ff if g == "down" else x_d
-                        t0 = time.perf_counter()
-                        for name in names:
-                            F.linear(x, layer[name])
-                        acc[g] += time.perf_counter() - t0
-                    t0 = time.perf_counter()  # the layer's small ops, as longctx.model.llama runs them
-                    normed = n1(x_d)
-                    apply_rope(q, cos, sin)
-                    apply_rope(kv, cos, sin)
-                    kc[slot_mapping] = kv
-                    vc[slot_mapping] = kv
-                    h = x_d + normed  # attention's residual add
-                    normed = n2(h)
-                    F.silu(x_ff) * x_ff
-                    h + normed  # the MLP's residual add
-                    acc["small_ops"] += time.perf_counter() - t0
-                t0 = time.perf_counter()
-                F.linear(x_d, head)
-                acc["lm_head"] = time.perf_counter() - t0
-                t0 = time.perf_counter()
-                for _ in layers:  # one fresh chunk's attention in every layer, as Attention._prefill runs it
-                    att[:] = _sdpa(qh, kh, kh, is_causal=True).squeeze(0).transpose(0, 1)
-                acc["causal_attention"] = time.perf_counter() - t0
+                acc = _timed_pass(layers, norms, caches, head, t, (F, apply_rope, _sdpa))
                 if rep:
                     for g in GROUPS:
                         passes[g].append(acc[g])

@@ -107,6 +107,20 @@ def _dist(d, scale: float = 1.0) -> dict:
     return {k: float(d.p(q)) * scale for k, q in (("p50", 50), ("p90", 90), ("p99", 99))}
 
 
+def _failures(row: dict, test: LoadTest) -> list[str]:
+    """Why a load test's ``row`` fails ``test`` (empty: it passes)."""
+    failures = []
+    if row["peak_running"] < test.users:
+        failures.append(f"at most {row['peak_running']} of {test.users} users ran at once")
+    if row["preemptions"]:
+        failures.append(f"{row['preemptions']} preemption{'s' if row['preemptions'] > 1 else ''}")
+    if row["ttft_s"]["p99"] > test.ttft_p99_s:
+        failures.append(f"TTFT P99 {row['ttft_s']['p99']:.1f} s > {test.ttft_p99_s:g} s")
+    if row["itl_ms"]["p99"] > 1e3 * test.itl_p99_s:
+        failures.append(f"ITL P99 {row['itl_ms']['p99']:.0f} ms > {1e3 * test.itl_p99_s:g} ms")
+    return failures
+
+
 def run_load_test(model: str, kv_dtype: str, prefix_caching: bool, test: LoadTest = CAPSTONE,
                   same_step_sharing: bool = True, timeline: bool = False) -> dict:
     """Simulate ``test`` for one configuration; returns a JSON-ready row (see the module docstring).
@@ -152,15 +166,7 @@ def run_load_test(model: str, kv_dtype: str, prefix_caching: bool, test: LoadTes
         "tpot_p99_ms": float(metrics.tpot.p(99)) * 1e3, "output_tok_s": float(metrics.output_throughput),
         "duration_s": float(metrics.duration_s), "completed": metrics.completed,
     }
-    failures = []
-    if peak_running < test.users:
-        failures.append(f"at most {peak_running} of {test.users} users ran at once")
-    if row["preemptions"]:
-        failures.append(f"{row['preemptions']} preemption{'s' if row['preemptions'] > 1 else ''}")
-    if row["ttft_s"]["p99"] > test.ttft_p99_s:
-        failures.append(f"TTFT P99 {row['ttft_s']['p99']:.1f} s > {test.ttft_p99_s:g} s")
-    if row["itl_ms"]["p99"] > 1e3 * test.itl_p99_s:
-        failures.append(f"ITL P99 {row['itl_ms']['p99']:.0f} ms > {1e3 * test.itl_p99_s:g} ms")
+    failures = _failures(row, test)
     row["sla_met"] = not any(f.startswith(("TTFT", "ITL")) for f in failures)
     row["passes"] = not failures
     row["failures"] = failures

@@ -202,6 +202,30 @@ def _run_until_done(engine: Engine, num_requests: int, progress: bool) -> None:
         bar.close()
 
 
+def _config(engine: Engine, scheduler: Scheduler, model, hardware, num_requests: int, block_size: int,
+            kv_compression_ratio: float, weight_dtype: str, kv_dtype: str, pool_gib: float | None,
+            prefix_caching: bool, shared_prefix_tokens: int) -> dict:
+    """What a simulation ran (``SimResult.config``)."""
+    m, hw = get_model(model), get_hardware(hardware)
+    return {
+        "model": m.name,
+        "gpu": hw.name,
+        "scheduler": repr(scheduler),
+        "token_budget": getattr(scheduler, "token_budget", None),
+        "num_requests": num_requests,
+        "num_blocks": engine.block_manager.num_blocks,
+        "block_size": block_size,
+        "kv_compression_ratio": kv_compression_ratio,
+        "weight_dtype": weight_dtype,
+        "kv_dtype": kv_dtype,
+        "pool_bytes_per_token": pool_bytes_per_token(m, kv_dtype),
+        "pool_gib": pool_gib,
+        "prefix_caching": bool(prefix_caching),
+        "shared_prefix_tokens": shared_prefix_tokens,
+        "factors": vars(engine.executor.factors),
+    }
+
+
 @collector_paused()  # (a context manager is also a decorator: each call of simulate runs inside one)
 def simulate(
     workload: list[Request],
@@ -247,24 +271,8 @@ def simulate(
     _run_until_done(engine, len(workload), progress)
     seqs = sorted(engine.finished, key=lambda s: s.seq_id)
     reqs = [request_metrics(s) for s in seqs]
-    m, hw = get_model(model), get_hardware(hardware)
-    config = {
-        "model": m.name,
-        "gpu": hw.name,
-        "scheduler": repr(scheduler),
-        "token_budget": getattr(scheduler, "token_budget", None),
-        "num_requests": len(workload),
-        "num_blocks": engine.block_manager.num_blocks,
-        "block_size": block_size,
-        "kv_compression_ratio": kv_compression_ratio,
-        "weight_dtype": weight_dtype,
-        "kv_dtype": kv_dtype,
-        "pool_bytes_per_token": pool_bytes_per_token(m, kv_dtype),
-        "pool_gib": pool_gib,
-        "prefix_caching": bool(prefix_caching),
-        "shared_prefix_tokens": shared_prefix_tokens,
-        "factors": vars(engine.executor.factors),
-    }
+    config = _config(engine, scheduler, model, hardware, len(workload), block_size, kv_compression_ratio,
+                     weight_dtype, kv_dtype, pool_gib, prefix_caching, shared_prefix_tokens)
     return SimResult(
         config=config,
         requests=reqs,
