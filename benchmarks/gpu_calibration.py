@@ -22,7 +22,7 @@ import statistics
 import sys
 from dataclasses import dataclass
 
-from longctx.gpu.records import load_record, record_path
+from longctx.gpu.records import load_record, record_path, row_backend
 from longctx.model.config import spec_from_dict
 from longctx.sim import CostModelExecutor, MeasuredStep, calibrate
 from longctx.sim.calibration import Calibration
@@ -39,12 +39,15 @@ def record_hardware(record: dict) -> HardwareSpec:
                         source=f"measured by longctx gpu-bench on {dev['name']}, {record['date']}")
 
 
-def measured_steps(record: dict, model: str = "llama-3-8b", sources=SOURCES) -> list[tuple[str, MeasuredStep]]:
-    """``(source, MeasuredStep)`` for every timed step of ``model`` in the record's ``sources``."""
+def measured_steps(record: dict, model: str = "llama-3-8b", sources=SOURCES,
+                   backend: str = "reference") -> list[tuple[str, MeasuredStep]]:
+    """``(source, MeasuredStep)`` for every timed step of ``model`` with attention ``backend`` in the record's
+    ``sources`` (a record may time each point with several backends: one calibration per backend)."""
     unknown = set(sources) - set(SOURCES)
     if unknown:
         raise ValueError(f"unknown sources {sorted(unknown)}; allowed: {', '.join(SOURCES)}")
-    rows = {s: [r for r in record.get(s, []) if r["model"] == model] for s in SOURCES}
+    rows = {s: [r for r in record.get(s, []) if r["model"] == model and row_backend(record, r) == backend]
+            for s in SOURCES}
     out = [("prefill_chunks", MeasuredStep(((n, s),), t)) for r in rows["prefill_chunks"] for n, s, t in r["chunks"]]
     out += [("decode", MeasuredStep(((1, r["context_tokens"]),) * r["batch_size"], r["step_s"]))
             for r in rows["decode"]]
@@ -72,7 +75,7 @@ class CalibrationReport:
 
 
 def calibrate_from_record(record: dict, model: str = "llama-3-8b", fit_sources=SOURCES,
-                          hardware: HardwareSpec | str | None = None) -> CalibrationReport:
+                          hardware: HardwareSpec | str | None = None, backend: str = "reference") -> CalibrationReport:
     """Fit the cost model of ``model`` (as recorded) to the steps of ``fit_sources``; predict every step.
     ``hardware`` defaults to the record's measured ceilings."""
     if model not in record["models"]:
@@ -80,9 +83,9 @@ def calibrate_from_record(record: dict, model: str = "llama-3-8b", fit_sources=S
     spec = spec_from_dict(record["models"][model]["config"])
     executor = CostModelExecutor(spec, hardware or record_hardware(record), weight_dtype=record["dtype"],
                                  kv_dtype=record["dtype"])
-    cal = calibrate(executor, [s for _, s in measured_steps(record, model, tuple(fit_sources))])
+    cal = calibrate(executor, [s for _, s in measured_steps(record, model, tuple(fit_sources), backend)])
     tuned = executor.with_factors(cal.factors)
-    rows = [(src, s, tuned.step_time_s(s.sequences)) for src, s in measured_steps(record, model)]
+    rows = [(src, s, tuned.step_time_s(s.sequences)) for src, s in measured_steps(record, model, backend=backend)]
     return CalibrationReport(cal, tuned, tuple(fit_sources), rows)
 
 
@@ -105,12 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="llama-3-8b", help="which recorded model to calibrate")
     p.add_argument("--fit", default=",".join(SOURCES), help=f"sources to fit on (of {','.join(SOURCES)})")
     p.add_argument("--hardware", default=None, help="registry GPU (h100, h200) instead of the measured ceilings")
+    p.add_argument("--backend", default="reference", help="the attention backend whose steps to calibrate on")
     p.add_argument("--json", action="store_true", help="print factors and per-source errors as JSON")
     args = p.parse_args(argv)
     try:
         record = load_record(path=args.record)
         fit = tuple(s.strip() for s in args.fit.split(",") if s.strip())
-        report = calibrate_from_record(record, args.model, fit, args.hardware)
+        report = calibrate_from_record(record, args.model, fit, args.hardware, args.backend)
     except ValueError as exc:
         sys.stderr.write(f"gpu_calibration: {exc}\n")
         return 2
@@ -119,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"record": args.record, "device": record["device"]["name"], "date": record["date"],
                           "factors": k.__dict__, "by_source": report.by_source()}, indent=1))
     else:
-        print(f"{record['device']['name']}, {record['date']}{' (toy run)' if record.get('toy') else ''}")
+        print(f"{record['device']['name']}, {record['date']}{' (toy run)' if record.get('toy') else ''}, "
+              f"{args.backend} backend")
         print("\n".join(report_lines(report)))
     return 0
 

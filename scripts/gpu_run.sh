@@ -3,13 +3,15 @@
 # simulator's calibration against it. Nothing is installed: it uses the python that already has torch
 # with CUDA (the lent H200's /opt/torch python3: torch, numpy, matplotlib are there; PyPI is not).
 #
-#   scripts/gpu_run.sh                 # on the GPU machine, from the repo root; ~2-6 minutes
+#   scripts/gpu_run.sh                 # on the GPU machine, from the repo root; at most 8 minutes
 #   scripts/gpu_run.sh --toy           # the same path on a CPU with tiny models (seconds)
 #
 # Environment: PYTHON (default python3; with --toy .venv/bin/python when present), OUT (folder for the
-# record and the log; default longctx/data/gpu), GPU_BENCH_TIME_CAP_S (default 360: no measurement starts
-# after it; the run is killed at cap + 150 s), GPU_BENCH_SECTIONS (a comma-separated subset, for tests). Afterwards copy $OUT/<device>.json to longctx/data/gpu/
-# and commit it (the device tool returns files from $OUT only).
+# record and the log; default longctx/data/gpu), GPU_BENCH_TIME_CAP_S (default 400: no measurement starts
+# after it and an engine run is stopped at it; the run is killed at cap + 70 s, so the whole run stays within
+# 8 minutes), GPU_BENCH_SECTIONS (a comma-separated subset, for tests), GPU_BENCH_ARGS (more gpu-bench options,
+# e.g. "--attention-backend reference"). Afterwards copy $OUT/<device>.json to longctx/data/gpu/ and commit it
+# (the device tool returns files from $OUT only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,7 +24,7 @@ if [[ -z "$PY" ]]; then
   if [[ -n "$TOY" && -x .venv/bin/python ]]; then PY=.venv/bin/python; else PY=python3; fi
 fi
 OUT_DIR="${OUT:-longctx/data/gpu}"
-CAP="${GPU_BENCH_TIME_CAP_S:-360}"
+CAP="${GPU_BENCH_TIME_CAP_S:-400}"
 if [[ -n "$TOY" ]]; then CAP="${GPU_BENCH_TIME_CAP_S:-60}"; fi
 mkdir -p "$OUT_DIR"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
@@ -51,9 +53,15 @@ SECTIONS=()
 RECORD="$OUT_DIR/$KEY.json"
 LOG="$OUT_DIR/gpu-bench-$KEY.log"
 set -o pipefail
-timeout "$(( ${CAP%.*} + 150 ))" "$PY" -m longctx gpu-bench $TOY --out "$RECORD" --time-cap-s "$CAP" "${SECTIONS[@]}" 2>&1 | tee "$LOG"
-echo "== calibration of the simulator's cost model against $RECORD" | tee -a "$LOG"
-"$PY" benchmarks/gpu_calibration.py "$RECORD" --fit prefill_chunks,decode 2>&1 | tee -a "$LOG"
+# shellcheck disable=SC2086
+timeout "$(( ${CAP%.*} + 70 ))" "$PY" -m longctx gpu-bench $TOY --out "$RECORD" --time-cap-s "$CAP" "${SECTIONS[@]}" \
+  ${GPU_BENCH_ARGS:-} 2>&1 | tee "$LOG"
+BACKENDS=$("$PY" -c "import json, sys; r = json.load(open(sys.argv[1])); print(' '.join(dict.fromkeys(
+    x.get('attention_backend') or 'reference' for x in r.get('prefill_chunks', []) + r.get('decode', []))))" "$RECORD")
+for B in $BACKENDS; do
+  echo "== calibration of the simulator's cost model against $RECORD ($B backend)" | tee -a "$LOG"
+  "$PY" benchmarks/gpu_calibration.py "$RECORD" --fit prefill_chunks,decode --backend "$B" 2>&1 | tee -a "$LOG"
+done
 echo "== done: $RECORD ($(wc -c <"$RECORD") bytes), log $LOG"
 [[ -z "$TOY" ]] && echo "== next: copy $RECORD to longctx/data/gpu/$KEY.json and commit it"
 exit 0

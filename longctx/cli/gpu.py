@@ -1,6 +1,6 @@
 """``python -m longctx gpu-bench``: measure this GPU and write ``longctx/data/gpu/<device>.json``.
 
-    python -m longctx gpu-bench                      # the real run (CUDA, bf16, capped at 6 minutes)
+    python -m longctx gpu-bench                      # the real run (CUDA, bf16; no point starts after 400 s)
     python -m longctx gpu-bench --out /tmp/h200.json --time-cap-s 300
     python -m longctx gpu-bench --toy                # the same suite on the CPU at toy sizes (seconds)
 
@@ -21,16 +21,22 @@ NO_CUDA = ("no CUDA device: torch sees no GPU here (gpu-bench measures a real GP
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("gpu-bench", help="measure this GPU (ceilings, prefill, decode, attention share) "
-                                                "and write longctx/data/gpu/<device>.json")
+    p = subparsers.add_parser("gpu-bench", help="measure this GPU (ceilings, prefill, decode, attention share, "
+                                                "the stall and the capstone through the engine) and write "
+                                                "longctx/data/gpu/<device>.json")
     p.add_argument("--toy", action="store_true", help="tiny fp32 models on the CPU (tests the harness)")
     p.add_argument("--out", type=pathlib.Path, default=None,
                    help="where to write the record (default: longctx/data/gpu/<device>.json; with --toy a "
                         "file in the temporary directory)")
     p.add_argument("--time-cap-s", type=float, default=None,
-                   help="stop starting new measurements after this many seconds (default 360; toy 60)")
+                   help="stop starting new measurements after this many seconds (default 400; toy 60)")
     p.add_argument("--sections", default=None,
-                   help="comma-separated subset of: ceilings,prefill_chunks,decode,attention_share")
+                   help="comma-separated subset of: ceilings,prefill_chunks,decode,attention_share,stall,capstone")
+    p.add_argument("--attention-backends", default=None,
+                   help="backends timed side by side in prefill_chunks and decode (default reference,fused)")
+    p.add_argument("--attention-backend", default=None,
+                   help="auto, reference or fused: the engine's backend in stall and capstone (default auto: fused on CUDA in bf16 with a "
+                        "pool in the model's dtype, else reference; an fp8 pool runs the reference)")
     p.add_argument("--quiet", action="store_true", help="print the summary only")
     p.set_defaults(func=run_gpu_bench)
 
@@ -43,6 +49,10 @@ def run_gpu_bench(args: argparse.Namespace) -> int:
         overrides["time_cap_s"] = args.time_cap_s
     if args.sections:
         overrides["sections"] = tuple(s.strip() for s in args.sections.split(",") if s.strip())
+    if args.attention_backends:
+        overrides["attention_backends"] = tuple(s.strip() for s in args.attention_backends.split(",") if s.strip())
+    if args.attention_backend:
+        overrides["serving_backend"] = args.attention_backend
     try:
         import torch
     except ImportError:
@@ -73,22 +83,45 @@ def run_gpu_bench(args: argparse.Namespace) -> int:
 
 def summary_lines(record: dict) -> list[str]:
     """A few lines a person reads after the run: the ceilings and each curve's points."""
-    from longctx.gpu.records import describe
+    from longctx.gpu.records import provenance, row_backend
 
     c, d = record["ceilings"], record["device"]
-    lines = [f"{describe(record)}: torch {d['torch']}, CUDA {d['cuda']}, driver {d['driver']}, {record['wall_s']:.0f} s",
+    lines = [f"{provenance(record)}: torch {d['torch']}, CUDA {d['cuda']}, driver {d['driver']}, "
+             f"{record['wall_s']:.0f} s",
              f"ceilings: matmul {c['matmul']['flops_per_s'] / 1e12:.1f} TFLOP/s (n={c['matmul']['n']}), "
              f"copy {c['copy']['bytes_per_s'] / 1e12:.2f} TB/s (read + written)"]
-    lines += [f"prefill {r['model']} chunk {r['chunk_size']:>5}: {r['time_s'] * 1e3:9.2f} ms for {r['prompt_tokens']} "
-              f"tokens, {r['flops_per_s'] / 1e12:7.2f} TFLOP/s" for r in record.get("prefill_chunks", [])]
-    if record.get("decode"):
-        best = max(record["decode"], key=lambda r: r["bytes_per_s"])
-        lines.append(f"decode: {len(record['decode'])} points; best {best['bytes_per_s'] / 1e12:.2f} TB/s at batch "
+    lines += [f"prefill {r['model']} chunk {r['chunk_size']:>5} {row_backend(record, r):<9}: {r['time_s'] * 1e3:9.2f} "
+              f"ms for {r['prompt_tokens']} tokens, {r['flops_per_s'] / 1e12:7.2f} TFLOP/s"
+              for r in record.get("prefill_chunks", [])]
+    for backend in dict.fromkeys(row_backend(record, r) for r in record.get("decode", [])):
+        rows = [r for r in record["decode"] if row_backend(record, r) == backend]
+        best = max(rows, key=lambda r: r["bytes_per_s"])
+        lines.append(f"decode {backend}: {len(rows)} points; best {best['bytes_per_s'] / 1e12:.2f} TB/s at batch "
                      f"{best['batch_size']} context {best['context_tokens']} ({best['model']})")
+    lines += serving_lines(record)
     lines += [f"layer {r['model']} T={r['context_tokens']:>6}: attention {r['attention_share']:5.1%} of time "
               f"({r['flop_share']:5.1%} of FLOPs)" for r in record.get("attention_share", [])]
     for key in ("errors", "skipped"):
         if record[key]:
             lines.append(f"{key.upper()} {len(record[key])}: " + "; ".join(record[key][:6])
                          + (" ..." if len(record[key]) > 6 else ""))
+    return lines
+
+
+def serving_lines(record: dict) -> list[str]:
+    """One line per stall cell (medians over its runs, the worst gap's range) and per capstone run."""
+    from longctx.gpu.records import stall_cell
+
+    lines = []
+    for r in record.get("stall", []):
+        s, label = stall_cell(r), "monolithic" if r["token_budget"] is None else f"chunked-{r['token_budget']}"
+        lines.append(f"stall {r['long_prompt']:>6} {label:<13} {r['attention_backend']}, n={r['n']}: TTFT "
+                     f"{s['ttft_s']['median']:.3f} s, worst gap {s['worst_gap_s']['median'] * 1e3:.1f} ms "
+                     f"({s['worst_gap_s']['min'] * 1e3:.1f}-{s['worst_gap_s']['max'] * 1e3:.1f}), "
+                     f"P99 {s['p99_gap_s']['median'] * 1e3:.1f} ms")
+    for r in record.get("capstone", []):
+        mem = "" if r["gpu_mem_peak_gib"] is None else f", peak {r['gpu_mem_peak_gib']:.1f} GiB"
+        lines.append(f"capstone {r['users']} x {r['prompt']} kv {r['kv_dtype']} {r['attention_backend']}: "
+                     f"{r['wall_s']:.1f} s, {r['pool_blocks']} blocks{mem}, peak resident {r['peak_resident']}, "
+                     f"TTFT median {r['ttft_median_s']:.2f} s, ITL median {r['itl_median_s'] * 1e3:.1f} ms")
     return lines

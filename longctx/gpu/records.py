@@ -200,3 +200,32 @@ def save_record(record: dict, path: str | pathlib.Path) -> pathlib.Path:
 def describe(record: dict) -> str:
     """``"NVIDIA H200, 2026-11-20"`` (plus ``", toy run"``): where a figure's numbers come from."""
     return f"{record['device']['name']}, {str(record['date'])[:10]}" + (", toy run" if record["toy"] else "")
+
+
+def provenance(record: dict) -> str:
+    """``"NVIDIA H200, 2026-12-04, commit a1e9a4f"``: ``describe`` plus the code that measured."""
+    commit = record["device"].get("commit")
+    return describe(record) + (f", commit {commit[:7]}" if commit else ", commit not recorded")
+
+
+def row_backend(record: dict, row: dict) -> str:
+    """The attention backend a row ran with: its own, else the record's (older records name one), else
+    ``"reference"`` (records made before the backend seam ran today's reference code)."""
+    return row.get("attention_backend") or record.get("attention_backend") or "reference"
+
+
+def spread(values) -> dict:
+    """``{"median", "min", "max", "n"}`` of a list of numbers (the runs of one cell)."""
+    v = sorted(values)
+    if not v:
+        raise ValueError("spread of an empty list")
+    mid = len(v) // 2
+    return {"median": v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2, "min": v[0], "max": v[-1], "n": len(v)}
+
+
+def stall_cell(row: dict) -> dict:
+    """One stall cell summarized over its runs: ``spread`` of the long prompt's TTFT, the worst, P99 and
+    median decoder gap."""
+    keys = {"ttft_s": "long_ttft_s", "worst_gap_s": "itl_max_s", "p99_gap_s": "itl_p99_s",
+            "median_gap_s": "itl_median_s"}
+    return {k: spread([run[v] for run in row["runs"]]) for k, v in keys.items()}

@@ -1,5 +1,7 @@
 """The GPU suite's sections: ``section(run, model_name)`` appends its results to ``run.record``, each point
-timed by ``run.time`` (``suite.time_fn``) and guarded by ``run.point``; FLOPs and bytes from ``run.cost``."""
+timed by ``run.time`` (``suite.time_fn``) and guarded by ``run.point``; FLOPs and bytes from ``run.cost``.
+``prefill_chunks`` and ``decode`` time each point with every backend of ``config.attention_backends`` side by
+side (each row names the one that ran); ``stall`` and ``capstone`` run the engine (``serving_sections``)."""
 
 from __future__ import annotations
 
@@ -8,11 +10,23 @@ from dataclasses import asdict
 import torch
 
 from longctx.flops import chunk_flops
+from longctx.gpu.serving_sections import capstone, stall  # noqa: F401 (sections too: suite finds them here)
 from longctx.kv.cache import PagedKVCache, build_attention_metadata
 from longctx.memory import blocks_for_tokens
+from longctx.model.attention import choose_backend
 from longctx.model.config import resized
 from longctx.model.llama import _sdpa, apply_rope, rope_cos_sin
 from longctx.specs import dtype_bytes
+
+
+def backends(ctx) -> list:
+    """The ``BackendChoice`` of each of ``config.attention_backends`` on this device and dtype (pool in the
+    model's dtype); a name twice (``auto`` resolving to one already listed) is measured once."""
+    out = {}
+    for requested in ctx.config.attention_backends:
+        choice = choose_backend(requested, ctx.device, ctx.dtype)
+        out.setdefault(choice.name, choice)
+    return list(out.values())
 
 
 def ceilings(ctx, name: str) -> None:
@@ -32,27 +46,31 @@ def ceilings(ctx, name: str) -> None:
 
 
 def prefill_chunks(ctx, name: str) -> None:
-    """Per chunk size: each chunk of one prompt timed after the earlier chunks filled the KV cache."""
+    """Per chunk size and backend: each chunk of one prompt timed after the earlier chunks filled the KV cache."""
     model, T, bs, dev = ctx.model(name), ctx.config.prefill_prompt_tokens, ctx.config.block_size, ctx.device
     cache = PagedKVCache.for_model(model.config, blocks_for_tokens(T, bs), bs, dev, ctx.dtype)
     table = list(range(cache.num_blocks))
     ids = torch.randint(0, model.config.vocab_size, (T,), generator=torch.Generator().manual_seed(1)).to(dev)
 
-    def chunk_s(n: int, s: int) -> float:  # n new tokens after s cached ones
-        meta, last = build_attention_metadata([(table, s, n)], bs, dev), torch.tensor([n - 1], device=dev)
-        return ctx.time(lambda: model(ids[s:s + n], cache, meta, logits_rows=last), warmup=1,
+    def chunk_s(n: int, s: int, backend) -> float:  # n new tokens after s cached ones
+        meta = build_attention_metadata([(table, s, n)], bs, dev, decode_groups=backend.uses_decode_groups)
+        last = torch.tensor([n - 1], device=dev)
+        return ctx.time(lambda: model(ids[s:s + n], cache, meta, logits_rows=last, backend=backend), warmup=1,
                         repeats=max(1, ctx.config.repeats - 2)).median_s
 
     for chunk in (c for c in ctx.config.chunk_sizes if c <= T):
-        what = f"{name} prefill chunk {chunk}"
         pieces = [(min(chunk, T - s), s) for s in range(0, T, chunk)]  # (new, cached)
-        if (times := ctx.point(what, lambda pieces=pieces: [chunk_s(n, s) for n, s in pieces])) is None:
-            continue
         flops = sum(ctx.cost(model.config, [p]).flops for p in pieces)
-        ctx.record.setdefault("prefill_chunks", []).append(
-            {"model": name, "chunk_size": chunk, "prompt_tokens": T, "time_s": sum(times), "flops": flops,
-             "flops_per_s": flops / sum(times), "chunks": [[n, s, t] for (n, s), t in zip(pieces, times, strict=True)]})
-        ctx.log(f"  {what:<30}: {sum(times) * 1e3:9.2f} ms, {flops / sum(times) / 1e12:6.2f} TFLOP/s")
+        for choice in backends(ctx):
+            what = f"{name} prefill chunk {chunk} {choice.name}"
+            timed = ctx.point(what, lambda pieces=pieces, b=choice.backend: [chunk_s(n, s, b) for n, s in pieces])
+            if (times := timed) is None:
+                continue
+            ctx.record.setdefault("prefill_chunks", []).append(
+                {"model": name, "attention_backend": choice.name, "chunk_size": chunk, "prompt_tokens": T,
+                 "time_s": sum(times), "flops": flops, "flops_per_s": flops / sum(times),
+                 "chunks": [[n, s, t] for (n, s), t in zip(pieces, times, strict=True)]})
+            ctx.log(f"  {what:<40}: {sum(times) * 1e3:9.2f} ms, {flops / sum(times) / 1e12:6.2f} TFLOP/s")
 
 
 def decode(ctx, name: str) -> None:
@@ -71,21 +89,23 @@ def decode(ctx, name: str) -> None:
         return
     cache.data.normal_(generator=torch.Generator(device=dev).manual_seed(2))  # real numbers, not zeros
 
-    def step_timing(b: int, L: int):
+    def step_timing(b: int, L: int, backend):
         meta = build_attention_metadata([(list(range(i * nb[L], (i + 1) * nb[L])), L, 1) for i in range(b)],
-                                        bs, dev)
+                                        bs, dev, decode_groups=backend.uses_decode_groups)
         ids, rows = torch.randint(0, model.config.vocab_size, (b,), device=dev), torch.arange(b, device=dev)
-        return ctx.time(lambda: model(ids, cache, meta, logits_rows=rows))
+        return ctx.time(lambda: model(ids, cache, meta, logits_rows=rows, backend=backend))
 
     for b, L in points:
-        what = f"{name} decode batch {b} context {L}"
-        if (t := ctx.point(what, lambda b=b, L=L: step_timing(b, L))) is None:
-            continue
         cost = ctx.cost(model.config, [(1, L)] * b)
-        ctx.record.setdefault("decode", []).append(
-            {"model": name, "batch_size": b, "context_tokens": L, "step_s": t.median_s, "bytes": cost.bytes,
-             "bytes_per_s": cost.bytes / t.median_s, "flops": cost.flops})
-        ctx.log(f"  {what:<38}: {t.median_s * 1e3:7.2f} ms, {cost.bytes / t.median_s / 1e12:5.2f} TB/s")
+        for choice in backends(ctx):
+            what = f"{name} decode batch {b} context {L} {choice.name}"
+            if (t := ctx.point(what, lambda b=b, L=L, k=choice.backend: step_timing(b, L, k))) is None:
+                continue
+            ctx.record.setdefault("decode", []).append(
+                {"model": name, "attention_backend": choice.name, "batch_size": b, "context_tokens": L,
+                 "step_s": t.median_s, "bytes": cost.bytes, "bytes_per_s": cost.bytes / t.median_s,
+                 "flops": cost.flops})
+            ctx.log(f"  {what:<48}: {t.median_s * 1e3:7.2f} ms, {cost.bytes / t.median_s / 1e12:5.2f} TB/s")
 
 
 def attention_share(ctx, name: str) -> None:

@@ -1,9 +1,12 @@
 """The GPU suite behind ``python -m longctx gpu-bench``: one prepared run, a time cap, one record.
 
-Sections (``longctx.gpu.sections``), in order: ``ceilings`` (always run), ``prefill_chunks``, ``decode``,
-``attention_share`` (random-weight Llama-3-8B). Each gets its weight's share of the time left; a point past
-its section's deadline or out of memory is listed under ``skipped``, any other failure under ``errors``, and
-the run goes on. ``BenchConfig.toy()`` runs it all on the CPU in seconds (the tests use it).
+Sections (``longctx.gpu.sections``), in order: ``ceilings`` (always run), ``prefill_chunks`` and ``decode``
+(each point with every backend of ``attention_backends``), ``attention_share``, then the course's central
+experiments through the engine (``longctx.gpu.serving_sections``): ``stall`` and ``capstone``
+(random-weight Llama-3-8B). Each gets its weight's share of the time left; a point past its section's
+deadline or out of memory is listed under ``skipped`` (an engine run past it is stopped mid-run), any other
+failure under ``errors``, and the run goes on. ``BenchConfig.toy()`` runs it all on the CPU in seconds (the
+tests use it).
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from longctx.model.config import LLAMA3_8B, spec_to_dict
 from longctx.provenance import device_provenance
 from longctx.specs import ModelSpec
 
-SECTION_WEIGHTS = {"ceilings": 0.5, "prefill_chunks": 2.0, "decode": 2.5, "attention_share": 1.0}
+SECTION_WEIGHTS = {"ceilings": 0.5, "prefill_chunks": 2.0, "decode": 1.5, "attention_share": 0.5, "stall": 4.0,
+                   "capstone": 3.0}
 TOY = ModelSpec("toy", 2, 64, 4, 2, 16, "tiny random-weight stand-in for the CPU toy run",
                 intermediate_size=160, vocab_size=512, rope_theta=10000.0, max_context=1 << 16)
 
@@ -81,7 +85,20 @@ class BenchConfig:
     max_decode_kv_tokens: int = 1 << 19  # 512K tokens = 64 GiB of Llama-3-8B bf16 KV
     attention_contexts: tuple[int, ...] = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
     block_size: int = 16
-    time_cap_s: float = 360.0
+    attention_backends: tuple[str, ...] = ("reference", "fused")  # prefill_chunks and decode, side by side
+    serving_backend: str = "auto"  # stall and capstone (auto: fused on CUDA with a pool in the model's dtype)
+    stall_decoders: int = 32
+    stall_decoder_prompt: int = 512
+    stall_arrival_after: int = 16  # output tokens each decoder has when the long prompt arrives
+    stall_long_prompts: tuple[int, ...] = (8192, 32768)
+    stall_budgets: tuple[int, ...] = (512, 2048)  # chunked prefill's token budgets (beside monolithic)
+    stall_repeats: int = 3  # runs per cell, after one warm-up run per scheduler
+    stall_tail_steps: int = 4  # steps after the long prompt's first token still in the window
+    capstone_users: int = 64
+    capstone_prompt: int = 8192
+    capstone_token_budget: int = 8256  # one 8K prompt chunk beside 64 decodes
+    capstone_kv_dtypes: tuple[str, ...] = ("bf16", "fp8")  # the model's dtype: a plain pool
+    time_cap_s: float = 400.0
     sections: tuple[str, ...] = tuple(SECTION_WEIGHTS)
 
     def __post_init__(self) -> None:
@@ -90,13 +107,23 @@ class BenchConfig:
             raise ValueError(f"unknown sections {sorted(unknown)}; allowed: {', '.join(SECTION_WEIGHTS)}")
         if not self.time_cap_s > 0:
             raise ValueError(f"time_cap_s must be > 0 seconds, got {self.time_cap_s}")
+        from longctx.model.attention import BACKEND_NAMES
+
+        for b in (*self.attention_backends, self.serving_backend):
+            if b not in BACKEND_NAMES:
+                raise ValueError(f"unknown attention backend {b!r}; allowed: {', '.join(BACKEND_NAMES)}")
+        if min(self.stall_repeats, self.stall_decoders, self.capstone_users, self.stall_arrival_after) < 1:
+            raise ValueError("stall_repeats, stall_decoders, stall_arrival_after and capstone_users must be >= 1")
 
     @classmethod
     def toy(cls, **overrides) -> BenchConfig:
         sizes = dict(is_toy=True, dtype="fp32", warmup=1, repeats=3, matmul_n=256, copy_bytes=8 * 2**20,
                      prefill_prompt_tokens=256, chunk_sizes=(16, 32, 64, 128, 256),
                      decode_batch_sizes=(1, 2, 4, 8), decode_contexts=(64, 128, 256), max_decode_kv_tokens=1024,
-                     attention_contexts=(64, 128, 256, 512), time_cap_s=60.0)
+                     attention_contexts=(64, 128, 256, 512), time_cap_s=60.0, stall_decoders=4,
+                     stall_decoder_prompt=32, stall_arrival_after=4, stall_long_prompts=(128, 256),
+                     stall_budgets=(32, 64), stall_tail_steps=2, capstone_users=4, capstone_prompt=64,
+                     capstone_token_budget=68, capstone_kv_dtypes=("fp32", "fp8"))
         return cls(**{**sizes, **overrides})
 
     def model_spec(self) -> ModelSpec:  # measured under the name "llama-3-8b"
@@ -145,6 +172,8 @@ class Run:
         must not lose a whole GPU run)."""
         import torch
 
+        from longctx.gpu.serving_sections import OverCap
+
         if timed and time.monotonic() >= self.deadline:
             self.record["skipped"].append(f"{what} (time cap)")
             return None
@@ -152,6 +181,8 @@ class Run:
             return fn()
         except torch.OutOfMemoryError:
             self.record["skipped"].append(f"{what} (out of memory)")
+        except OverCap as exc:
+            self.record["skipped"].append(f"{what} (time cap: {exc})")
         except Exception as exc:  # recorded and printed, never hidden: the tests require errors == []
             self.record["errors"].append(f"{what}: {type(exc).__name__}: {exc}"[:500])
             self.log(f"  ERROR {what}: {type(exc).__name__}: {exc}")
@@ -176,8 +207,9 @@ def run_suite(config: BenchConfig, device=None, log: Callable[[str], None] | Non
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[config.dtype]
     record = {"schema": SCHEMA, "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
               "toy": config.is_toy, "dtype": config.dtype, "device": device_provenance(device), "config": asdict(config),
-              "notes": "random-weight longctx.model.llama over the engine's paged KV cache (torch SDPA, "
-                       "not a fused paged-attention kernel): this engine's speed, not vLLM's",
+              "notes": "random-weight longctx.model.llama over the engine's paged KV cache, each row naming its "
+                       "attention backend (reference: SDPA; fused: one call per chunk, FlexAttention over the "
+                       "pool for decodes): this engine's speed, not vLLM's",
               "models": {}, "errors": [], "skipped": []}
     run = Run(record, config, device, dtype, log)
     todo = [s for s in SECTION_WEIGHTS if s in config.sections or s == "ceilings"]  # every reader needs these
