@@ -263,6 +263,19 @@ class BlockManager:
         self._release(table)
         return len(table)
 
+    def restore(self, tables: dict[int, list[int]], num_free_blocks: int | None = None) -> None:
+        """Make this unused manager hold ``tables`` (seq id -> its block ids: another pool's state), with
+        ``num_free_blocks`` of the other blocks free (default: all; the rest are held outside these tables)."""
+        if self._tables or len(self._free) != self.num_blocks:
+            raise ValueError("restore needs a manager that holds nothing yet")
+        for sid, table in tables.items():
+            if table:
+                self._tables[sid] = list(table)
+                for b in table:
+                    self._ref[b] += 1
+        unused = [b for b in range(self.num_blocks - 1, -1, -1) if self._ref[b] == 0]
+        self._free = unused if num_free_blocks is None else unused[:num_free_blocks]
+
     def check_invariants(self) -> None:
         """Raise AssertionError if a block is lost, shared without prefix caching, or freed twice, or if
         the reference counts and the prefix cache disagree with the tables (used by tests)."""

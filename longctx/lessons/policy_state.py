@@ -29,13 +29,7 @@ def manager_with_tables(num_blocks: int, block_size: int, tables: dict[int, list
     """A ``BlockManager`` whose sequences already hold ``tables`` (a snapshot of another pool, e.g. the
     state a policy check replays), with ``num_free_blocks`` of the remaining blocks free (default: all)."""
     bm = BlockManager(num_blocks, block_size)
-    for sid, table in tables.items():
-        if table:
-            bm._tables[sid] = list(table)
-            for b in table:
-                bm._ref[b] += 1
-    unused = [b for b in range(bm.num_blocks - 1, -1, -1) if bm._ref[b] == 0]
-    bm._free = unused if num_free_blocks is None else unused[:num_free_blocks]
+    bm.restore(tables, num_free_blocks)
     return bm
 
 

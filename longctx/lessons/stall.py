@@ -180,11 +180,6 @@ class StallResult:
         """Worst gap after the arrival over the steady gap (the source's 57x, on its own numbers)."""
         return self.max_itl_s / self.steady_itl_s
 
-    def stream_itl_s(self) -> list[list[float]]:
-        """Inter-token gaps of each stream in the window."""
-        return [list(np.diff(t)) for t in self.stream_token_times_s]
-
-
 Exercise1, Exercise1Result = StallScenario, StallResult  # the source's name for the scenario
 
 

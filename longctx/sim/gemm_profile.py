@@ -162,7 +162,8 @@ def measure_gemm_profile(model: ModelSpec | str = "smollm2-135m", rows=DEFAULT_R
     import torch
     import torch.nn.functional as F
 
-    from longctx.model.llama import RMSNorm, _sdpa, apply_rope, rope_cos_sin
+    from longctx.model.attention import sdpa
+    from longctx.model.llama import RMSNorm, apply_rope, rope_cos_sin
 
     m = get_model(model)
     repeats = positive_int("repeats", repeats, floats=False)
@@ -197,7 +198,7 @@ def measure_gemm_profile(model: ModelSpec | str = "smollm2-135m", rows=DEFAULT_R
             t = {"x_d": x_d, "x_ff": x_ff, "q": q, "kv": kv, "cos": cos, "sin": sin, "slots": slot_mapping,
                  "qh": qh, "kh": kh, "att": att}
             for rep in range(repeats + 1):  # the first pass warms up
-                acc = _timed_pass(layers, norms, caches, head, t, (F, apply_rope, _sdpa))
+                acc = _timed_pass(layers, norms, caches, head, t, (F, apply_rope, sdpa))
                 if rep:
                     for g in GROUPS:
                         passes[g].append(acc[g])
