@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import TYPE_CHECKING
 
-from longctx.engine.logprobs import TokenLogprob
+if TYPE_CHECKING:  # (no torch at run time)
+    from longctx.engine.logprobs import TokenLogprob
 
 
 def new_id(kind: str) -> str:
