@@ -2,7 +2,9 @@
 
 The capstone's KV choices are flags: ``--kv-dtype`` (vLLM: ``--kv-cache-dtype``), ``--prefix-caching``
 (vLLM: ``--enable-prefix-caching``) and ``--press NAME --compression-ratio R`` (KV pruning, ours only).
-``GET /metrics`` reports the pool, the queues and the prefix cache in Prometheus' text format.
+``GET /metrics`` reports the pool, the queues, the prefix cache and the latency histograms in Prometheus' text
+format. The API follows vLLM's OpenAI-compatible server (``longctx.serve``): lm-evaluation-harness, guidellm and
+the openai client use it unchanged.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from __future__ import annotations
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "serve", help="OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions) over the engine"
+        "serve", help="OpenAI-compatible HTTP server over the engine, as vLLM's (/v1/completions, "
+        "/v1/chat/completions, /tokenize, /detokenize, /metrics, ...)"
     )
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
