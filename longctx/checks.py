@@ -1,5 +1,5 @@
 """Argument checks shared across the package, the one place they are written: what counts as an integer,
-positive integers, token counts, non-negative and positive numbers, fractions in (0, 1].
+positive integers, token counts (``memory`` re-exports ``check_token_count``), non-negative and positive numbers, fractions in (0, 1].
 
 Each raises ``ValueError`` saying what is wrong and what is allowed. (Request bodies of the server are
 checked by its pydantic models instead, ``longctx.serve.protocol``.) No dependencies (no numpy, no torch),
@@ -39,7 +39,7 @@ def positive_int(name: str, value: object, *, allow_none: bool = False, floats: 
     return n
 
 
-def token_count(name: str, value: object, *, allow_zero: bool = True) -> int:
+def check_token_count(name: str, value: object, *, allow_zero: bool = True) -> int:
     """Validate a token count (an integer >= 0, or >= 1 without allow_zero) and return it as int."""
     count = as_integer(value)  # numpy integers too
     if count is None:
@@ -70,7 +70,7 @@ def positive_number(name: str, value: object) -> float:
     return float(value)
 
 
-def fraction(name: str, value: object, meaning: str) -> float:
+def unit_fraction(name: str, value: object, meaning: str) -> float:
     """``value`` as a float when it is a real number in (0, 1]; ``meaning`` says what it is a fraction of."""
     if not _real(value) or not 0 < value <= 1:
         raise ValueError(f"{name} must be in (0, 1] ({meaning}), got {value!r}")

@@ -22,16 +22,13 @@ import math
 import numbers
 from dataclasses import dataclass
 
-from longctx.checks import token_count
+from longctx.checks import check_token_count  # noqa: F401  (re-exported: memory.check_token_count)
 from longctx.specs import ModelSpec, dtype_bytes, get_model
 
 KiB = 2**10
 MiB = 2**20
 GiB = 2**30
 GB = 10**9
-
-
-check_token_count = token_count  # the calculators' name for ``checks.token_count``
 
 
 def _block_size(block_size: int | None) -> int | None:

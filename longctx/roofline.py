@@ -17,7 +17,7 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass
 
-from longctx.checks import fraction, nonnegative_number, positive_int
+from longctx.checks import nonnegative_number, positive_int, unit_fraction
 from longctx.specs import HardwareSpec, dtype_bytes, get_hardware
 
 
@@ -34,8 +34,8 @@ def ridge_point(
 ) -> float:
     """Intensity (FLOP/byte) where compute and memory time are equal. H100 SXM: 989e12/3.35e12 = 295."""
     hw = get_hardware(hardware)
-    ce = fraction("compute_efficiency", compute_efficiency, "fraction of the datasheet peak")
-    me = fraction("memory_efficiency", memory_efficiency, "fraction of the datasheet peak")
+    ce = unit_fraction("compute_efficiency", compute_efficiency, "fraction of the datasheet peak")
+    me = unit_fraction("memory_efficiency", memory_efficiency, "fraction of the datasheet peak")
     return (hw.peak_flops_per_s * ce) / (hw.memory_bandwidth_bytes_per_s * me)
 
 
@@ -84,8 +84,8 @@ def roofline_time(
     hw = get_hardware(hardware)
     flops = nonnegative_number("flops", flops)
     num_bytes = nonnegative_number("num_bytes", num_bytes)
-    ce = fraction("compute_efficiency", compute_efficiency, "fraction of the datasheet peak")
-    me = fraction("memory_efficiency", memory_efficiency, "fraction of the datasheet peak")
+    ce = unit_fraction("compute_efficiency", compute_efficiency, "fraction of the datasheet peak")
+    me = unit_fraction("memory_efficiency", memory_efficiency, "fraction of the datasheet peak")
     peak = hw.peak_flops_per_s if peak_flops_per_s is None else peak_flops_per_s
     if isinstance(peak, bool) or not isinstance(peak, numbers.Real) or not peak > 0:
         raise ValueError(f"peak_flops_per_s must be a positive number of FLOP/s, got {peak!r}")

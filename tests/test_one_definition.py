@@ -13,6 +13,15 @@ second definition appears. It scans the package's source with ``ast``:
   ``engine/step_records.StepRecord`` (the engine's history and every timeline; ``sim.MeasuredStep`` is a different
   thing, a calibration sample: a batch's entries and its measured time)
 
+Issue 45 adds: an entry enters a batch one way (``ScheduledBatch._append``, which alone counts a decode);
+a sequence's cached K/V entries (``Sequence.num_cached_tokens``, never ``computed - evicted`` inlined); the
+attention's work in the simulator (``CostModelExecutor.attention_work``); a roofline result's fields
+(``roofline.RooflineTime``; ``sim.factors.StepBreakdown`` extends it); the pool's bytes per token with its scale
+layouts (``kv.quant.pool_bytes_per_token``; ``plan.bytes_per_token`` is the same object) and the pool's size
+(``plan.pool_blocks``; ``sim.kv_pool_blocks`` calls it); the evicted count (``memory.evicted_tokens``); the
+token-budget schedulers' constructor (``engine.scheduler.TokenBudgetScheduler``); argument checks
+(``longctx/checks.py``).
+
 Two checks: a ``def`` / ``class`` of each canonical name exists in its home module only, and the formula
 itself (an inline ceil-division, a ``num_layers * num_kv_heads`` product, a budget divided by
 ``block_size * bytes``, an exponential or gamma draw, ``np.percentile``, a class with latency fields)
@@ -50,9 +59,29 @@ HOMES = {  # a def or class name -> the one module (relative to longctx/) that d
     "StepRecord": "engine/step_records.py",
     "step_kind": "engine/step_records.py",
     "Request": "sim/workload.py",
+    # issue 45
+    "_append": "engine/batch.py",  # the one way an entry enters a batch (a decode too)
+    "num_cached_tokens": "engine/sequence.py",
+    "attention_work": "sim/cost_model.py",
+    "RooflineTime": "roofline.py",
+    "pool_bytes_per_token": "kv/quant.py",
+    "scale_layout": "kv/quant.py",
+    "pool_blocks": "plan.py",
+    "kv_pool_blocks": "sim/run.py",
+    "evicted_tokens": "memory.py",
+    "TokenBudgetScheduler": "engine/scheduler.py",
+    "press_from_options": "engine/pruning.py",
+    "check_token_count": "checks.py",
+    "nonnegative_number": "checks.py",
+    "positive_number": "checks.py",
+    "unit_fraction": "checks.py",
+    "positive_int": "checks.py",
 }
 RETIRED = ("blocks_needed", "SLOs", "distribution_ms", "pool_gib_blocks", "Exercise1", "Exercise1Result",
-           "stall_requests", "IterationRecord", "iteration_kind", "ToyRequest", "BacklogRequest")  # old duplicates: aliases at most
+           "stall_requests", "IterationRecord", "iteration_kind", "ToyRequest", "BacklogRequest",
+           # issue 45
+           "_nonnegative", "_efficiency", "is_prefill_in_progress", "stream_itl_s",
+           "make_cli_press_copy")  # old duplicates: aliases at most
 
 FORMULA_HOMES = {  # concept -> (module, function) where its formula may be written; None: anywhere in it
     "ceil division": ("memory.py", "blocks_for_tokens"),
@@ -61,6 +90,13 @@ FORMULA_HOMES = {  # concept -> (module, function) where its formula may be writ
     "arrival gaps": ("arrivals.py", "arrival_times"),
     "percentile": ("request_metrics.py", None),
     "latency fields": ("request_metrics.py", None),
+    # issue 45
+    "decode counted": ("engine/batch.py", "_append"),
+    "cached tokens": ("engine/sequence.py", "num_cached_tokens"),
+    "attention work": ("sim/cost_model.py", "attention_work"),
+    "roofline fields": ("roofline.py", None),
+    "evicted count": ("memory.py", "evicted_tokens"),
+    "budget constructor": ("engine/scheduler.py", "__init__"),
 }
 LATENCY_FIELDS = {"ttft_s", "tpot_s", "itl_s", "e2e_s"}
 ARRIVAL_DRAWS = {"exponential", "standard_exponential", "gamma", "standard_gamma", "poisson"}
@@ -111,6 +147,33 @@ def _concept(node: ast.AST) -> str | None:
             isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name) and s.target.id in LATENCY_FIELDS
             for s in node.body):
         return "latency fields"  # a second RequestMetrics or SLO
+    return _concept_45(node)
+
+
+def _fields(node: ast.ClassDef) -> set[str]:
+    return {s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+
+
+def _concept_45(node: ast.AST) -> str | None:
+    """Issue 45's concepts (see ``FORMULA_HOMES``)."""
+    if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Attribute) \
+            and node.target.attr == "num_decode_tokens":
+        return "decode counted"  # batch.num_decode_tokens += 1: a second way to add a decode
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub) \
+            and "num_evicted_tokens" in _names(node.right) and "num_computed_tokens" in _names(node.left):
+        return "cached tokens"  # computed - evicted, inlined
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) and "attention_flops_per_pair" in _names(node):
+        return "attention work"  # pairs * flops per pair
+    if isinstance(node, ast.ClassDef) and {"compute_s", "memory_s"} <= _fields(node):
+        return "roofline fields"  # a second roofline result
+    if isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute)) \
+            and (node.func.id if isinstance(node.func, ast.Name) else node.func.attr) in ("floor", "int") \
+            and node.args and isinstance(node.args[0], ast.BinOp) and isinstance(node.args[0].op, ast.Mult) \
+            and any("ratio" in x for x in _names(node.args[0])):
+        return "evicted count"  # floor(compression_ratio * tokens)
+    if isinstance(node, ast.FunctionDef) and node.name == "__init__" \
+            and [a.arg for a in node.args.args] == ["self", "token_budget", "max_num_seqs"]:
+        return "budget constructor"  # a scheduler's (token_budget, max_num_seqs) constructor
     return None
 
 
@@ -169,7 +232,7 @@ def test_no_second_formula_outside_the_one_definition():
 
 
 def test_aliases_and_re_exports_are_the_one_object():
-    from longctx import arrivals, engine, memory, plan, sim
+    from longctx import arrivals, checks, engine, memory, plan, sim
     from longctx import request_metrics as metrics
     from longctx.bench import client_metrics as bench_metrics
     from longctx.kv import block_manager
@@ -180,6 +243,10 @@ def test_aliases_and_re_exports_are_the_one_object():
     assert engine.summarize is metrics.summarize and engine.RequestMetrics is metrics.RequestMetrics
     assert sim.arrival_times is arrivals.arrival_times
     assert plan.memory is memory
+    from longctx.kv import quant
+
+    assert plan.bytes_per_token is quant.pool_bytes_per_token and plan.scale_layout is quant.scale_layout
+    assert memory.check_token_count is checks.check_token_count
     assert not hasattr(block_manager.BlockManager, "blocks_needed")  # extra_blocks_needed says what it counts
     from longctx.lessons import stall
 
@@ -195,6 +262,14 @@ DUPLICATES = {
     "arrival gaps": ["def f(rng, rate, n):\n    return rng.exponential(1.0 / rate, size=n).cumsum()\n"],
     "percentile": ["import numpy as np\ndef f(v):\n    return {'p99': float(np.percentile(v, 99))}\n"],
     "latency fields": ["class SLOs:\n    ttft_s: float | None = None\n"],
+    "decode counted": ["def add_decode(batch, seq):\n    batch.entries.append(seq)\n    batch.num_decode_tokens += 1\n"],
+    "cached tokens": ["def f(seq):\n    return seq.num_computed_tokens - seq.num_evicted_tokens\n"],
+    "attention work": ["def f(ex, pairs, peak):\n    return pairs * ex.attention_flops_per_pair / peak\n"],
+    "roofline fields": ["class StepTime:\n    compute_s: float\n    memory_s: float\n"],
+    "evicted count": ["import math\ndef f(ratio, n):\n    return math.floor(ratio * n)\n",
+                      "def f(self, n):\n    return int(self.kv_compression_ratio * n)\n"],
+    "budget constructor": ["class S:\n    def __init__(self, token_budget=512, max_num_seqs=256):\n"
+                           "        self.token_budget = token_budget\n"],
 }
 
 
@@ -203,7 +278,8 @@ def test_the_scan_catches_a_duplicate_formula(concept, source):
     _, formulas = scan("bench/elsewhere.py", ast.parse(source))
     assert [c for c, _, _ in formulas] == [concept]
     home_module, home_func = FORMULA_HOMES[concept]
-    _, at_home = scan(home_module, ast.parse(source.replace("def f(", f"def {home_func or 'f'}(")))
+    home_source = source.replace("def f(", f"def {home_func or 'f'}(").replace("def add_decode(", f"def {home_func}(")
+    _, at_home = scan(home_module, ast.parse(home_source))
     assert not at_home  # the same formula in its home is the one definition
 
 
