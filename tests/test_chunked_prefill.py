@@ -52,9 +52,11 @@ def test_mixed_batches_give_each_request_its_solo_tokens():
         assert mixed == isinstance(scheduler, ChunkedPrefillScheduler)  # only the stall-free policy mixes
 
 
+@pytest.mark.parametrize("backend", ["reference", "fused"])
 @pytest.mark.parametrize("scheduler", [ChunkedPrefillScheduler(5), MonolithicScheduler()])
-def test_batched_decodes_of_different_lengths_match_solo_runs_on_a_tiny_model(scheduler):
-    """Decode groups (several sequences, padded and masked, rows not in order) change no token."""
+def test_batched_decodes_of_different_lengths_match_solo_runs_on_a_tiny_model(scheduler, backend):
+    """Decode groups (several sequences, padded and masked, rows not in order) change no token; neither does
+    the fused backend's paged decode (solo runs on the reference backend)."""
     import torch
 
     from longctx.model.llama import Llama
@@ -65,8 +67,9 @@ def test_batched_decodes_of_different_lengths_match_solo_runs_on_a_tiny_model(sc
     model = Llama(spec).init_random_(seed=3, std=0.3).eval()
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 50, (n,), generator=g).tolist() for n in (3, 17, 6, 40, 9)]
-    solo = [generate(model, p, 12, block_size=4) for p in prompts]
-    engine = Engine(TorchExecutor(model, BlockManager(64, 4)), scheduler, max_model_len=128)
+    solo = [generate(model, p, 12, block_size=4, attention_backend="reference") for p in prompts]
+    engine = Engine(TorchExecutor(model, BlockManager(64, 4), attention_backend=backend), scheduler,
+                    max_model_len=128)
     seqs = [engine.add_request(p, 12, arrival_s=0.0) for p in prompts]
     engine.run_until_done()
     assert [s.output_token_ids for s in seqs] == solo
