@@ -162,3 +162,11 @@ def test_gpu_run_script_toy(tmp_path):
     assert check_record(json.loads((tmp_path / "cpu-toy.json").read_text()))["toy"] is True
     assert "calibrated on prefill_chunks, decode" in r.stdout and "torch" in r.stderr
     assert (tmp_path / "gpu-bench-cpu-toy.log").is_file()
+
+
+def test_each_section_is_checkpointed_so_a_killed_run_keeps_what_it_measured():
+    saved = []
+    rec = run_suite(BenchConfig.toy(sections=("ceilings", "attention_share")), device="cpu",
+                    checkpoint=lambda partial: saved.append(check_record(partial)))
+    assert [("attention_share" in p, p["complete"]) for p in saved] == [(False, False)]  # after ceilings
+    assert rec["complete"] is True and rec["attention_share"]

@@ -63,17 +63,19 @@ def run_gpu_bench(args: argparse.Namespace) -> int:
         return 1
     from longctx.gpu.records import record_path, save_record
     from longctx.gpu.suite import BenchConfig, run_suite
+    from longctx.provenance import device_key
 
     config = BenchConfig.toy(**overrides) if args.toy else BenchConfig(**overrides)
     log = None if args.quiet else (lambda msg: print(msg, flush=True))
-    record = run_suite(config, device="cpu" if args.toy else "cuda", log=log)
-    key = record["device"]["key"]
+    device = "cpu" if args.toy else "cuda"
+    key = "cpu" if args.toy else device_key(torch.cuda.get_device_name(0))  # the record's device.key
     if args.out is not None:
         out = args.out
     elif args.toy:
         out = pathlib.Path(tempfile.gettempdir()) / f"longctx-gpu-bench-{key}-toy.json"
     else:
         out = record_path(key)
+    record = run_suite(config, device=device, log=log, checkpoint=lambda partial: save_record(partial, out))
     path = save_record(record, out)
     for line in summary_lines(record):
         print(line)

@@ -121,6 +121,7 @@ def capstone_run(ctx, name: str, kv_dtype: str) -> dict:
     out = blocks_for_tokens(U * P, max(1, budget - U)) + 1 + c.stall_tail_steps + 8  # the first still decodes
     blocks = U * blocks_for_tokens(P + out, c.block_size) + U
     pool_kv = None if kv_dtype == c.dtype else kv_dtype  # the model's own dtype: a plain pool
+    ctx.free_memory()  # the earlier sections' caches: this pool is the largest allocation of the run
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     engine, backend = _engine(ctx, name, ChunkedPrefillScheduler(token_budget=budget, max_num_seqs=max(U, 1)),

@@ -197,8 +197,11 @@ class Run:
             torch.cuda.empty_cache()
 
 
-def run_suite(config: BenchConfig, device=None, log: Callable[[str], None] | None = None) -> dict:
-    """The record (``longctx.gpu.records``) of ``config``'s sections on ``device`` (default: CUDA if any)."""
+def run_suite(config: BenchConfig, device=None, log: Callable[[str], None] | None = None,
+              checkpoint: Callable[[dict], None] | None = None) -> dict:
+    """The record (``longctx.gpu.records``) of ``config``'s sections on ``device`` (default: CUDA if any).
+    ``checkpoint(record)`` is called after each section (``complete`` False until the end): a run killed
+    from outside keeps what it measured."""
     import torch
 
     from longctx.gpu import sections
@@ -223,10 +226,13 @@ def run_suite(config: BenchConfig, device=None, log: Callable[[str], None] | Non
                 t0 = time.monotonic()
                 log(f"[{section}] ...")
                 run.point(f"section {section}", lambda s=section: getattr(sections, s)(run, "llama-3-8b"), timed=False)
+                run.free_memory()
                 log(f"[{section}] done in {time.monotonic() - t0:.1f} s")
+                if checkpoint is not None and i + 1 < len(todo):
+                    checkpoint({**record, "wall_s": round(time.monotonic() - run.start, 3), "complete": False})
     finally:
         run.llama = None
         run.free_memory()
         torch.set_num_threads(threads)
-    record["wall_s"] = round(time.monotonic() - run.start, 3)
+    record["wall_s"], record["complete"] = round(time.monotonic() - run.start, 3), True
     return record
