@@ -170,3 +170,10 @@ def test_each_section_is_checkpointed_so_a_killed_run_keeps_what_it_measured():
                     checkpoint=lambda partial: saved.append(check_record(partial)))
     assert [("attention_share" in p, p["complete"]) for p in saved] == [(False, False)]  # after ceilings
     assert rec["complete"] is True and rec["attention_share"]
+
+
+def test_capstone_with_the_fused_backend_names_what_ran_per_pool():
+    rec = run_suite(BenchConfig.toy(sections=("capstone",), serving_backend="fused"), device="cpu")
+    assert rec["errors"] == []
+    ran = {r["kv_dtype"]: r["attention_backend"] for r in rec["capstone"]}
+    assert ran == {"fp32": "fused", "fp8": "reference"}  # fused cannot read a quantized pool: the row says so

@@ -32,10 +32,12 @@ class OverCap(Exception):
 
 
 def _engine(ctx, name: str, scheduler, num_blocks: int, max_model_len: int, kv_dtype: str | None = None):
-    """A fresh engine over a pool of ``num_blocks``, with the run's serving backend; ``(engine, backend)``."""
-    model, bs = ctx.model(name), ctx.config.block_size
-    executor = TorchExecutor(model, BlockManager(num_blocks, bs), kv_dtype=kv_dtype,
-                             attention_backend=ctx.config.serving_backend)
+    """A fresh engine over a pool of ``num_blocks``, with the run's serving backend (``fused`` asked for with a
+    quantized pool, which it cannot read, becomes ``auto``: the row names what ran); ``(engine, backend)``."""
+    model, bs, backend = ctx.model(name), ctx.config.block_size, ctx.config.serving_backend
+    if kv_dtype is not None and backend == "fused":
+        backend = "auto"
+    executor = TorchExecutor(model, BlockManager(num_blocks, bs), kv_dtype=kv_dtype, attention_backend=backend)
     engine = Engine(executor, scheduler, clock=WallClock(), max_model_len=max_model_len, eos_token_id=-1)
     return engine, executor.attention_backend_choice.name
 
@@ -135,6 +137,7 @@ def capstone_run(ctx, name: str, kv_dtype: str) -> dict:
     cache = engine.executor.cache
     return {"users": U, "prompt": P, "out_tokens": out, "kv_dtype": kv_dtype, "attention_backend": backend, "n": 1,
             "token_budget": budget, "pool_blocks": blocks, "pool_bytes": cache.nbytes,
+            "bytes_per_block": cache.nbytes // blocks,
             "peak_resident": max(decodes), "full_batch_decode_steps": sum(d == U for d in decodes),
             "peak_used_blocks": max(r.num_used_blocks for r in engine.history),
             "preemptions": engine.counters.num_preemptions,

@@ -112,8 +112,9 @@ class BenchConfig:
         for b in (*self.attention_backends, self.serving_backend):
             if b not in BACKEND_NAMES:
                 raise ValueError(f"unknown attention backend {b!r}; allowed: {', '.join(BACKEND_NAMES)}")
-        if min(self.stall_repeats, self.stall_decoders, self.capstone_users, self.stall_arrival_after) < 1:
-            raise ValueError("stall_repeats, stall_decoders, stall_arrival_after and capstone_users must be >= 1")
+        if min(self.stall_repeats, self.stall_decoders, self.capstone_users) < 1 or self.stall_arrival_after < 2:
+            raise ValueError("stall_repeats, stall_decoders and capstone_users must be >= 1, stall_arrival_after >= 2 "
+                             "(a decoder's steady gap needs two tokens)")
 
     @classmethod
     def toy(cls, **overrides) -> BenchConfig:
