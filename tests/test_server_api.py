@@ -418,7 +418,7 @@ def test_ignore_eos_generates_max_tokens(tokenizer):
         full = httpx.post(url, json={"prompt": "hi", "max_tokens": 8, "ignore_eos": True}).json()
         assert full["usage"]["completion_tokens"] == 8 and full["choices"][0]["finish_reason"] == "length"
         refused = httpx.post(url, json={"prompt": "hi", "min_tokens": 4})  # needs logits: a cost model has none
-        _assert_openai_error(refused, 400, "logprobs")
+        _assert_openai_error(refused, 400, "min_tokens")
 
 
 def test_tokenize_detokenize_version_and_tokenizer_info(server, tokenizer):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+ROWS_AT_ONCE = 256  # prompt rows turned into log-probabilities per pass (a [rows, vocab] float32 copy each)
 
 @dataclass(frozen=True)
 class TokenLogprob:
@@ -61,8 +62,9 @@ class LogprobRecorder:
         last = min(start + len(rows), len(seq.prompt_token_ids) - 1)  # the last position these rows predict
         if last < first or first < start + 1:
             return
-        picked = rows[first - 1 - start : last - start]
-        done.extend(token_logprobs(picked, seq.prompt_token_ids[first : last + 1], k))
+        for lo in range(first, last + 1, ROWS_AT_ONCE):  # bounded memory for a long prompt in one step
+            hi = min(lo + ROWS_AT_ONCE, last + 1)
+            done.extend(token_logprobs(rows[lo - 1 - start : hi - 1 - start], seq.prompt_token_ids[lo:hi], k))
 
     def take(self, seq_id: int) -> tuple[list[TokenLogprob], list[TokenLogprob]]:
         """The prompt and output records of ``seq_id`` collected since the last ``take`` (then dropped)."""

@@ -110,9 +110,14 @@ class Generation:
     def sampling(self, req: GenerationRequest, j: int) -> SamplingParams | None:
         """The parameters of the request's ``j``-th sequence of a prompt (None: plain greedy)."""
         logprobs = req.num_logprobs
-        if (logprobs is not None or req.min_tokens) and not self.aengine.records_logprobs:
-            raise APIError(400, "this server's executor produces no logits (a cost model): no logprobs",
-                           "logprobs", "invalid_value")
+        if not self.aengine.records_logprobs:  # a cost model: no logits to read or change
+            needs_logits = {"logprobs": logprobs is not None, "min_tokens": req.min_tokens, "top_k": req.top_k,
+                            "logit_bias": req.logit_bias, "repetition_penalty": req.repetition_penalty,
+                            "frequency_penalty": req.frequency_penalty, "presence_penalty": req.presence_penalty}
+            for field, asked in needs_logits.items():
+                if asked:
+                    raise APIError(400, f"'{field}' needs logits; this server's executor has none (a cost model)",
+                                   field, "invalid_value")
         temperature = 1.0 if req.temperature is None else float(req.temperature)
         seed = 0 if not temperature else next(self._seeds) if req.seed is None else req.seed + j  # vLLM's children
         params = SamplingParams(
