@@ -4,6 +4,7 @@ scripts/gpu_run.sh --toy."""
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -177,3 +178,10 @@ def test_capstone_with_the_fused_backend_names_what_ran_per_pool():
     assert rec["errors"] == []
     ran = {r["kv_dtype"]: r["attention_backend"] for r in rec["capstone"]}
     assert ran == {"fp32": "fused", "fp8": "reference"}  # fused cannot read a quantized pool: the row says so
+
+
+def test_the_real_run_is_capped_within_8_minutes():
+    text = (ROOT / "scripts" / "gpu_run.sh").read_text()
+    cap = int(re.search(r'CAP="\$\{GPU_BENCH_TIME_CAP_S:-(\d+)\}"', text)[1])
+    grace = int(re.search(r'timeout "\$\(\( \$\{CAP%\.\*\} \+ (\d+) \)\)"', text)[1])
+    assert cap == BenchConfig().time_cap_s and cap + grace <= 8 * 60  # killed by then, whatever happens

@@ -139,3 +139,10 @@ def test_a_record_with_serving_sections_is_shown_beside_the_shipped_run(capsys):
 def test_nothing_recorded_says_so():
     assert cells.recorded_stall("a100") == [] and cells.recorded_capstone("a100") == []
     assert cells.show_stall_table("a100").startswith("no recorded stall run for A100 yet")
+
+
+def test_recorded_label_names_device_date_commit_and_backends():
+    assert cells.recorded_label("h200") == "recorded: NVIDIA H200 (2026-12-04, commit a1e9a4f, backend reference, n = 1)"
+    assert cells.recorded_label("a100") is None
+    both = cells.recorded_label(record=_two_backends(small_record()))
+    assert both == "recorded: NVIDIA H200 (2026-01-01, commit not recorded, backend reference and fused, n = 1)"

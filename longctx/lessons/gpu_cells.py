@@ -150,6 +150,18 @@ def serving_label(device: str, date: str, commit: str | None, backend: str, n: i
             f"backend {backend}, n = {n})")
 
 
+def recorded_label(gpu: str = "h200", record=None) -> str | None:
+    """The provenance line of ``gpu``'s kernel record (``record=``: that one), naming every backend its rows
+    ran with: ``"recorded: NVIDIA H200 (2026-12-04, commit a1e9a4f, backend reference, n = 1)"``; None when
+    nothing is recorded (the figures then show the datasheet prediction)."""
+    rec = choose_source(gpu, record)[0]
+    if rec is None:
+        return None
+    ran = dict.fromkeys(row_backend(rec, r) for s in ("prefill_chunks", "decode") for r in rec.get(s, []))
+    device = rec["device"]["name"] + (", toy run" if rec["toy"] else "")
+    return serving_label(device, rec["date"], rec["device"].get("commit"), " and ".join(ran) or "none", 1)
+
+
 def _serving_rows(part: str, gpu: str, record) -> list[tuple[dict, dict]]:
     """``(row, where)`` of every recorded ``part`` row: the serving run shipped beside ``gpu``'s record, then
     the record's own section (``record=``, else ``gpu``'s shipped record); ``where``: device, date, commit."""
