@@ -33,7 +33,7 @@ from longctx.sim.calibration import (
     profiled_names,
 )
 from longctx.sim.factors import FITTED_H100, CostFactors
-from longctx.sim.operators import gemm_ideal_s, small_ops_time_s
+from longctx.sim.operators import gemm_dims, gemm_ideal_s, small_ops_time_s
 from longctx.sim.profiles import load_profiles
 from longctx.specs import HardwareSpec, get_hardware
 
@@ -74,7 +74,7 @@ def _linear_parts(models: Sequence[str], tp: int, low_tokens: int, high_tokens: 
         pm = table[name]
         if tp not in pm.num_tokens:
             raise ValueError(f"{name} was profiled at TP {', '.join(map(str, pm.tp_degrees))}, not {tp!r}")
-        dims = pm.shape.gemm_dims(tp).values()
+        dims = gemm_dims(pm.shape, tp).values()
         for n, y in zip(pm.num_tokens[tp], pm.linear_time_s(tp), strict=True):
             if not low_tokens <= n <= high_tokens:
                 continue

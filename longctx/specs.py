@@ -75,6 +75,8 @@ class ModelSpec:
     # transformers' ``rope_scaling`` format (None: plain RoPE); checked where the model is built
     rope_scaling: dict | None = field(default=None, hash=False)
     params_from_shapes: bool = field(init=False, default=False)
+    gated_mlp: bool = True  # gate, up and down (Llama); False: up and down only (e.g. phi-2 in Vidur's profiles)
+    norms_per_layer: int = 2  # RMSNorms per layer (1 where a layer shares one norm, e.g. phi-2)
 
     def __post_init__(self) -> None:
         owner = f"ModelSpec {self.name!r}"
@@ -88,6 +90,8 @@ class ModelSpec:
         if self.rope_theta is not None:
             _positive_number(owner, "rope_theta", self.rope_theta)
         _positive_number(owner, "rms_norm_eps", self.rms_norm_eps)
+        if self.norms_per_layer not in (1, 2):
+            raise ValueError(f"{owner}: norms_per_layer must be 1 or 2, got {self.norms_per_layer!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"{owner}: num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
@@ -114,6 +118,11 @@ class ModelSpec:
         return self.num_heads // self.num_kv_heads
 
 
+def mlp_matrices(m: ModelSpec) -> int:
+    """``d_model x intermediate_size`` matrices of one layer's MLP: 3 gated (gate, up, down), else 2."""
+    return 3 if m.gated_mlp else 2
+
+
 def param_count_from_shapes(m: ModelSpec) -> int:
     """Parameter count of a Llama-layout model from its shapes (formula in the module docstring)."""
     if m.intermediate_size is None or m.vocab_size is None:
@@ -121,7 +130,7 @@ def param_count_from_shapes(m: ModelSpec) -> int:
     q_out = m.num_heads * m.head_dim
     kv_out = m.num_kv_heads * m.head_dim
     attn = m.d_model * q_out + 2 * m.d_model * kv_out + q_out * m.d_model
-    mlp = 3 * m.d_model * m.intermediate_size
+    mlp = mlp_matrices(m) * m.d_model * m.intermediate_size
     per_layer = attn + mlp + 2 * m.d_model
     embeddings = m.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
     return m.num_layers * per_layer + embeddings + m.d_model

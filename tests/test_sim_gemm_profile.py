@@ -48,7 +48,7 @@ def test_the_profiled_cost_model_prices_gemms_from_the_profile():
     k = CostFactors(gemm_tile_tokens=1)
     ex = CostModelExecutor("smollm2-135m", CPU, k, weight_dtype="fp32", kv_dtype="fp32", gemm_profile=profile())
     base = CostModelExecutor("smollm2-135m", CPU, k, weight_dtype="fp32", kv_dtype="fp32")
-    embedding = embedding_time_s(base.shape, 3, k, CPU.memory_bandwidth_bytes_per_s, 4.0)  # still modelled
+    embedding = embedding_time_s(base.model, 3, k, CPU.memory_bandwidth_bytes_per_s, 4.0)  # still modelled
     assert ex.linear_time_s(3) == pytest.approx(5 * 3e-3 + embedding)  # four GEMM groups and the small ops
     assert ex.linear_time_s(3) < base.linear_time_s(3)  # (the made-up profile is faster than the roofline)
     # the stair shows in whole steps: three decodes dearer than four

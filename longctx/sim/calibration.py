@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from longctx.sim.cost_model import GEMM_TILE_TOKENS, GEMM_WAVE_SMS, CostFactors
-from longctx.sim.operators import gemm_tile_area, layers_time_s
+from longctx.sim.operators import gemm_dims, gemm_tile_area, layers_time_s
 from longctx.sim.profiles import GEMM_OPS, SMALL_OPS, ProfiledModel, load_profiles
 from longctx.sim.step_fit import Calibration, bounded_lstsq, calibrate
 from longctx.specs import HardwareSpec, get_hardware
@@ -78,7 +78,7 @@ def _points(models: Sequence[ProfiledModel]):
     for pm in models:
         for tp in pm.tp_degrees:
             ns = pm.num_tokens[tp]
-            dims = pm.shape.gemm_dims(tp)
+            dims = gemm_dims(pm.shape, tp)
             share = [sum(x) for x in zip(*(pm.op_s(tp, op) for op in GEMM_OPS), strict=True)]  # layer GEMMs
             for op in GEMM_OPS:
                 k, m = dims[_GEMM_OF_OP[op]]
@@ -221,7 +221,7 @@ def linear_time_points(model: str, tp: int = 1, factors: CostFactors | None = No
     pm = _profiled(model)
     k, hw = factors or CostFactors(), get_hardware(hardware)
     measured = pm.linear_time_s(tp)
-    sh = pm.shape  # its own op set: LayerShape counts its norms; two residual adds in both
+    sh = pm.shape  # its own op set: the ModelSpec counts its norms; two residual adds in both
     return [(n, meas, layers_time_s(sh, n, k, hw.peak_flops_per_s, hw.memory_bandwidth_bytes_per_s,
                                     WEIGHT_BYTES, ACT_BYTES, tp))
             for n, meas in zip(pm.num_tokens[tp], measured, strict=True)]

@@ -58,7 +58,7 @@ from longctx.sim.factors import (  # noqa: F401  (re-exported: the cost model's 
     StepFeatures,
 )
 from longctx.sim.gemm_profile import LAYER_GROUPS, GemmProfile
-from longctx.sim.operators import LayerShape, check_tp, embedding_time_s, gemm_time_s, layers_time_s
+from longctx.sim.operators import check_tp, embedding_time_s, gemm_time_s, layers_time_s, lm_head_rows
 from longctx.sim.step_terms import operator_breakdown
 from longctx.specs import HardwareSpec, ModelSpec, dtype_bytes, get_hardware, get_model
 
@@ -117,7 +117,6 @@ class CostModelExecutor(Executor):
             factors = CostFactors() if form == "operator" else CostFactors.assumed()
         self.factors = factors
         self.weight_dtype, self.kv_dtype, self.attention, self.params = weight_dtype, kv_dtype, attention, params
-        self.shape = LayerShape.from_model(m)
         self.weight_elem_bytes = dtype_bytes(weight_dtype)
         self.act_elem_bytes = 4.0 if str(weight_dtype).lower() == "fp32" else 2.0
         # flops.step_cost's terms, per unit: linear in tokens, in logit rows (one per entry) and in pairs.
@@ -145,11 +144,11 @@ class CostModelExecutor(Executor):
                 raise ValueError(f"a GemmProfile is measured at tensor parallelism 1; got tp={tp}")
             p, hw = self.gemm_profile, self.hardware
             t = self._layers_cache[key] = (sum(p.seconds_at(g, n) for g in LAYER_GROUPS)  # + the embedding lookup
-                                           + embedding_time_s(self.shape, n, self.factors, hw.memory_bandwidth_bytes_per_s,
+                                           + embedding_time_s(self.model, n, self.factors, hw.memory_bandwidth_bytes_per_s,
                                                               self.act_elem_bytes))
         if t is None:
             hw = self.hardware
-            t = self._layers_cache[key] = layers_time_s(self.shape, n, self.factors, hw.peak_flops_per_s,
+            t = self._layers_cache[key] = layers_time_s(self.model, n, self.factors, hw.peak_flops_per_s,
                                                         hw.memory_bandwidth_bytes_per_s, self.weight_elem_bytes,
                                                         self.act_elem_bytes, tp)
         return t
@@ -157,11 +156,11 @@ class CostModelExecutor(Executor):
     def _lm_head_s(self, rows: int) -> float:
         t = self._head_cache.get(rows)
         if t is None:
-            v = self.shape.vocab_size
+            v = lm_head_rows(self.model)
             if self.gemm_profile is not None:
                 t = self.gemm_profile.seconds_at("lm_head", rows)
             else:
-                t = self._gemm_s(rows, self.shape.d_model, v) if v and rows else 0.0
+                t = self._gemm_s(rows, self.model.d_model, v) if v and rows else 0.0
             self._head_cache[rows] = t
         return t
 

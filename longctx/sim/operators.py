@@ -51,76 +51,50 @@ point real GEMMs lose efficiency: both terms matter there, which is what s > 0 e
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from longctx.checks import positive_int
 from longctx.sim.factors import GEMM_WAVE_SMS
-from longctx.specs import ModelSpec, get_model
+from longctx.specs import ModelSpec
 
 GEMMS = ("qkv", "o", "gate_up", "down")
 
 
-@dataclass(frozen=True)
-class LayerShape:
-    """What the operator costs need of a model: layer shapes, layer count, MLP kind, norms per layer.
+def ffn_size(m: ModelSpec) -> float:
+    """``m``'s MLP width for the operator costs: ``intermediate_size``, or for a model known only by its
+    parameter count (the source's teaching 7B) the ``d_ff`` that makes its layers' matrices hold all of
+    ``num_params``: ``d_ff = (N / L - d (2 H_q + 2 H_kv) hd) / (3 d)`` (12,341 for the teaching 7B)."""
+    if m.intermediate_size is None or m.vocab_size is None:
+        attn = m.d_model * (2 * m.num_heads + 2 * m.num_kv_heads) * m.head_dim
+        return (m.num_params / m.num_layers - attn) / (3 * m.d_model)
+    return m.intermediate_size
 
-    ``intermediate_size`` may be fractional for a model known only by its parameter count (``from_model``).
-    """
 
-    name: str
-    num_layers: int
-    d_model: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: float
-    gated_mlp: bool = True
-    vocab_size: int = 0  # 0: no LM head (unknown vocabulary)
-    norms_per_layer: int = 2
+def lm_head_rows(m: ModelSpec) -> int:
+    """The LM head's output width (``vocab_size``), 0 when unknown (then no LM head is priced, as
+    ``longctx.flops`` counts a model known only by its parameter count)."""
+    return 0 if m.intermediate_size is None or m.vocab_size is None else m.vocab_size
 
-    def __post_init__(self) -> None:
-        for f in ("num_layers", "d_model", "num_heads", "num_kv_heads", "head_dim"):
-            positive_int(f"LayerShape {self.name!r}: {f}", getattr(self, f), floats=False)
-        if not self.intermediate_size > 0:
-            raise ValueError(f"LayerShape {self.name!r}: intermediate_size must be > 0, got {self.intermediate_size!r}")
-        if self.vocab_size < 0 or self.norms_per_layer not in (1, 2):
-            raise ValueError(f"LayerShape {self.name!r}: vocab_size must be >= 0 and norms_per_layer 1 or 2")
 
-    @classmethod
-    def from_model(cls, model: ModelSpec | str) -> LayerShape:
-        """A registry model's layer shape (Llama layout: gated MLP, two RMSNorms per layer).
+def gemm_dims(m: ModelSpec, tp: int = 1) -> dict[str, tuple[float, float]]:
+    """``{gemm: (k, m)}`` of one layer of ``m`` on one of ``tp`` GPUs (module docstring's table)."""
+    hd, d, ff = m.head_dim, m.d_model, ffn_size(m)
+    up = (2 if m.gated_mlp else 1) * ff
+    return {"qkv": (d, (m.num_heads + 2 * m.num_kv_heads) * hd / tp), "o": (m.num_heads * hd / tp, d),
+            "gate_up": (d, up / tp), "down": (ff / tp, d)}
 
-        A model known only by ``num_params`` (the source's teaching 7B) gets the ``d_ff`` that makes its
-        layers' matrices hold all of ``num_params``: ``d_ff = (N / L - d (2 H_q + 2 H_kv) hd) / (3 d)``
-        (12,341 for the teaching 7B), and no LM head, as ``longctx.flops`` counts it.
-        """
-        m = get_model(model)
-        ff, vocab = m.intermediate_size, m.vocab_size or 0
-        if ff is None or m.vocab_size is None:
-            attn = m.d_model * (2 * m.num_heads + 2 * m.num_kv_heads) * m.head_dim
-            ff, vocab = (m.num_params / m.num_layers - attn) / (3 * m.d_model), 0
-        return cls(m.name, m.num_layers, m.d_model, m.num_heads, m.num_kv_heads, m.head_dim, ff,
-                   vocab_size=vocab)
 
-    def gemm_dims(self, tp: int = 1) -> dict[str, tuple[float, float]]:
-        """``{gemm: (k, m)}`` of one layer on one of ``tp`` GPUs (module docstring's table)."""
-        hd, d = self.head_dim, self.d_model
-        up = (2 if self.gated_mlp else 1) * self.intermediate_size
-        return {"qkv": (d, (self.num_heads + 2 * self.num_kv_heads) * hd / tp), "o": (self.num_heads * hd / tp, d),
-                "gate_up": (d, up / tp), "down": (self.intermediate_size / tp, d)}
+def small_op_bytes_per_token(m: ModelSpec, act_bytes: float, tp: int = 1) -> float:
+    """Bytes per token of one layer's small ops on one GPU: norms, RoPE, activation, two residual adds."""
+    d, hd = m.d_model, m.head_dim
+    norms = m.norms_per_layer * 2 * d
+    rope = 2 * (m.num_heads + m.num_kv_heads) * hd / tp
+    act = (3 if m.gated_mlp else 2) * ffn_size(m) / tp
+    return (norms + rope + act + 2 * 3 * d) * act_bytes
 
-    def small_op_bytes_per_token(self, act_bytes: float, tp: int = 1) -> float:
-        """Bytes per token of one layer's small ops on one GPU: norms, RoPE, activation, two residual adds."""
-        d, hd = self.d_model, self.head_dim
-        norms = self.norms_per_layer * 2 * d
-        rope = 2 * (self.num_heads + self.num_kv_heads) * hd / tp
-        act = (3 if self.gated_mlp else 2) * self.intermediate_size / tp
-        return (norms + rope + act + 2 * 3 * d) * act_bytes
 
-    @property
-    def small_ops_per_layer(self) -> int:
-        """Kernels of a layer's small ops: the norms, RoPE, the activation and two residual adds."""
-        return self.norms_per_layer + 4
+def small_ops_per_layer(m: ModelSpec) -> int:
+    """Kernels of a layer's small ops: the norms, RoPE, the activation and two residual adds."""
+    return m.norms_per_layer + 4
 
 
 def check_tp(tp: object) -> int:
@@ -160,25 +134,26 @@ def gemm_ideal_s(n: int, k: float, m: float, tile: int, peak: float, bandwidth: 
             (weight_bytes * k * m + act_bytes * n * (k + m)) / bandwidth)
 
 
-def layers_time_s(shape: LayerShape, n: int, factors, peak: float, bandwidth: float, weight_bytes: float = 2.0,
+def layers_time_s(shape: ModelSpec, n: int, factors, peak: float, bandwidth: float, weight_bytes: float = 2.0,
                   act_bytes: float = 2.0, tp: int = 1) -> float:
     """Linear time of ``n`` tokens on one of ``tp`` GPUs: ``L * (4 GEMMs + small ops) + embedding``, seconds.
 
     No LM head and no attention: what Vidur's profiles measure (``longctx.sim.profiles``).
     """
     gemms = sum(gemm_time_s(n, k, m, factors, peak, bandwidth, weight_bytes, act_bytes)
-                for k, m in shape.gemm_dims(tp).values())
+                for k, m in gemm_dims(shape, tp).values())
     return shape.num_layers * gemms + small_ops_time_s(shape, n, factors, bandwidth, act_bytes, tp)
 
 
-def small_ops_time_s(shape: LayerShape, n: int, factors, bandwidth: float, act_bytes: float = 2.0,
+def small_ops_time_s(shape: ModelSpec, n: int, factors, bandwidth: float, act_bytes: float = 2.0,
                      tp: int = 1) -> float:
     """All layers' small per-token ops and the embedding for ``n`` tokens on one of ``tp`` GPUs, seconds."""
     ebw = bandwidth * factors.elementwise_efficiency
-    small = shape.small_ops_per_layer * factors.elementwise_overhead_s + n * shape.small_op_bytes_per_token(act_bytes, tp) / ebw
+    small = (small_ops_per_layer(shape) * factors.elementwise_overhead_s
+             + n * small_op_bytes_per_token(shape, act_bytes, tp) / ebw)
     return shape.num_layers * small + embedding_time_s(shape, n, factors, bandwidth, act_bytes)
 
 
-def embedding_time_s(shape: LayerShape, n: int, factors, bandwidth: float, act_bytes: float = 2.0) -> float:
+def embedding_time_s(shape: ModelSpec, n: int, factors, bandwidth: float, act_bytes: float = 2.0) -> float:
     """The embedding lookup of ``n`` tokens (once a step): gather ``n`` rows of ``d_model``, write them."""
     return factors.elementwise_overhead_s + n * 2 * shape.d_model * act_bytes / (bandwidth * factors.elementwise_efficiency)

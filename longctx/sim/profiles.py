@@ -30,7 +30,7 @@ import statistics
 from dataclasses import dataclass
 from importlib import resources
 
-from longctx.sim.operators import LayerShape
+from longctx.specs import ModelSpec
 
 TABLE = "vidur_h100_linear.json"
 GEMM_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
@@ -54,7 +54,7 @@ class ProfiledModel:
     """One model's profiles: its shape, and ``ms[tp][op]`` = median milliseconds at ``num_tokens[tp][i]``."""
 
     name: str
-    shape: LayerShape
+    shape: ModelSpec  # its layer shapes (a ModelSpec with its MLP kind and norms per layer)
     num_tokens: dict[int, tuple[int, ...]]
     ms: dict[int, dict[str, tuple[float, ...]]]
 
@@ -81,11 +81,12 @@ class ProfiledModel:
         return tp
 
 
-def _shape(name: str, meta: dict) -> LayerShape:
-    return LayerShape(name=name, num_layers=meta["num_layers"], d_model=meta["n_embd"], num_heads=meta["n_head"],
-                      num_kv_heads=meta["n_kv_head"], head_dim=meta["n_embd"] // meta["n_head"],
-                      intermediate_size=meta["n_expanded_embd"], gated_mlp=meta["use_gated_mlp"],
-                      vocab_size=meta["vocab_size"], norms_per_layer=meta["norms_per_layer"])
+def _shape(name: str, meta: dict, source: str) -> ModelSpec:
+    """A profiled model's shapes as a ``ModelSpec`` (its MLP kind and norms per layer as Vidur profiled them)."""
+    return ModelSpec(name=name, source=source, num_layers=meta["num_layers"], d_model=meta["n_embd"],
+                     num_heads=meta["n_head"], num_kv_heads=meta["n_kv_head"], head_dim=meta["n_embd"] // meta["n_head"],
+                     intermediate_size=meta["n_expanded_embd"], gated_mlp=meta["use_gated_mlp"],
+                     vocab_size=meta["vocab_size"], norms_per_layer=meta["norms_per_layer"])
 
 
 @functools.cache
@@ -99,7 +100,7 @@ def load_profiles(path: str | None = None) -> dict[str, ProfiledModel]:
     for name, m in raw["models"].items():
         toks = {int(tp): tuple(v["num_tokens"]) for tp, v in m["tp"].items()}
         ms = {int(tp): {op: tuple(x) for op, x in v["ms"].items()} for tp, v in m["tp"].items()}
-        out[name] = ProfiledModel(name, _shape(name, m["shape"]), toks, ms)
+        out[name] = ProfiledModel(name, _shape(name, m["shape"], m["config_source"]), toks, ms)
     return out
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from longctx.sim.factors import StepBreakdown
-from longctx.sim.operators import gemm_ideal_s, small_ops_time_s
+from longctx.sim.operators import gemm_dims, gemm_ideal_s, lm_head_rows, small_ops_time_s
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class OperatorTerms:
 
 def operator_terms(ex, sequences: Iterable[tuple[int, int]]) -> OperatorTerms:
     """``OperatorTerms`` of a step on ``ex`` (a ``CostModelExecutor`` with ``form="operator"``)."""
-    k, hw, s = ex.factors, ex.hardware, ex.shape
+    k, hw, s = ex.factors, ex.hardware, ex.model
     peak, bw = hw.peak_flops_per_s, hw.memory_bandwidth_bytes_per_s
     if ex.gemm_profile is not None:  # measured parts fixed; only the modelled entries' attention is fitted
         fixed, attended, tokens, n = ex.profiled_parts(sequences)
@@ -47,9 +47,9 @@ def operator_terms(ex, sequences: Iterable[tuple[int, int]]) -> OperatorTerms:
         attended = list(sequences)
         tokens, n = sum(c for c, _ in attended), len(attended)
         fixed = small_ops_time_s(s, tokens, k, bw, ex.act_elem_bytes)
-        parts = [(tokens, kk, mm, s.num_layers) for kk, mm in s.gemm_dims(1).values()]
-        if s.vocab_size and n:
-            parts.append((n, s.d_model, s.vocab_size, 1))
+        parts = [(tokens, kk, mm, s.num_layers) for kk, mm in gemm_dims(s, 1).values()]
+        if lm_head_rows(s) and n:
+            parts.append((n, s.d_model, lm_head_rows(s), 1))
     att_tokens, pairs, cached, _ = ex.totals(attended)
     attention_flops, kv_bytes = ex.attention_work(att_tokens, pairs, cached)
     ideal = [(reps, *gemm_ideal_s(rows, kk, mm, k.gemm_tile_tokens, peak, bw, ex.weight_elem_bytes,
