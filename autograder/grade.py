@@ -10,9 +10,10 @@ sandbox. Steps:
    reading any submission. Register the lessons: `generate_assignment` into a private release folder
    (autograder/.work/release), which creates autograder/gradebook.db on a fresh clone and never touches
    lessons/.
-2. Stage each submission (autograder/pipeline.py, N at a time): copy its regular files (no links, no hard
-   links, no timestamp.txt, bounded depth, count and size) to autograder/.work/staged; a folder whose name
-   cannot be a student id is graded under a safe alias. Check the notebook in a limited child with a time
+2. Stage each submission (autograder/pipeline.py, N at a time): copy its notebook (and files the lesson
+   ships; a regular file, no link, no hard link, bounded size; every other file is listed as ignored) to
+   autograder/.work/staged; a folder whose name is not a whole match of the student-id pattern is graded
+   under a safe alias. Check the notebook in a limited child with a time
    limit (JSON, nbformat, at most twice the lesson's cells); one that fails is replaced by the blank lesson.
 3. Sanitize with nbgrader's own preprocessors, cell roles restored from the lesson first (test cells
    restored, deleted ones added back), then blank every test cell: the sandbox gets the student's cells only.
