@@ -252,6 +252,7 @@ def limit_process(limits):
         return
     enter_files(limits.get("cgroup_procs", []))
     cpu_s = int(limits["cpu_s"])
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # SIGXCPU at the CPU limit must not write a core file
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 5))
     with open("/proc/self/statm") as fh:
         mapped = int(fh.read().split()[0]) * resource.getpagesize()
