@@ -109,3 +109,18 @@ def test_choice_rules_and_their_errors():
         TorchExecutor(model, BlockManager(8, 4), kv_dtype="fp8", attention_backend="fused")
     executor = TorchExecutor(model, BlockManager(8, 4), kv_dtype="fp8", attention_backend="auto")
     assert executor.attention_backend_choice.name == "reference"
+
+
+def test_the_decode_mask_is_one_function_over_buffers_refilled_each_step():
+    """No new mask function or buffer shape per step (a compiled kernel would recompile for each)."""
+    from longctx.model.paged_flex import DecodeMask, paged_decodes
+
+    state = DecodeMask(num_blocks=16, block_size=4, device="cpu", capacity=2)
+    first = paged_decodes([(0, [3, 9], 6), (1, [2], 3)], state)
+    mask_mod, rank = state.mask_mod, state.rank
+    second = paged_decodes([(2, [7, 1, 5], 12), (0, [3, 9], 7)], state)
+    assert state.mask_mod is mask_mod and state.rank is rank
+    assert first.block_mask.mask_mod is second.block_mask.mask_mod
+    assert state.rank[0, [7, 1, 5]].tolist() == [0, 1, 2] and state.lens[:2].tolist() == [12, 7]
+    paged_decodes([(i, [i], 1) for i in range(5)], state)  # a larger batch: capacity doubles, once
+    assert state.capacity == 5 and state.lens[:5].tolist() == [1] * 5

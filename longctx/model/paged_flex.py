@@ -15,9 +15,9 @@ Two ideas, both from how serving engines avoid the reference backend's costs (``
      table (``owner_rank[b, s // block_size] >= 0``, the block's index in that table) and its position
      ``rank * block_size + s % block_size`` is below ``b``'s context length. Eager FlexAttention (a CPU) ignores
      the block lists and evaluates this function everywhere, so ownership must live in it.
-   Both are built once per step (cached on the step's metadata) and shared by every layer. On CUDA
-   ``flex_attention`` is compiled once with dynamic shapes, so a new batch size or pool layout does not
-   recompile it each step.
+   Both are built once per step (cached on the step's metadata) and shared by every layer. The mask
+   function is ONE function over buffers refilled in place (``DecodeMask``), and on CUDA ``flex_attention``
+   is compiled once with dynamic shapes, so a new batch size or new block tables do not recompile it.
 
 Shapes: q [T, H, d] (the step's rows), pool k/v [num_slots, H_kv, d], block size ``bs``.
 """
@@ -65,28 +65,55 @@ def block_ranks(tables: torch.Tensor, used: torch.Tensor, num_blocks: int) -> to
     return rank
 
 
-def paged_decodes(decodes, block_size: int, num_slots: int, device) -> PagedDecodes:
+class DecodeMask:
+    """The mask function's state, kept across steps: ``rank`` [capacity, num_blocks] and ``lens`` [capacity]
+    on the device, refilled in place each step, and ONE ``mask_mod`` that reads them. A compiled kernel sees
+    the same function and the same tensor shapes every step (no recompilation); only a batch larger than
+    ``capacity`` reallocates (capacity doubles)."""
+
+    def __init__(self, num_blocks: int, block_size: int, device, capacity: int = 8):
+        self.num_blocks, self.block_size, self.device = num_blocks, block_size, torch.device(device)
+        self.capacity = 0
+        self._grow(capacity)
+
+    def _grow(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.rank = torch.full((capacity, self.num_blocks), -1, dtype=torch.int32, device=self.device)
+        self.lens = torch.zeros(capacity, dtype=torch.int32, device=self.device)
+        rank, lens, bs = self.rank, self.lens, self.block_size
+
+        def readable(b, h, q_idx, kv_idx):  # slot kv_idx belongs to row b's context
+            r = rank[b, kv_idx // bs]
+            return (r >= 0) & (r * bs + kv_idx % bs < lens[b])
+
+        self.mask_mod = readable
+
+    def update(self, tables: torch.Tensor, used: torch.Tensor, lens: torch.Tensor) -> None:
+        """Rows ``0 … B-1`` become this step's decodes (``tables`` [B, width] padded, ``used`` [B], ``lens`` [B])."""
+        B = len(lens)
+        if B > self.capacity:
+            self._grow(max(B, 2 * self.capacity))
+        self.rank[:B] = block_ranks(tables, used, self.num_blocks).to(self.device)
+        self.lens[:B] = lens.to(self.device)
+
+
+def paged_decodes(decodes, mask_state: DecodeMask) -> PagedDecodes:
     """``decodes``: (row, block_table, kv_len) per decode of the step -> rows and the block mask (see module)."""
-    B = len(decodes)
+    B, bs, device = len(decodes), mask_state.block_size, mask_state.device
     lens = torch.tensor([d[2] for d in decodes], dtype=torch.int32)
-    used = (lens + block_size - 1) // block_size  # [B] blocks that hold each context
+    used = (lens + bs - 1) // bs  # [B] blocks that hold each context
     width = int(used.max())
     tables = torch.zeros((B, width), dtype=torch.int32)
     for b, (_, table, _) in enumerate(decodes):
         tables[b, : int(used[b])] = torch.as_tensor(table[: int(used[b])], dtype=torch.int32)
-    partial = (lens % block_size != 0).to(torch.int32)  # 1 when the last block is partly filled
+    mask_state.update(tables, used, lens)
+    partial = (lens % bs != 0).to(torch.int32)  # 1 when the last block is partly filled
     last = tables.gather(1, (used - 1).long()[:, None])  # [B, 1]
-    rank = block_ranks(tables, used, num_slots // block_size).to(device)
-    lens_dev = lens.to(device)
-
-    def readable(b, h, q_idx, kv_idx):
-        r = rank[b, kv_idx // block_size]
-        return (r >= 0) & (r * block_size + kv_idx % block_size < lens_dev[b])
-
     mask = BlockMask.from_kv_blocks(
         partial.view(B, 1, 1).to(device), last.view(B, 1, 1, 1).to(device),
         (used - partial).view(B, 1, 1).to(device), tables.view(B, 1, 1, width).to(device),
-        BLOCK_SIZE=(16, block_size), mask_mod=readable, seq_lengths=(1, num_slots), compute_q_blocks=False,
+        BLOCK_SIZE=(16, bs), mask_mod=mask_state.mask_mod, seq_lengths=(1, mask_state.num_blocks * bs),
+        compute_q_blocks=False,
     )
     rows = torch.tensor([d[0] for d in decodes], dtype=torch.long, device=device)
     return PagedDecodes(rows, mask)
@@ -97,6 +124,9 @@ class FusedBackend:
 
     name = "fused"
     uses_decode_groups = False
+
+    def __init__(self):
+        self._mask_state: DecodeMask | None = None
 
     def attend(self, q, k, v, k_cache, v_cache, meta, out, probe=None) -> None:
         if probe is not None:
@@ -116,12 +146,15 @@ class FusedBackend:
         if meta.decodes:
             self._decodes(q, k_cache, v_cache, meta, out)
 
-    @staticmethod
-    def _decodes(q, k_cache, v_cache, meta, out) -> None:
+    def _decodes(self, q, k_cache, v_cache, meta, out) -> None:
         paged = meta.scratch.get("paged_decodes")
         if paged is None:  # once per step, for every layer
-            paged = meta.scratch["paged_decodes"] = paged_decodes(
-                meta.decodes, meta.block_size, k_cache.shape[0], q.device)
+            state = self._mask_state
+            num_blocks = k_cache.shape[0] // meta.block_size
+            if state is None or (state.num_blocks, state.block_size, state.device) != (
+                    num_blocks, meta.block_size, q.device):
+                state = self._mask_state = DecodeMask(num_blocks, meta.block_size, q.device)
+            paged = meta.scratch["paged_decodes"] = paged_decodes(meta.decodes, state)
         qd = q[paged.rows].unsqueeze(2)  # [B, H, 1, d]
         keys = k_cache.permute(1, 0, 2).unsqueeze(0)  # [1, H_kv, num_slots, d], a view of the pool
         values = v_cache.permute(1, 0, 2).unsqueeze(0)
