@@ -310,11 +310,12 @@ def replay_errors(fitted, real_runs, wl_b, host_gap_s: float = 0.0) -> dict:
     return {"host_gap_s": host_gap_s, "runs": runs, "aligned_runs": len(aligned), "aligned_worst_abs_error": worst}
 
 
-def evaluate(label: str, ex, runs_a, real_runs, wl_b, steady: bool = True, host_gap_s: float = 0.0) -> dict:
-    """Steps 2-6 for one cost model ``ex``: calibrate on A's runs, predict B, compare, print; the record's fields."""
+def _calibrated(ex, runs_a, wl_b):
+    """Steps 2-3: calibrate ``ex`` on A's runs (pooled), predict B; the calibration's spread (each run of A
+    left out in turn) and conditioning (every step scaled). Prints them; returns what ``evaluate`` records."""
     steps_a = [st for run in runs_a for st in run]
     cal = calibrate(ex, steps_a)  # pooled: one run's noise would be the calibration's
-    print(f"\n=== {label} ===\ncalibration on A ({len(runs_a)} runs): {len(steps_a)} steps; fit median |error| "
+    print(f"calibration on A ({len(runs_a)} runs): {len(steps_a)} steps; fit median |error| "
           f"{100 * cal.median_abs_rel_error:.1f} %, max {100 * cal.max_abs_rel_error:.1f} %; clipped {cal.clipped}")
     print("  factors: " + ", ".join(f"{k}={v:.3g}" for k, v in vars(cal.factors).items()))
     fitted = ex.with_factors(cal.factors)
@@ -331,7 +332,12 @@ def evaluate(label: str, ex, runs_a, real_runs, wl_b, steady: bool = True, host_
     print("conditioning (simulator only): each metric's change with every step "
           + ", ".join(f"{100 * (sc - 1):+.0f} %" for sc in CONDITIONING) + ": " + "; ".join(
               f"{m} " + "/".join(f"{100 * conditioning[sc][m]:+.1f} %" for sc in CONDITIONING) for m in METRICS))
-    speeds = [run_speed(fitted, run) for run in runs_a]  # step 6: each B at its own run of A's speed
+    return steps_a, cal, fitted, predicted, calibration_spread, conditioning
+
+
+def _against_runs(fitted, predicted, speeds, real_runs, wl_b):
+    """Step 4: the one simulation against each real run of B (and at that run's speed of A); each real step
+    priced. Returns ``(runs, per-step |error|s, decode-only steps by batch size)``."""
     runs, step_err, decode_steps = [], [], {}
     for rep, load, wall, measured, steps_b in real_runs:  # one deterministic simulation against each real run
         at_speed = predict(ScaledExecutor(fitted, speeds[rep]), wl_b)
@@ -345,6 +351,11 @@ def evaluate(label: str, ex, runs_a, real_runs, wl_b, steady: bool = True, host_
                 decode_steps.setdefault(len(st.sequences), []).append((st.duration_s, priced))
         print(f"workload B, repeat {rep} (load {load:.2f}, {wall:.1f} s): " + ", ".join(
             f"{m} {100 * runs[-1]['error'][m]:+.1f} %" for m in METRICS))
+    return runs, step_err, decode_steps
+
+
+def _metric_rows(predicted, runs, wl_b) -> list[dict]:
+    """Step 5's table: each metric predicted against the median measured, with its target."""
     print(f"workload B: {len(wl_b)} requests, Poisson {B_RATE} req/s, chunked-{B_BUDGET}, {len(runs)} real runs against "
           f"one simulation")
     print(f"{'metric':<14}{'predicted ms':>14}{'measured ms (median)':>22}{'error':>9}{'range of errors':>20}  target")
@@ -358,6 +369,11 @@ def evaluate(label: str, ex, runs_a, real_runs, wl_b, steady: bool = True, host_
               f"{100 * min(errs):>9.1f} to {100 * max(errs):+.1f}%  {target}")
         out.append({"metric": m, "predicted_s": predicted[m], "measured_s": meas, "error": err,
                     "errors_per_repeat": errs})
+    return out
+
+
+def _paired(runs, speeds, steady) -> dict:
+    """Step 6: each run of B against the prediction at its own run of A's speed (printed)."""
     paired = paired_errors(runs, steady)
     print(f"step 6, each run of B against the prediction at its own run of A's speed (A's measured / priced step "
           f"time: {', '.join(f'{x:.3f}' for x in speeds)}); mean of the {len(runs)} runs' errors, 95 % t-interval:")
@@ -365,8 +381,11 @@ def evaluate(label: str, ex, runs_a, real_runs, wl_b, steady: bool = True, host_
         plain = mean_interval([r["error"][m] for r in runs]) if len(runs) > 1 else (row["mean"],) * 3
         print(f"  {m:<14}{100 * row['mean']:+6.1f} % [{100 * row['low']:+.1f}, {100 * row['high']:+.1f}]   (without: "
               f"{100 * plain[0]:+.1f} % [{100 * plain[1]:+.1f}, {100 * plain[2]:+.1f}])   {row['verdict']}")
-    print(f"per-step |error| on B's real batches: median {100 * np.median(step_err):.1f} %, "
-          f"P90 {100 * np.percentile(step_err, 90):.1f} %")
+    return paired
+
+
+def _decodes_by_batch(decode_steps) -> list[dict]:
+    """Decode-only steps of B by batch size: median measured and priced seconds (printed)."""
     by_batch = []
     for size in sorted(decode_steps):
         meas_s, pred_s = (float(np.median(x)) for x in zip(*decode_steps[size], strict=True))
@@ -375,18 +394,36 @@ def evaluate(label: str, ex, runs_a, real_runs, wl_b, steady: bool = True, host_
     print("decode-only steps of B by batch size (medians): " + "; ".join(
         f"{r['sequences']}: {1e3 * r['measured_s']:.1f} ms measured, {1e3 * r['predicted_s']:.1f} predicted "
         f"({100 * r['error']:+.0f} %, n={r['steps']})" for r in by_batch), flush=True)
+    return by_batch
+
+
+def _print_replay(replay: dict) -> None:
+    print(f"step 8, replay: each run of B simulated with its own measured step times, each "
+          f"{1e3 * replay['host_gap_s']:.3f} ms longer (the engine's time between steps); the model prices the "
+          "steps after the schedules part:")
+    for r in replay["runs"]:
+        parted = "never parted" if r["parted_at"] is None else f"parted at step {r['parted_at']}"
+        print(f"  repeat {r['repeat']}: {r['replayed']} of {r['steps']} steps replayed ({parted}): " + ", ".join(
+            f"{m} {100 * r['error'][m]:+.2f} %" for m in METRICS))
+    if replay["aligned_runs"]:
+        print(f"  {replay['aligned_runs']} of {len(replay['runs'])} runs never parted; their largest |error|: "
+              + ", ".join(f"{m} {100 * v:.2f} %" for m, v in replay["aligned_worst_abs_error"].items()), flush=True)
+
+
+def evaluate(label: str, ex, runs_a, real_runs, wl_b, steady: bool = True, host_gap_s: float = 0.0) -> dict:
+    """Steps 2-6 for one cost model ``ex``: calibrate on A's runs, predict B, compare, print; the record's fields."""
+    print(f"\n=== {label} ===")
+    steps_a, cal, fitted, predicted, calibration_spread, conditioning = _calibrated(ex, runs_a, wl_b)
+    speeds = [run_speed(fitted, run) for run in runs_a]  # step 6: each B at its own run of A's speed
+    runs, step_err, decode_steps = _against_runs(fitted, predicted, speeds, real_runs, wl_b)
+    out = _metric_rows(predicted, runs, wl_b)
+    paired = _paired(runs, speeds, steady)
+    print(f"per-step |error| on B's real batches: median {100 * np.median(step_err):.1f} %, "
+          f"P90 {100 * np.percentile(step_err, 90):.1f} %")
+    by_batch = _decodes_by_batch(decode_steps)
     replays = [replay_errors(fitted, real_runs, wl_b, gap) for gap in (0.0, host_gap_s)]
     for replay in replays:
-        print(f"step 8, replay: each run of B simulated with its own measured step times, each "
-              f"{1e3 * replay['host_gap_s']:.3f} ms longer (the engine's time between steps); the model prices the "
-              "steps after the schedules part:")
-        for r in replay["runs"]:
-            parted = "never parted" if r["parted_at"] is None else f"parted at step {r['parted_at']}"
-            print(f"  repeat {r['repeat']}: {r['replayed']} of {r['steps']} steps replayed ({parted}): " + ", ".join(
-                f"{m} {100 * r['error'][m]:+.2f} %" for m in METRICS))
-        if replay["aligned_runs"]:
-            print(f"  {replay['aligned_runs']} of {len(replay['runs'])} runs never parted; their largest |error|: "
-                  + ", ".join(f"{m} {100 * v:.2f} %" for m, v in replay["aligned_worst_abs_error"].items()), flush=True)
+        _print_replay(replay)
     by_tokens = steps_by_tokens(fitted, steps_a, [st for run in real_runs for st in run[4]])
     print("measured / priced step time by new tokens in the step (medians): " + "; ".join(
         f"{r['workload']} {r['tokens']}: {r['ratio']:.3f} (n={r['steps']})" for r in by_tokens), flush=True)
@@ -489,7 +526,31 @@ def steps_from_json(rows) -> list[MeasuredStep]:
     return [MeasuredStep(tuple((int(n), int(c)) for n, c in seqs), float(t)) for t, seqs in rows]
 
 
-def main(argv=None) -> None:
+def _provenance(args, analysis: dict, probes, gate_load: float) -> dict:
+    """The record's provenance: a new measurement's, or (``--from-runs``) the recorded measurement's, with
+    when and by what its analysis was redone."""
+    import torch
+
+    if args.from_runs:  # the measurement's provenance stays; the analysis says when and by what it was redone
+        old = json.loads(RECORD.read_text())
+        if old.get("speed_probe_s") != probes:
+            raise SystemExit(f"{args.from_runs} does not hold the measurement in {RECORD.name} (its speed probes "
+                             "differ): record a new measurement instead")
+        provenance = {k: v for k, v in old.items() if k not in analysis and k != "reanalysed"}
+        provenance["reanalysed"] = {"date": datetime.date.today().isoformat(), "commit": git_commit(),
+                                    "commit_dirty": git_dirty(), "from": f"the measurement's saved runs ({args.from_runs.name})"}
+    else:
+        provenance = {
+            "what": "simulator fidelity: calibrate on workload A (real engine, this CPU), predict workload B",
+            "produced_by": "benchmarks/sim_fidelity.py", "date": datetime.date.today().isoformat(),
+            "python": platform.python_version(), "torch": torch.__version__, "commit": git_commit(),
+            "commit_dirty": git_dirty(), "machine": machine(), "load_average_1min_start": gate_load,
+            "usable": not args.force}
+    return provenance
+
+
+def _args(argv):
+    """The command line (module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--record", action="store_true", help=f"write {RECORD.name}")
     ap.add_argument("--force", action="store_true", help="record despite the load (marks the record unusable)")
@@ -502,6 +563,11 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
+    return args
+
+
+def main(argv=None) -> None:
+    args = _args(argv)
     threads = int(os.environ["OMP_NUM_THREADS"])
     if args.from_runs:
         saved = load_saved(args.from_runs)
@@ -535,8 +601,6 @@ def main(argv=None) -> None:
         return
     if saved.get("workload_a") is None or "threads" not in saved:
         raise SystemExit(f"{args.from_runs} was saved without its workload A and thread count: it cannot be recorded")
-    import torch
-
     analysis = {
         "cpu": {"peak_flops_per_s": hw.peak_flops_per_s, "bandwidth_bytes_per_s": hw.memory_bandwidth_bytes_per_s,
                 "torch_threads": saved["threads"]},
@@ -556,21 +620,7 @@ def main(argv=None) -> None:
                  "a": [steps_to_json(run) for run in runs_a],
                  "b": [{"repeat": rep, "load_1min_start": load, "wall_s": wall, "measured_s": measured,
                         "steps": steps_to_json(steps)} for rep, load, wall, measured, steps in real_runs]}
-    if args.from_runs:  # the measurement's provenance stays; the analysis says when and by what it was redone
-        old = json.loads(RECORD.read_text())
-        if old.get("speed_probe_s") != probes:
-            raise SystemExit(f"{args.from_runs} does not hold the measurement in {RECORD.name} (its speed probes "
-                             "differ): record a new measurement instead")
-        provenance = {k: v for k, v in old.items() if k not in analysis and k != "reanalysed"}
-        provenance["reanalysed"] = {"date": datetime.date.today().isoformat(), "commit": git_commit(),
-                                    "commit_dirty": git_dirty(), "from": f"the measurement's saved runs ({args.from_runs.name})"}
-    else:
-        provenance = {
-            "what": "simulator fidelity: calibrate on workload A (real engine, this CPU), predict workload B",
-            "produced_by": "benchmarks/sim_fidelity.py", "date": datetime.date.today().isoformat(),
-            "python": platform.python_version(), "torch": torch.__version__, "commit": git_commit(),
-            "commit_dirty": git_dirty(), "machine": machine(), "load_average_1min_start": gate_load,
-            "usable": not args.force}
+    provenance = _provenance(args, analysis, probes, gate_load)
     RECORD.write_text(json.dumps({**provenance, **analysis}, indent=1) + "\n")
     header = {k: provenance[k] for k in ("commit", "commit_note", "date") if k in provenance}
     RUNS.write_text(json.dumps({**runs_file, **header}, separators=(",", ":")) + "\n")
