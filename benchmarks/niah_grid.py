@@ -236,7 +236,8 @@ def rescore_shipped() -> None:
         print(f"{name}: {len(data['rows'])} rows, {changed} verdicts changed")
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command line (module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("section", choices=["grid-passkey", "grid-multikey", "beyond", "depth1", "perplexity", "entropy",
                                     "rescore", "merge"])
@@ -252,6 +253,52 @@ def main(argv=None) -> int:
                     help="grid sections: record despite the load for the verdicts and log-probabilities (which do "
                          "not depend on load); the run's timings are marked unusable (timings_usable: false)")
     ap.add_argument("--out", type=Path, default=None)
+    return ap
+
+
+def _run_perplexity(out: Path, model, tok, meta: dict, lengths: list[int], variants: list[str]) -> None:
+    """The perplexity section: each RoPE variant's perplexity by 1,024-token bucket of a natural text."""
+    from longctx.evals.haystack import natural_text
+    from longctx.evals.perplexity import perplexity_by_bucket, token_nll
+
+    n = lengths[0]
+    ids = tok.encode(natural_text())[:n]
+    data = json.loads(out.read_text()) if out.exists() else {"meta": meta, "variants": {}}
+    for v in variants:
+        if v in data["variants"]:
+            continue
+        model.rope_scaling = VARIANTS[v]
+        t0 = time.perf_counter()
+        nll = token_nll(model, ids, chunk_size=1024)
+        buckets = perplexity_by_bucket(nll, 1024)
+        data["variants"][v] = {"rope_scaling": VARIANTS[v], "tokens": len(ids), "seconds": time.perf_counter() - t0,
+                               "buckets": [{"start": a, "stop": b, "perplexity": p} for a, b, p in buckets]}
+        data["meta"]["finished"] = now()
+        out.write_text(json.dumps(data, indent=1) + "\n")
+        print(v, " ".join(f"{p:.1f}" for _, _, p in buckets), flush=True)
+    model.rope_scaling = None
+
+
+def _run_entropy(out: Path, model, tok, meta: dict, lengths: list[int]) -> None:
+    """The entropy section: attention entropy by layer and length, plain RoPE and YaRN."""
+    from longctx.evals.attention import measure_attention
+    from longctx.evals.haystack import natural_text
+
+    ids = tok.encode(natural_text())[: max(lengths)]
+    layers = [0, 2, 8, 15, 22, 29]
+    rows = []
+    for v in ("none", "yarn"):
+        model.rope_scaling = VARIANTS[v]
+        t0 = time.perf_counter()
+        for r in measure_attention(model, ids, layers, [n - 1 for n in lengths]):
+            rows.append({**r, "rope": v})
+        print(v, f"{time.perf_counter() - t0:.0f} s", flush=True)
+    model.rope_scaling = None
+    out.write_text(json.dumps({"meta": meta, "layers": layers, "rows": rows}) + "\n")
+
+
+def main(argv=None) -> int:
+    ap = _parser()
     args = ap.parse_args(argv)
     if args.section == "rescore":
         rescore_shipped()
@@ -297,41 +344,9 @@ def main(argv=None) -> int:
     elif args.section == "depth1":
         run_depth_one(out, model, tok, meta, ints(args.lengths or "768,1024"), trials, args.threads, args.force)
     elif args.section == "perplexity":
-        from longctx.evals.haystack import natural_text
-        from longctx.evals.perplexity import perplexity_by_bucket, token_nll
-
-        n = ints(args.lengths or "16384")[0]
-        ids = tok.encode(natural_text())[:n]
-        data = json.loads(out.read_text()) if out.exists() else {"meta": meta, "variants": {}}
-        for v in variants:
-            if v in data["variants"]:
-                continue
-            model.rope_scaling = VARIANTS[v]
-            t0 = time.perf_counter()
-            nll = token_nll(model, ids, chunk_size=1024)
-            buckets = perplexity_by_bucket(nll, 1024)
-            data["variants"][v] = {"rope_scaling": VARIANTS[v], "tokens": len(ids), "seconds": time.perf_counter() - t0,
-                                   "buckets": [{"start": a, "stop": b, "perplexity": p} for a, b, p in buckets]}
-            data["meta"]["finished"] = now()
-            out.write_text(json.dumps(data, indent=1) + "\n")
-            print(v, " ".join(f"{p:.1f}" for _, _, p in buckets), flush=True)
-        model.rope_scaling = None
+        _run_perplexity(out, model, tok, meta, ints(args.lengths or "16384"), variants)
     else:  # entropy
-        from longctx.evals.attention import measure_attention
-        from longctx.evals.haystack import natural_text
-
-        lengths = ints(args.lengths or "64,128,256,512,1024,2048,4096,8192")
-        ids = tok.encode(natural_text())[: max(lengths)]
-        layers = [0, 2, 8, 15, 22, 29]
-        rows = []
-        for v in ("none", "yarn"):
-            model.rope_scaling = VARIANTS[v]
-            t0 = time.perf_counter()
-            for r in measure_attention(model, ids, layers, [n - 1 for n in lengths]):
-                rows.append({**r, "rope": v})
-            print(v, f"{time.perf_counter() - t0:.0f} s", flush=True)
-        model.rope_scaling = None
-        out.write_text(json.dumps({"meta": meta, "layers": layers, "rows": rows}) + "\n")
+        _run_entropy(out, model, tok, meta, ints(args.lengths or "64,128,256,512,1024,2048,4096,8192"))
     print(f"wrote {out}")
     return 0
 
