@@ -145,6 +145,28 @@ def run_one(model, tokenizer, scheduler, args) -> dict:
     }
 
 
+def _write_json(args, best, rows: list[dict], torch_version: str) -> None:
+    """The record (``--json``): the arguments, the recommended budget, every row and the provenance."""
+    out = {
+        "benchmark": "decode_starvation",
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "recommended_token_budget": best,
+        "rows": rows,
+        "provenance": {
+            "date": datetime.date.today().isoformat(),
+            "torch": torch_version,
+            "python": platform.python_version(),
+            "machine": platform.machine(),
+            "processor": platform.processor() or platform.machine(),
+            "threads": args.threads,
+            "device": "cpu",
+        },
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(out, indent=1))
+    print(f"wrote {args.json}")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.json is not None:
@@ -193,24 +215,7 @@ def main(argv=None) -> int:
         print(f"largest budget with max ITL <= {args.max_ratio:g}x base: {best} tokens")
     print(f"({time.perf_counter() - t0:.0f} s)")
     if args.json:
-        out = {
-            "benchmark": "decode_starvation",
-            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "recommended_token_budget": best,
-            "rows": rows,
-            "provenance": {
-                "date": datetime.date.today().isoformat(),
-                "torch": torch.__version__,
-                "python": platform.python_version(),
-                "machine": platform.machine(),
-                "processor": platform.processor() or platform.machine(),
-                "threads": args.threads,
-                "device": "cpu",
-            },
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=1))
-        print(f"wrote {args.json}")
+        _write_json(args, best, rows, torch.__version__)
     return 0
 
 

@@ -251,7 +251,8 @@ def provenance(threads: int) -> dict:
             "threads": threads, "dtype": "float32", "commit": git_commit() or "", "produced_by": "benchmarks/throughput.py"}
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command line (module docstring)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=48)
     p.add_argument("--rate", type=float, default=2.0, help="Poisson arrivals per second")
@@ -265,6 +266,24 @@ def main(argv=None) -> int:
     p.add_argument("--skip", nargs="*", default=[], choices=["serving", "all-at-once", "steps"])
     p.add_argument("--record", action="store_true", help=f"write {RECORD.name}")
     p.add_argument("--force", action="store_true", help="record despite the load (marks the record unusable)")
+    return p
+
+
+def _per_step(ours, hf, args) -> list[dict]:
+    """One decode step of each engine at each batch size and context (interleaved medians), printed."""
+    steps = []
+    print(f"\n{'B':>3}{'context':>9}{'ours ms':>10}{'transformers ms':>17}{'ratio':>8}  target <= 1.1x")
+    for ctx in args.contexts:
+        for bsz in args.batches:
+            o, h = interleaved_medians([step_ours(ours, bsz, ctx), step_hf(hf, bsz, ctx)], args.repeats)
+            steps.append({"batch": bsz, "context": ctx, "ours_s": o, "transformers_s": h, "ratio": o / h})
+            print(f"{bsz:>3}{ctx:>9}{1e3 * o:>10.1f}{1e3 * h:>17.1f}{o / h:>8.2f}  "
+                  f"{'ok' if o / h <= 1.1 else 'over'}")
+    return steps
+
+
+def main(argv=None) -> int:
+    p = _parser()
     args = p.parse_args(argv)
     if args.record:
         load_gate(args.threads, args.force)
@@ -301,15 +320,7 @@ def main(argv=None) -> int:
             label = ""
         print(f"{'':<13}throughput ratio ours / transformers: {a['throughput_tok_s'] / b['throughput_tok_s']:.2f}x")
     if "steps" not in args.skip:
-        steps = []
-        print(f"\n{'B':>3}{'context':>9}{'ours ms':>10}{'transformers ms':>17}{'ratio':>8}  target <= 1.1x")
-        for ctx in args.contexts:
-            for bsz in args.batches:
-                o, h = interleaved_medians([step_ours(ours, bsz, ctx), step_hf(hf, bsz, ctx)], args.repeats)
-                steps.append({"batch": bsz, "context": ctx, "ours_s": o, "transformers_s": h, "ratio": o / h})
-                print(f"{bsz:>3}{ctx:>9}{1e3 * o:>10.1f}{1e3 * h:>17.1f}{o / h:>8.2f}  "
-                      f"{'ok' if o / h <= 1.1 else 'over'}")
-        result["per_step"] = steps
+        result["per_step"] = _per_step(ours, hf, args)
     if args.record:
         if args.skip and RECORD.exists():  # keep the parts this run skipped, with their own provenance
             old = json.loads(RECORD.read_text())
