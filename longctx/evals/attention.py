@@ -54,7 +54,7 @@ class AttentionProbe:
         self.records: dict[int, np.ndarray] = {}
 
     def __call__(self, q, keys, row: int = 0) -> None:
-        import torch
+        from longctx.model.attention import attention_weights
 
         n, H, d = q.shape  # this prefill chunk's queries [n, H, d]
         kv_len = keys.shape[2]  # keys [1, H_kv, kv_len, d]
@@ -62,11 +62,8 @@ class AttentionProbe:
         for p in self.query_positions:
             if not first <= p < kv_len:
                 continue
-            k = keys[0, :, : p + 1].float()  # [H_kv, T, d], T = p + 1
-            k = k.repeat_interleave(H // k.shape[0], dim=0)  # [H, T, d]: query head h reads kv head h // group
-            qi = q[p - first].float()[:, None, :]  # [H, 1, d]
-            scores = (qi @ k.transpose(1, 2))[:, 0] / math.sqrt(d)  # [H, T]
-            self.records[p] = torch.softmax(scores, dim=-1).cpu().numpy()
+            qi = q[p - first][:, None, :]  # [H, 1, d]: the query at position p, the last of keys[: p + 1]
+            self.records[p] = attention_weights(qi, keys[0, :, : p + 1])[:, 0].cpu().numpy()  # [H, T = p + 1]
 
 
 @contextmanager

@@ -32,7 +32,6 @@ Presses (``PRESSES``, by CLI name):
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -41,6 +40,7 @@ import torch.nn.functional as F
 
 from longctx.checks import positive_int
 from longctx.memory import evicted_tokens
+from longctx.model.attention import attention_weights  # the one causal softmax (re-exported for lesson 06)
 
 
 @dataclass
@@ -79,25 +79,6 @@ class PressInput:
     @property
     def num_tokens(self) -> int:
         return self.keys.shape[1]
-
-
-def attention_weights(queries: torch.Tensor, keys: torch.Tensor, tile_rows: int = 256) -> torch.Tensor:
-    """Causal softmax weights of the last ``n`` queries over all ``T`` keys: ``[H, n, T]`` (float32).
-
-    queries ``[H, n, d]`` are positions ``T - n … T - 1``; keys ``[H_kv, T, d]``; query head ``h`` reads
-    KV head ``h // (H / H_kv)``."""
-    H, n, d = queries.shape
-    H_kv, T, _ = keys.shape
-    k = keys.float().repeat_interleave(H // H_kv, dim=0)  # [H, T, d]
-    dev = keys.device
-    out = torch.empty(H, n, T, device=dev)
-    for r0 in range(0, n, tile_rows):  # query tiles bound the [H, rows, T] scores on long prompts
-        r1 = min(n, r0 + tile_rows)
-        scores = queries[:, r0:r1].float() @ k.transpose(1, 2) / math.sqrt(d)  # [H, rows, T]
-        q_pos = torch.arange(T - n + r0, T - n + r1, device=dev)
-        scores.masked_fill_(torch.arange(T, device=dev)[None, :] > q_pos[:, None], float("-inf"))
-        out[:, r0:r1] = scores.softmax(dim=-1)
-    return out
 
 
 def per_kv_head(scores: torch.Tensor, num_kv_heads: int) -> torch.Tensor:

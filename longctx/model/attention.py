@@ -21,6 +21,7 @@ GPU record name the backend that ran.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -38,6 +39,30 @@ def sdpa(q, k, v, mask=None, is_causal=False):
     boolean (True = attend) or additive tensor broadcastable to [B, H, n, L], or a ``torch.nn.attention.bias``
     object such as ``causal_lower_right``."""
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=True)
+
+
+def causal_mask(kv_len: int, first: int, stop: int, device=None) -> torch.Tensor:
+    """``[stop - first, kv_len]`` booleans: query at position ``p`` (rows ``first … stop - 1``) sees keys ``<= p``."""
+    q_pos = torch.arange(first, stop, device=device)
+    return torch.arange(kv_len, device=device)[None, :] <= q_pos[:, None]
+
+
+def attention_weights(queries: torch.Tensor, keys: torch.Tensor, tile_rows: int = 256) -> torch.Tensor:
+    """Causal softmax weights of the last ``n`` queries over all ``T`` keys: ``[H, n, T]`` (float32, scale
+    ``1/sqrt(d)``): what KV presses score with and what attention readers record.
+
+    queries ``[H, n, d]`` are positions ``T - n … T - 1``; keys ``[H_kv, T, d]``; query head ``h`` reads
+    KV head ``h // (H / H_kv)``."""
+    H, n, d = queries.shape
+    H_kv, T, _ = keys.shape
+    k = keys.float().repeat_interleave(H // H_kv, dim=0)  # [H, T, d]
+    out = torch.empty(H, n, T, device=keys.device)
+    for r0 in range(0, n, tile_rows):  # query tiles bound the [H, rows, T] scores on long prompts
+        r1 = min(n, r0 + tile_rows)
+        scores = queries[:, r0:r1].float() @ k.transpose(1, 2) / math.sqrt(d)  # [H, rows, T]
+        scores.masked_fill_(~causal_mask(T, T - n + r0, T - n + r1, keys.device), float("-inf"))
+        out[:, r0:r1] = scores.softmax(dim=-1)
+    return out
 
 
 class AttentionBackend(Protocol):
@@ -97,9 +122,7 @@ class ReferenceBackend:
             r1 = min(n, r0 + rows)
             qi = q[start + r0 : start + r1].transpose(0, 1).unsqueeze(0)  # [1, H, r1-r0, d]
             # query row j (position kv_len - n + j) sees the keys at positions <= its own
-            q_pos = torch.arange(kv_len - n + r0, kv_len - n + r1, device=q.device)
-            mask = torch.arange(kv_len, device=q.device)[None, :] <= q_pos[:, None]  # [rows, kv_len]
-            o = sdpa(qi, keys, values, mask=mask)
+            o = sdpa(qi, keys, values, mask=causal_mask(kv_len, kv_len - n + r0, kv_len - n + r1, q.device))
             out[start + r0 : start + r1] = o.squeeze(0).transpose(0, 1)  # [rows, H, d]
 
     @staticmethod
