@@ -18,6 +18,7 @@ from longctx.sim.gemm_profile import GROUPS, GemmProfile
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import sim_fidelity  # noqa: E402
+import sim_fidelity_analysis  # noqa: E402
 
 RECORD = json.loads((ROOT / "longctx" / "data" / "recorded" / "sim_fidelity.json").read_text())
 MODELS = {"profiled GEMMs": RECORD, "roofline GEMMs": RECORD["roofline_gemms"]}
@@ -82,7 +83,7 @@ def test_each_error_is_the_prediction_against_the_median_run(name):
 @pytest.mark.parametrize("name", MODELS)
 def test_the_paired_errors_intervals_and_verdicts_follow_the_stated_rule(name):
     rec = MODELS[name]
-    assert rec["paired"] == sim_fidelity.paired_errors(rec["repeats"], RECORD["steady"])
+    assert rec["paired"] == sim_fidelity_analysis.paired_errors(rec["repeats"], RECORD["steady"])
     for m, row in rec["paired"].items():
         errs = [r["predicted_at_speed_s"][m] / r["measured_s"][m] - 1 for r in rec["repeats"]]
         assert row["errors"] == pytest.approx(errs)
@@ -99,7 +100,7 @@ def test_the_calibrations_own_spread_is_recorded():
 def test_the_targeted_metrics_are_well_conditioned():
     # each moves by at most 3x a 3 % change of every step (the 12-request B moved 7x): its error says something
     # of the cost model, not only of which arrival lands in which step
-    for m in sim_fidelity.TARGETED:
+    for m in sim_fidelity_analysis.TARGETED:
         assert all(abs(c[m]) <= 0.09 for c in RECORD["conditioning"].values()), m
 
 
@@ -142,7 +143,7 @@ def test_the_replay_follows_from_the_raw_runs(name):
     real = SAVED["real_runs"]
     _, wl_b = sim_fidelity.workloads()
     for key, gap in (("replay", 0.0), ("replay_with_host_gap", RECORD["host_gap_s"])):
-        again = sim_fidelity.replay_errors(_fitted(rec), real, wl_b, gap)
+        again = sim_fidelity_analysis.replay_errors(_fitted(rec), real, wl_b, gap)
         assert again["aligned_runs"] == rec[key]["aligned_runs"]
         for a, b in zip(again["runs"], rec[key]["runs"], strict=True):
             assert (a["replayed"], a["parted_at"], a["steps"]) == (b["replayed"], b["parted_at"], b["steps"])
