@@ -31,6 +31,7 @@ import torch
 from torch.nn.attention.bias import causal_lower_right
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
+from longctx.memory import blocks_for_tokens
 from longctx.model.attention import fresh_prompt, prefill_keys, sdpa
 
 _EAGER_WARNING = "flex_attention called without torch.compile"
@@ -101,7 +102,7 @@ def paged_decodes(decodes, mask_state: DecodeMask) -> PagedDecodes:
     """``decodes``: (row, block_table, kv_len) per decode of the step -> rows and the block mask (see module)."""
     B, bs, device = len(decodes), mask_state.block_size, mask_state.device
     lens = torch.tensor([d[2] for d in decodes], dtype=torch.int32)
-    used = (lens + bs - 1) // bs  # [B] blocks that hold each context
+    used = torch.tensor([blocks_for_tokens(d[2], bs) for d in decodes], dtype=torch.int32)  # [B]
     width = int(used.max())
     tables = torch.zeros((B, width), dtype=torch.int32)
     for b, (_, table, _) in enumerate(decodes):
