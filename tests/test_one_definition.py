@@ -20,7 +20,7 @@ attention's work in the simulator (``CostModelExecutor.attention_work``); a roof
 layouts (``kv.quant.pool_bytes_per_token``; ``plan.bytes_per_token`` is the same object) and the pool's size
 (``plan.pool_blocks``; ``sim.kv_pool_blocks`` calls it); the evicted count (``memory.evicted_tokens``); the
 token-budget schedulers' constructor (``engine.scheduler.TokenBudgetScheduler``); argument checks
-(``longctx/checks.py``).
+(``longctx/checks.py``); the model's shape (``specs.ModelSpec``; the simulator's ``LayerShape`` retired).
 
 Two checks: a ``def`` / ``class`` of each canonical name exists in its home module only, and the formula
 itself (an inline ceil-division, a ``num_layers * num_kv_heads`` product, a budget divided by
@@ -76,11 +76,13 @@ HOMES = {  # a def or class name -> the one module (relative to longctx/) that d
     "positive_number": "checks.py",
     "unit_fraction": "checks.py",
     "positive_int": "checks.py",
+    "ModelSpec": "specs.py",  # the model's shape: the simulator's operators read it too
+    "gemm_dims": "sim/operators.py",
 }
 RETIRED = ("blocks_needed", "SLOs", "distribution_ms", "pool_gib_blocks", "Exercise1", "Exercise1Result",
            "stall_requests", "IterationRecord", "iteration_kind", "ToyRequest", "BacklogRequest",
            # issue 45
-           "_nonnegative", "_efficiency", "is_prefill_in_progress", "stream_itl_s",
+           "_nonnegative", "_efficiency", "is_prefill_in_progress", "stream_itl_s", "LayerShape",
            "make_cli_press_copy")  # old duplicates: aliases at most
 
 FORMULA_HOMES = {  # concept -> (module, function) where its formula may be written; None: anywhere in it
