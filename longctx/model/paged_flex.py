@@ -32,7 +32,7 @@ from torch.nn.attention.bias import causal_lower_right
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from longctx.memory import blocks_for_tokens
-from longctx.model.attention import fresh_prompt, prefill_keys, sdpa
+from longctx.model.attention_ops import fresh_prompt, prefill_keys, sdpa
 
 _EAGER_WARNING = "flex_attention called without torch.compile"
 _compiled = None
