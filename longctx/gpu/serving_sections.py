@@ -65,8 +65,11 @@ def stall_run(ctx, name: str, long_prompt: int, budget: int | None, seed: int = 
     prompt (one output token: its TTFT) arrives; returns the run's numbers."""
     c = ctx.config
     D, tail = c.stall_decoders, c.stall_tail_steps
-    steps_for_long = 1 if budget is None else blocks_for_tokens(long_prompt, max(1, budget - D)) + 1
-    out = c.stall_arrival_after + steps_for_long + tail + 8  # no decoder finishes inside the window
+    def steps_for(tokens: int) -> int:  # steps to prefill ``tokens`` beside the D decodes (monolithic: one)
+        return 1 if budget is None else blocks_for_tokens(tokens, max(1, budget - D)) + 1
+
+    # the first decoder decodes while the others prefill: no decoder may finish inside the window
+    out = steps_for(D * c.stall_decoder_prompt) + c.stall_arrival_after + steps_for(long_prompt) + tail + 8
     bs = c.block_size
     blocks = D * blocks_for_tokens(c.stall_decoder_prompt + out, bs) + blocks_for_tokens(long_prompt + 1, bs) + D
     engine, backend = _engine(ctx, name, _scheduler(budget), blocks, max(long_prompt, c.stall_decoder_prompt) + out)
@@ -80,11 +83,15 @@ def stall_run(ctx, name: str, long_prompt: int, budget: int | None, seed: int = 
     _step_until(ctx, engine, lambda: bool(long_req.token_times_s))
     end = len(engine.history) + tail
     _step_until(ctx, engine, lambda: len(engine.history) >= end)
-    gaps = [b - a for s, i in zip(decoders, first, strict=True) for a, b in
-            zip(s.token_times_s[i:], s.token_times_s[i + 1:], strict=False)]
+    per = [[b - a for a, b in zip(s.token_times_s[i:], s.token_times_s[i + 1:], strict=False)]
+           for s, i in zip(decoders, first, strict=True)]  # each decoder's gaps after the arrival
+    gaps, worst = [g for p in per for g in p], [max(p) for p in per]
     steps = engine.history[n_steps:]
+    if any(s.is_finished for s in decoders):
+        raise RuntimeError("a decoder finished inside the window: its gaps would be missing (output too short)")
     return {"attention_backend": backend, "long_ttft_s": long_req.ttft_s, "itl_median_s": statistics.median(gaps),
             "itl_p99_s": percentile(gaps, 99), "itl_max_s": max(gaps), "decoder_gaps_after_arrival": len(gaps),
+            "decoder_worst_gap_min_s": min(worst), "decoder_worst_gap_median_s": statistics.median(worst),
             "steady_itl_s": steady, "max_step_s": max(r.duration_s for r in steps), "steps": len(steps),
             "wall_s": time.perf_counter() - t0}
 
