@@ -436,3 +436,21 @@ def test_tokenize_detokenize_version_and_tokenizer_info(server, tokenizer):
     assert httpx.get(url + "/version").json() == {"version": __version__}
     info = httpx.get(url + "/tokenizer_info").json()
     assert info["eos_token"] == "<|im_end|>" and "im_start" in info["chat_template"]
+
+
+@pytest.mark.parametrize(
+    ("path", "payload", "param"),
+    [
+        ("completions", {"prompt": "hi", "guided_json": {"type": "object"}}, "guided_json"),
+        ("completions", {"prompt": "hi", "truncate_prompt_tokens": 4}, "truncate_prompt_tokens"),
+        ("completions", {"prompt": "hi", "length_penalty": 2.0}, "length_penalty"),
+        ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "echo": True}, "echo"),
+        ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "chat_template": "{{x}}"},
+         "chat_template"),
+        ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "continue_final_message": True},
+         "continue_final_message"),
+    ],
+)
+def test_vllms_extra_fields_not_implemented_are_refused_by_name(server, path, payload, param):
+    err = _assert_openai_error(httpx.post(f"{server.url}/v1/{path}", json={"model": MODEL, **payload}), 400, param)
+    assert err["message"].startswith(f"'{param}' is not supported by this server")

@@ -77,7 +77,7 @@ class Generation:
     def tokenize(self, req: GenerationRequest) -> list[tuple[str | None, list[int]]]:
         """``(text or None, token ids)`` per prompt (chat: the rendered conversation, one prompt)."""
         if req.kind == "chat":
-            return [(None, self.tokenizer.encode_chat(req.conversation))]
+            return [(None, self.tokenizer.encode_chat(req.conversation, req.add_generation_prompt))]
         return [(p if isinstance(p, str) else None, self.token_ids(p)) for p in req.prompts]
 
     def check_fits(self, n_prompt: int, req: GenerationRequest) -> int:

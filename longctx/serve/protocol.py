@@ -129,6 +129,17 @@ class GenerationRequest(BaseModel):
     skip_special_tokens: Literal[True] = True
     use_beam_search: Literal[False] = False
     user: str | None = None
+    # vLLM's extra fields this server does not implement: refused (400 naming the field), never ignored
+    length_penalty: Literal[1, 1.0] = 1.0
+    truncate_prompt_tokens: Refused = None
+    allowed_token_ids: Refused = None
+    bad_words: Refused = None
+    guided_json: Refused = None
+    guided_regex: Refused = None
+    guided_choice: Refused = None
+    guided_grammar: Refused = None
+    structured_outputs: Refused = None
+    return_tokens_as_token_ids: Literal[False] = False
 
     @field_validator("stop")
     @classmethod
@@ -226,6 +237,12 @@ class ChatCompletionRequest(GenerationRequest):
     tools: Annotated[list[Any], Field(max_length=0)] | None = None
     tool_choice: Literal["none", "auto"] | None = None
     functions: Refused = None
+    add_generation_prompt: StrictBool = True
+    echo: Literal[False] = False  # vLLM's chat echo (repeat the last message): not implemented
+    continue_final_message: Literal[False] = False
+    chat_template: Refused = None
+    chat_template_kwargs: Refused = None
+    documents: Refused = None
 
     @model_validator(mode="after")
     def _top_logprobs_needs_logprobs(self):

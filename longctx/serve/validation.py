@@ -74,14 +74,17 @@ def _message(field: str, err: dict, body) -> str:
                 f"{MAX_PROMPTS} of either (a list of strings or a list of token-id lists)")
     if field == "messages":
         return _messages_message(err, body)
+    if field in REFUSED:
+        return REFUSED[field]
+    if err["type"] in ("none_required", "literal_error") and field not in FIELD_ORDER[:6]:
+        allowed = "" if err["type"] == "none_required" else f" (only {err.get('ctx', {}).get('expected', '')})"
+        return f"'{field}' is not supported by this server{allowed}"
     if field in INTEGERS:
         if field == "logprobs" and err["type"] == "bool_type":
             return "'logprobs' must be true or false for chat (top_logprobs says how many)"
         return f"'{field}' must be {INTEGERS[field]}, got {value!r}"
     if field in BOOLEANS:
         return f"'{field}' must be true or false, got {value!r}"
-    if field in REFUSED:
-        return REFUSED[field]
     if field in RANGES:
         if err["type"] in NOT_A_NUMBER:
             return f"'{field}' must be a number, got {value!r}"
