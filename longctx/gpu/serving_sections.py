@@ -105,7 +105,6 @@ def stall(ctx, name: str) -> None:
             for L in c.stall_long_prompts for b in budgets}
     for b in budgets:  # warm-up: one untimed run per scheduler at the shortest long prompt (kernels, compiles)
         ctx.point(f"{name} stall warm-up {_label(b)}", lambda b=b: stall_run(ctx, name, min(c.stall_long_prompts), b))
-        ctx.free_memory()
     for rep in range(c.stall_repeats):
         for (L, b), row in rows.items():
             what = f"{name} stall {L} {_label(b)} run {rep + 1}"
@@ -115,7 +114,6 @@ def stall(ctx, name: str) -> None:
             row["runs"].append(res)
             ctx.log(f"  {what:<40}: TTFT {res['long_ttft_s']:7.3f} s, worst gap {res['itl_max_s'] * 1e3:8.1f} ms, "
                     f"P99 {res['itl_p99_s'] * 1e3:7.1f} ms, median {res['itl_median_s'] * 1e3:6.1f} ms")
-            ctx.free_memory()
     ctx.record["stall"] = [{**row, "n": len(row["runs"])} for row in rows.values() if row["runs"]]
 
 
@@ -163,4 +161,3 @@ def capstone(ctx, name: str) -> None:
             mem = "" if row["gpu_mem_peak_gib"] is None else f", peak {row['gpu_mem_peak_gib']:.1f} GiB"
             ctx.log(f"  {what:<40}: {row['wall_s']:6.1f} s, TTFT median {row['ttft_median_s']:.2f} s, "
                     f"peak resident {row['peak_resident']}/{row['users']}{mem} ({row['attention_backend']})")
-        ctx.free_memory()
