@@ -34,7 +34,7 @@ def test_without_a_record_the_prediction_is_labelled(fn, capsys):
 def test_a_record_names_its_device_and_date(fn, capsys, tmp_path):
     _, ax = plt.subplots()
     assert fn(ax=ax, record=small_record()) is ax
-    assert "recorded: NVIDIA H200, 2026-01-01" in ax.get_title()
+    assert "recorded: NVIDIA H200 (2026-01-01, commit not recorded, backend reference, n = 1)" in ax.get_title()
     assert len(ax.lines) >= 2 and capsys.readouterr().err == ""
 
 
@@ -61,7 +61,7 @@ def test_with_cuda_present_the_cells_still_only_read_or_predict(monkeypatch):
     assert cells.recorded_stall("h200") and cells.recorded_capstone("h200")  # read, never measured
     for fn in FIGURES:
         assert fn(gpu="a100").get_title().endswith("prediction (no GPU record yet): A100 datasheet roofline")
-        assert "recorded: NVIDIA H200" in fn(record=small_record()).get_title()
+        assert "recorded: NVIDIA H200 (" in fn(record=small_record()).get_title()
     assert measured == []
 
 
@@ -74,7 +74,8 @@ def test_predictions_follow_the_roofline():
 
 def test_the_shipped_h200_record_is_shown_with_its_commit():
     rec, label = cells.choose_source("h200")
-    assert label == "recorded: NVIDIA H200, 2026-12-04, commit a1e9a4f" and rec["device"]["key"] == "h200"
+    assert label == "recorded: NVIDIA H200 (2026-12-04, commit a1e9a4f, backend reference, n = 1)"
+    assert rec["device"]["key"] == "h200"
 
 
 def _two_backends(rec: dict) -> dict:

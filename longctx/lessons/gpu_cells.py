@@ -1,7 +1,7 @@
 """Figures for the lessons' GPU cells. Each draws on ``ax`` (or a new figure), returns the Axes, and names
 its source in the title; the source is chosen before drawing (``choose_source``), in this order:
 
-1. ``record=`` (a record dict or a path): "recorded: <device>, <date>".
+1. ``record=`` (a record dict or a path): "recorded: <device> (<date>, commit <c>, backend <b>, n = 1)".
 2. the shipped record of ``gpu`` (``longctx/data/gpu/<gpu>.json``) when it exists: "recorded: ...".
 3. otherwise the roofline on ``gpu``'s datasheet: "prediction (no GPU record yet)".
 
@@ -22,7 +22,6 @@ from longctx.gpu.records import (
     check_record,
     load_record,
     load_serving,
-    provenance,
     record_path,
     row_backend,
     stall_cell,
@@ -37,14 +36,22 @@ PREDICTION = "prediction (no GPU record yet)"
 
 def choose_source(gpu: str = "h200", record=None) -> tuple[dict | None, str]:
     """``(record or None, title line)``: ``record`` (a dict or a path), else ``gpu``'s shipped record, else
-    None and the prediction's label."""
+    None and the prediction's label. A record's line is ``record_line``'s."""
     if record is not None:
         rec = check_record(record) if isinstance(record, dict) else load_record(path=record)
     elif record_path(gpu).is_file():
         rec = load_record(gpu)
     else:
         return None, f"{PREDICTION}: {gpu.upper()} datasheet roofline"
-    return rec, f"recorded: {provenance(rec)}"
+    return rec, record_line(rec)
+
+
+def record_line(rec: dict) -> str:
+    """``"recorded: NVIDIA H200 (2026-12-04, commit a1e9a4f, backend reference, n = 1)"``: a kernel record's
+    provenance, naming every backend its prefill and decode rows ran with (one run of the suite: n = 1)."""
+    ran = dict.fromkeys(row_backend(rec, r) for s in ("prefill_chunks", "decode") for r in rec.get(s, []))
+    device = rec["device"]["name"] + (", toy run" if rec["toy"] else "")
+    return serving_label(device, rec["date"], rec["device"].get("commit"), " and ".join(ran) or "none", 1)
 
 
 def _axes(ax):
@@ -151,15 +158,10 @@ def serving_label(device: str, date: str, commit: str | None, backend: str, n: i
 
 
 def recorded_label(gpu: str = "h200", record=None) -> str | None:
-    """The provenance line of ``gpu``'s kernel record (``record=``: that one), naming every backend its rows
-    ran with: ``"recorded: NVIDIA H200 (2026-12-04, commit a1e9a4f, backend reference, n = 1)"``; None when
-    nothing is recorded (the figures then show the datasheet prediction)."""
-    rec = choose_source(gpu, record)[0]
-    if rec is None:
-        return None
-    ran = dict.fromkeys(row_backend(rec, r) for s in ("prefill_chunks", "decode") for r in rec.get(s, []))
-    device = rec["device"]["name"] + (", toy run" if rec["toy"] else "")
-    return serving_label(device, rec["date"], rec["device"].get("commit"), " and ".join(ran) or "none", 1)
+    """``record_line`` of ``gpu``'s shipped record (``record=``: that one); None when nothing is recorded (the
+    figures then show the datasheet prediction)."""
+    rec, line = choose_source(gpu, record)
+    return None if rec is None else line
 
 
 def _serving_rows(part: str, gpu: str, record) -> list[tuple[dict, dict]]:
