@@ -115,6 +115,8 @@ class GpuRecord(_Part):
     attention_share: list[AttentionRow] = []
     stall: list[StallRow] = []
     capstone: list[CapstoneRow] = []
+    attention_backend: str | None = None  # older records: the one backend every row ran with
+    complete: bool | None = None  # False in the copy written after each section (a run killed keeps it)
     errors: list[str] = []
     skipped: list[str] = []
 
