@@ -32,7 +32,8 @@ def arrival_times(
     num_requests: int, rate: float, rng: np.random.Generator, burstiness: float = 1.0, first_gap: str = "draw"
 ) -> np.ndarray:
     """Arrival times (s) of ``num_requests`` requests at ``rate`` per second (see the module docstring for
-    ``burstiness`` and ``first_gap``). Draws ``num_requests`` gaps from ``rng`` (none when ``rate`` is inf)."""
+    ``burstiness`` and ``first_gap``). Draws ``num_requests`` gaps from ``rng`` (none when ``rate`` is
+    inf)."""
     n = as_integer(num_requests, floats=True)
     if n is None or n < 0:
         raise ValueError(f"num_requests must be an integer >= 0, got {num_requests!r}")

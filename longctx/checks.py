@@ -1,5 +1,6 @@
 """Argument checks shared across the package, the one place they are written: what counts as an integer,
-positive integers, token counts (``memory`` re-exports ``check_token_count``), non-negative and positive numbers, fractions in (0, 1].
+positive integers, token counts (``memory`` re-exports ``check_token_count``), non-negative and positive
+numbers, fractions in (0, 1].
 
 Each raises ``ValueError`` saying what is wrong and what is allowed. (Request bodies of the server are
 checked by its pydantic models instead, ``longctx.serve.protocol``.) No dependencies (no numpy, no torch),

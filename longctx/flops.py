@@ -82,7 +82,12 @@ def linear_params(model: ModelSpec | str, params: str = "matmul") -> int:
     if _params(params) == "all" or not _has_shapes(m):
         return m.num_params
     q_out, kv_out = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
-    per_layer = m.d_model * q_out + 2 * m.d_model * kv_out + q_out * m.d_model + mlp_matrices(m) * m.d_model * m.intermediate_size
+    per_layer = (
+        m.d_model * q_out
+        + 2 * m.d_model * kv_out
+        + q_out * m.d_model
+        + mlp_matrices(m) * m.d_model * m.intermediate_size
+    )
     return m.num_layers * per_layer
 
 

@@ -46,11 +46,13 @@ def _budget(budget_bytes: float) -> float:
 
 
 def kv_bytes_per_token(model: ModelSpec | str, dtype: str = "fp16", scale_bytes_per_vector: int = 0) -> int:
-    """Bytes of K and V for one token over all layers: ``2 * L * H_kv * (d_head * b + scale_bytes_per_vector)``.
+    """Bytes of K and V for one token over all layers: ``2 * L * H_kv * (d_head * b +
+    scale_bytes_per_vector)``.
 
     The one place this formula is written. With the default ``scale_bytes_per_vector=0`` it counts elements
     only, the textbook number (always whole: for int4, 2 * 0.5 = 1); Llama-2-7B fp16: 524,288 B = 512 KiB.
-    A quantized pool also stores scales with each key (value) vector of each head: ``kv.quant.pool_bytes_per_token``
+    A quantized pool also stores scales with each key (value) vector of each head:
+    ``kv.quant.pool_bytes_per_token``
     and ``plan.bytes_per_token`` pass them here.
     """
     m = get_model(model)
@@ -163,7 +165,9 @@ def kv_pool_bytes(
     block_size: int | None = None,
 ) -> int:
     """Total bytes of :func:`kv_pool`. Capstone: 64 x 8K Llama-3-8B fp8 with a 2K prefix = 24.125 GiB."""
-    return kv_pool(model, num_requests, tokens_per_request, dtype, shared_prefix_tokens, block_size).total_bytes
+    return kv_pool(
+        model, num_requests, tokens_per_request, dtype, shared_prefix_tokens, block_size
+    ).total_bytes
 
 
 def max_concurrent_requests(

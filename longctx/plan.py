@@ -24,7 +24,8 @@ Scale layouts (``kv_scales``; only quantized formats have scales, fp16 numbers o
 - ``None`` (the default): what this course's engine stores for ``kv_dtype`` (``quant.pool_bytes_per_token``,
   which ``PagedKVCache`` allocates).
 
-Capstone (Llama-3-8B, fp8 KV, 64 users x 8,192 tokens, 2,048-token shared prefix, 48 GiB pool, 16-token blocks,
+Capstone (Llama-3-8B, fp8 KV, 64 users x 8,192 tokens, 2,048-token shared prefix, 48 GiB pool, 16-token
+blocks,
 our per-vector scales):
 
 - bytes/token = 2 x 32 layers x 8 KV heads x (128 codes + 2 scale bytes) = 66,560 B (65 KiB: 1,024 B of
@@ -148,7 +149,8 @@ def _whole_blocks(pool: int, block_size: int, bytes_per_token: int) -> int:
     if blocks < 1:
         raise ValueError(
             f"the pool holds no block of {block_size} tokens: pool_bytes={pool:,} < one block = "
-            f"{block_size} x {bytes_per_token:,} B = {block_size * bytes_per_token:,} B; give a larger pool or "
+            f"{block_size} x {bytes_per_token:,} B = {block_size * bytes_per_token:,} B; "
+            "give a larger pool or "
             "a smaller block_size"
         )
     return blocks
@@ -157,9 +159,12 @@ def _whole_blocks(pool: int, block_size: int, bytes_per_token: int) -> int:
 def pool_blocks(model: ModelSpec | str, kv_dtype: str, block_size: int = 16, pool_gib: float | None = None,
                 pool_bytes: float | None = None, kv_scales: str | None = None) -> int:
     """Whole blocks of ``block_size`` tokens of ``kv_dtype`` in a pool of ``pool_gib`` GiB or ``pool_bytes``
-    bytes (exactly one): ``plan(...).pool_blocks`` without the users (the simulator sizes its pool with it)."""
+    bytes (exactly one): ``plan(...).pool_blocks`` without the users (the simulator sizes its pool with
+    it)."""
     block_size = memory.check_token_count("block_size", block_size, allow_zero=False)
-    return _whole_blocks(_pool_size(pool_gib, pool_bytes), block_size, bytes_per_token(model, kv_dtype, kv_scales))
+    return _whole_blocks(
+        _pool_size(pool_gib, pool_bytes), block_size, bytes_per_token(model, kv_dtype, kv_scales)
+    )
 
 
 def plan(

@@ -3,7 +3,8 @@ on, labels axes with units, and never calls ``plt.show()``.
 
 matplotlib is imported inside the functions so that ``import longctx.plots`` stays cheap.
 
-A timeline is a list of ``longctx.engine.step_records.StepRecord``: the engine's ``history``, lesson 01's napkin
+A timeline is a list of ``longctx.engine.step_records.StepRecord``: the engine's ``history``, lesson 01's
+napkin
 model (``longctx.lessons.stall``) or a recorded run (``StepRecord.at``).
 """
 
@@ -25,8 +26,13 @@ def _axes(ax):
     return ax
 
 
-def plot_roofline(peak_flops_per_s: float, bandwidth_bytes_per_s: float, points: Sequence[tuple[str, float]] = (),
-                  ax=None, title: str | None = None):
+def plot_roofline(
+    peak_flops_per_s: float,
+    bandwidth_bytes_per_s: float,
+    points: Sequence[tuple[str, float]] = (),
+    ax=None,
+    title: str | None = None,
+):
     """Log-log roofline: attainable FLOP/s = min(peak, intensity × bandwidth).
 
     ``points`` are (label, arithmetic intensity in FLOPs/byte); each is placed on the roof.
@@ -118,7 +124,9 @@ def plot_heatmap(values, row_labels: Sequence[str], col_labels: Sequence[str], a
     if data.shape != (len(row_labels), len(col_labels)):
         raise ValueError(f"values has shape {data.shape}, labels say {(len(row_labels), len(col_labels))}")
     if cell_text is not None and np.shape(np.asarray(cell_text, dtype=object)) != data.shape:
-        raise ValueError(f"cell_text has shape {np.shape(np.asarray(cell_text, dtype=object))}, values {data.shape}")
+        raise ValueError(
+            f"cell_text has shape {np.shape(np.asarray(cell_text, dtype=object))}, values {data.shape}"
+        )
     ax = _axes(ax)
     lo, hi = np.nanmin(data), np.nanmax(data)  # NaN cells (not measured) stay blank in the colour map
     norm = mcolors.LogNorm(vmin=lo, vmax=hi) if log and lo > 0 else None
@@ -151,8 +159,15 @@ def plot_stacked_bars(labels: Sequence[str], parts: dict[str, Sequence[float]], 
     for name, values in parts.items():
         values = [float(v) for v in values]
         colour = (colours or {}).get(name)
-        ax.bar(list(labels), [v * (100 if percent else 1) for v in values], bottom=[b * (100 if percent else 1)
-               for b in bottoms], label=name, color=colour, edgecolor="white", width=0.6)
+        ax.bar(
+            list(labels),
+            [v * (100 if percent else 1) for v in values],
+            bottom=[b * (100 if percent else 1) for b in bottoms],
+            label=name,
+            color=colour,
+            edgecolor="white",
+            width=0.6,
+        )
         if percent:
             for i, v in enumerate(values):
                 if v >= 0.03:

@@ -3,7 +3,8 @@ the tree had uncommitted changes), the processor or GPU, the software, and the o
 
 ``benchmarks/*.py`` and ``longctx.gpu`` build their records' ``provenance`` from these, and every script that
 records a measurement calls ``load_gate`` first: it refuses to record on a machine whose one-minute load
-average is above the cores the run uses; ``wait_for_quiet`` pauses between its measurements while others load it.
+average is above the cores the run uses; ``wait_for_quiet`` pauses between its measurements while others load
+it.
 """
 
 from __future__ import annotations
@@ -39,8 +40,13 @@ def git_dirty() -> bool | None:
     """Whether tracked files differ from the commit; None outside a git checkout."""
     if first_line(["git", "rev-parse", "HEAD"]) is None:
         return None
-    out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
-                         timeout=20, cwd=_HERE)
+    out = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        cwd=_HERE,
+    )
     return bool(out.stdout.strip())
 
 
@@ -49,9 +55,14 @@ def load_gate(threads: int, force: bool = False) -> float:
     the run uses), unless ``force`` (a dry run: its record should be marked unusable)."""
     load = os.getloadavg()[0]
     if load > threads and not force:
-        print(f"refusing to record: the one-minute load average is {load:.2f}, above the {threads} core(s) this "
-              f"run uses (other work would distort the timings). Wait for a quiet machine (see `uptime`), or "
-              f"pass --force for a dry run whose record is marked unusable.", file=sys.stderr)
+        print(
+            f"refusing to record: the one-minute load average is {load:.2f}, above the {threads} core(s) "
+            "this "
+            f"run uses (other work would distort the timings). Wait for a quiet machine (see `uptime`), "
+            "or "
+            f"pass --force for a dry run whose record is marked unusable.",
+            file=sys.stderr,
+        )
         raise SystemExit(3)
     return load
 
@@ -102,7 +113,11 @@ def device_provenance(device) -> dict:
             "python": platform.python_version(), "commit": git_commit(short=False), "processor": cpu_name()}
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
-        info.update(name=p.name, memory_bytes=int(p.total_memory), multiprocessors=int(p.multi_processor_count),
-                    capability=f"{p.major}.{p.minor}",
-                    driver=first_line(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]))
+        info.update(
+            name=p.name,
+            memory_bytes=int(p.total_memory),
+            multiprocessors=int(p.multi_processor_count),
+            capability=f"{p.major}.{p.minor}",
+            driver=first_line(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]),
+        )
     return {**info, "key": device_key(info["name"])}

@@ -26,7 +26,9 @@ def load_recorded(name: str = "sim_capacity.json", folder: str = "recorded",
     """The recorded JSON ``name`` from ``longctx/data/<folder>/``, or the file at ``path``."""
     path = recorded_path(name, folder) if path is None else pathlib.Path(path)
     if not path.is_file():
-        raise ValueError(f"no recorded result {path.name!r} in {path.parent}; it is written by {FOLDERS[folder]}")
+        raise ValueError(
+            f"no recorded result {path.name!r} in {path.parent}; it is written by {FOLDERS[folder]}"
+        )
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as exc:

@@ -71,7 +71,9 @@ class RequestMetrics:
         end = t[-1] if end_s is None else max(float(end_s), t[-1])
         n = len(t) if num_output_tokens is None else int(num_output_tokens)
         if n < 1:
-            raise ValueError(f"num_output_tokens must be >= 1 for a request with tokens, got {num_output_tokens}")
+            raise ValueError(
+                f"num_output_tokens must be >= 1 for a request with tokens, got {num_output_tokens}"
+            )
         ttft_s, e2e_s = t[0] - arrival_s, end - arrival_s
         tpot_s = (e2e_s - ttft_s) / (n - 1) if n > 1 else None
         return cls(request_id, float(arrival_s), int(num_prompt_tokens), n, ttft_s, itl_s, tpot_s, e2e_s)
@@ -134,7 +136,9 @@ class Distribution:
             return cls(0, nan, nan, nan, nan, nan, {float(p): nan for p in percentiles}, unit)
         pct = {float(p): float(np.percentile(v, p)) for p in percentiles}
         median = pct[50.0] if 50.0 in pct else float(np.percentile(v, 50.0))
-        return cls(int(v.size), float(v.mean()), median, float(v.std()), float(v.min()), float(v.max()), pct, unit)
+        return cls(
+            int(v.size), float(v.mean()), median, float(v.std()), float(v.min()), float(v.max()), pct, unit
+        )
 
     def p(self, q: float) -> float:
         """The q-th percentile (must be one of those computed)."""

@@ -47,7 +47,10 @@ def matmul_intensity(n: int, k: int, m: int, dtype: str = "bf16") -> float:
     decode (n = 1) is memory bound; it saturates at ``d/b`` (d/2 in bf16) for n >> d, when the activations
     outweigh the weight (bf16, d = 4096: 1,749 FLOP/byte at n = 12,000, never above 2,048).
     """
-    n, k, m = (positive_int(f"matrix dimension {name}", v, floats=False) for name, v in (("n", n), ("k", k), ("m", m)))
+    n, k, m = (
+        positive_int(f"matrix dimension {name}", v, floats=False)
+        for name, v in (("n", n), ("k", k), ("m", m))
+    )
     return 2 * n * k * m / (dtype_bytes(dtype) * (n * k + k * m + n * m))
 
 

@@ -35,7 +35,8 @@ DTYPE_BYTES: dict[str, float] = {
 
 
 def dtype_bytes(name: str) -> float:
-    """Bytes per element of a dtype name (``fp32`` 4, ``fp16``/``bf16`` 2, ``fp8``/``int8`` 1, ``int4`` 0.5)."""
+    """Bytes per element of a dtype name (``fp32`` 4, ``fp16``/``bf16`` 2, ``fp8``/``int8`` 1, ``int4``
+    0.5)."""
     key = str(name).lower()
     if key not in DTYPE_BYTES:
         raise ValueError(f"unknown dtype {name!r}; allowed: {', '.join(DTYPE_BYTES)}")
@@ -75,7 +76,8 @@ class ModelSpec:
     # transformers' ``rope_scaling`` format (None: plain RoPE); checked where the model is built
     rope_scaling: dict | None = field(default=None, hash=False)
     params_from_shapes: bool = field(init=False, default=False)
-    gated_mlp: bool = True  # gate, up and down (Llama); False: up and down only (e.g. phi-2 in Vidur's profiles)
+    # gate, up and down (Llama); False: up and down only (e.g. phi-2 in Vidur's profiles)
+    gated_mlp: bool = True
     norms_per_layer: int = 2  # RMSNorms per layer (1 where a layer shares one norm, e.g. phi-2)
 
     def __post_init__(self) -> None:

@@ -9,7 +9,8 @@ it carried text, so the text-only timeline can be compared (``RequestRecord.text
 
 Failures: non-200 answers, broken connections and streams that end without a chunk with choices fail as in
 vLLM; an error event inside a 200 stream (``{"error": ...}``) fails here too, where vLLM's client skips the
-event and counts the request as a success. Failures are recorded with their message, never dropped. Arrivals: a Poisson process at ``rate`` requests/s (seeded; ``inf``: all at once), optionally capped
+event and counts the request as a success. Failures are recorded with their message, never dropped. Arrivals:
+a Poisson process at ``rate`` requests/s (seeded; ``inf``: all at once), optionally capped
 at ``concurrency`` requests in flight (vLLM's ``--request-rate`` and ``--max-concurrency``).
 """
 

@@ -25,7 +25,8 @@ A server that sends its ``finish_reason`` in a chunk of its own (ours does) adds
 to the ITL list under this rule; ``RequestRecord.text_times_s`` gives the text-only timeline (``summarize(...,
 chunks="text")``) so the difference can be measured rather than guessed.
 The definitions (per-request latencies, the SLO, the distributions and the run aggregate) are
-``longctx.request_metrics``', the ones the engine and the simulator use; this module adds what only a client has
+``longctx.request_metrics``', the ones the engine and the simulator use; this module adds what only a client
+has
 (``RequestRecord``, failures, answer checks, the table) and renders the summary in milliseconds.
 Percentiles are numpy's linear interpolation (``np.percentile``), as vLLM prints them; the median is the
 50th of them. Pure Python + numpy.
@@ -45,7 +46,8 @@ class RequestRecord:
 
     request_id: int
     start_s: float
-    token_times_s: list[float] = field(default_factory=list)  # arrival of each chunk with choices (vLLM's rule)
+    # arrival of each chunk with choices (vLLM's rule)
+    token_times_s: list[float] = field(default_factory=list)
     end_s: float | None = None  # arrival of the last chunk with choices
     output_tokens: int | None = None  # server usage (or a tokenizer count)
     prompt_tokens: int | None = None
@@ -79,7 +81,8 @@ class RequestRecord:
 def request_latencies(
     start_s: float, token_times_s, end_s: float | None = None, output_tokens: int | None = None
 ) -> dict:
-    """TTFT, ITL, TPOT and E2E of one request from raw timestamps (seconds): ``longctx.request_metrics.RequestMetrics``
+    """TTFT, ITL, TPOT and E2E of one request from raw timestamps (seconds):
+    ``longctx.request_metrics.RequestMetrics``
     as a plain dict.
 
     ``token_times_s``: arrival time of each text-carrying chunk (at least one). ``end_s``: arrival of the
@@ -91,7 +94,8 @@ def request_latencies(
             "output_tokens": r.num_output_tokens}
 
 
-SLOs = SLO  # the benchmark's name for longctx.request_metrics.SLO (lesson 08, the CLI and benchmarks/serving.py use it)
+# the benchmark's name for longctx.request_metrics.SLO (lesson 08, the CLI and benchmarks/serving.py use it)
+SLOs = SLO
 
 
 def summarize(
@@ -101,7 +105,8 @@ def summarize(
     percentiles=DEFAULT_PERCENTILES,
     chunks: str = "choices",
 ) -> dict:
-    """Benchmark summary (plain data, JSON-ready) of a run's records: ``longctx.request_metrics.RunMetrics`` of the
+    """Benchmark summary (plain data, JSON-ready) of a run's records: ``longctx.request_metrics.RunMetrics``
+    of the
     completed requests in milliseconds, plus the failures, the answer checks and the SLOs.
 
     ``chunks``: which arrivals are timed: ``"choices"`` (every chunk with choices: vLLM's rule, the default)
@@ -116,8 +121,13 @@ def summarize(
         ends = [r.end_s or (r.token_times_s[-1] if r.token_times_s else r.start_s) for r in records]
         duration_s = (max(ends) - min(r.start_s for r in records)) if records else 0.0
     timed = [(r, r.token_times_s if chunks == "choices" else r.text_times_s) for r in done]
-    lats = [RequestMetrics.from_timestamps(r.start_s, t, r.prompt_tokens or 0, r.request_id, r.end_s, r.output_tokens)
-            for r, t in timed if t]
+    lats = [
+        RequestMetrics.from_timestamps(
+            r.start_s, t, r.prompt_tokens or 0, r.request_id, r.end_s, r.output_tokens
+        )
+        for r, t in timed
+        if t
+    ]
     in_tokens = sum(r.prompt_tokens or 0 for r in done)
     checked = [r.correct for r in done if r.correct is not None]
     dur = float(duration_s) if duration_s and duration_s > 0 else float("nan")
@@ -151,7 +161,8 @@ def format_table(summary: dict) -> str:
     s = summary
     lines = [
         "{:=^60}".format(" Serving Benchmark Result "),
-        f"{'Requests: completed / failed / total':<42} {s['completed']} / {s['failed']} / {s['num_requests']}",
+        f"{'Requests: completed / failed / total':<42} "
+        f"{s['completed']} / {s['failed']} / {s['num_requests']}",
     ]
     for msg, count in s["errors"].items():
         lines.append(f"  error x{count}: {msg}")

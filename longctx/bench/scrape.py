@@ -1,4 +1,5 @@
-"""Watch a server's ``GET /metrics`` while a benchmark runs: the peak of its gauges, the change in its counters.
+"""Watch a server's ``GET /metrics`` while a benchmark runs: the peak of its gauges, the change in its
+counters.
 
 ``MetricsWatch(base_url, every_s=0.05)`` is a context manager that scrapes in a background thread and keeps,
 for every sample, its largest value (``peak``) and its first and last values (``delta``). Names are matched

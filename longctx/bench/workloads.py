@@ -75,7 +75,8 @@ def _chat_request(
     overhead = count_chat_tokens(tokenizer, question)
     if prompt_tokens < overhead:
         raise ValueError(
-            f"prompt_tokens={prompt_tokens} is less than the chat template and question alone ({overhead} tokens)"
+            f"prompt_tokens={prompt_tokens} is less than the chat template and question alone "
+            f"({overhead} tokens)"
         )
     text = (
         filler_text(max(0, prompt_tokens - overhead - 1), tokenizer, extra.pop("seed", 0))
@@ -118,7 +119,9 @@ def shared_prefix_workload(num_prompts: int, tokenizer, prefix_tokens: int, max_
     head = "You are a helpful assistant. Answer from these notes.\n"
     fixed = _system_turn_tokens(tokenizer, head + "\n" + facts)
     if prefix_tokens < fixed:
-        raise ValueError(f"prefix_tokens={prefix_tokens} is less than the system prompt's notes alone ({fixed} tokens)")
+        raise ValueError(
+            f"prefix_tokens={prefix_tokens} is less than the system prompt's notes alone ({fixed} tokens)"
+        )
     system = head + filler_text(max(0, prefix_tokens - fixed - 2), tokenizer, seed) + "\n" + facts
     measured = _system_turn_tokens(tokenizer, system)
     out = []
@@ -142,7 +145,8 @@ def build_workload(
     prefix_tokens: int | None = None,
 ) -> list[dict]:
     """``num_prompts`` requests of workload ``name`` (one of ``WORKLOADS``), seeded. ``prefix_tokens`` sizes
-    the common system prompt of ``shared-prefix`` (only there; its questions are short, so no ``prompt_tokens``)."""
+    the common system prompt of ``shared-prefix`` (only there; its questions are short, so no
+    ``prompt_tokens``)."""
     if name not in WORKLOADS:
         raise ValueError(f"workload must be one of {WORKLOADS}, got {name!r}")
     if num_prompts < 1:
@@ -153,8 +157,10 @@ def build_workload(
     max_tokens = default_max if max_tokens is None else int(max_tokens)
     if name == "shared-prefix":
         if prompt_tokens is not None:
-            raise ValueError("the shared-prefix workload is sized by prefix_tokens (the common system prompt), "
-                             "not prompt_tokens")
+            raise ValueError(
+                "the shared-prefix workload is sized by prefix_tokens (the common system prompt), "
+                "not prompt_tokens"
+            )
         prefix_tokens = DEFAULT_PREFIX_TOKENS if prefix_tokens is None else int(prefix_tokens)
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
@@ -172,7 +178,9 @@ _QUESTIONS = {"chat": "Describe this scene in one short sentence.",
               "long-prefill": "Summarize the text above in five words."}
 
 
-def _request(name: str, tokenizer, prompt_tokens: int, max_tokens: int, seed: int, rng: random.Random) -> dict:
+def _request(
+    name: str, tokenizer, prompt_tokens: int, max_tokens: int, seed: int, rng: random.Random
+) -> dict:
     """One request of the ``chat``, ``needle`` or ``long-prefill`` workload (``seed``: its filler text)."""
     if name != "needle":
         return _chat_request(tokenizer, "", _QUESTIONS[name], prompt_tokens, max_tokens, name, seed=seed)

@@ -59,12 +59,15 @@ def _cuda() -> Check:
 
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name(0)
-        return Check("cuda", True, f"{name} (CUDA {torch.version.cuda}): make gpu-bench can record it for the lessons")
+        return Check(
+            "cuda", True, f"{name} (CUDA {torch.version.cuda}): make gpu-bench can record it for the lessons"
+        )
     return Check("cuda", True, "no GPU: GPU cells show recorded measurements")
 
 
 def _attention_backend() -> Check:
-    """Which attention backend ``--attention-backend auto`` picks here, and why (``longctx.model.attention``)."""
+    """Which attention backend ``--attention-backend auto`` picks here, and why
+    (``longctx.model.attention``)."""
     if _version("torch") is None:
         return Check("attention backend", True, "torch not installed")
     import torch
@@ -77,11 +80,18 @@ def _attention_backend() -> Check:
 
 
 def run_checks() -> list[Check]:
-    checks = [Check("python", sys.version_info >= (3, 11), platform.python_version(), "use Python 3.11 or newer")]
+    checks = [
+        Check("python", sys.version_info >= (3, 11), platform.python_version(), "use Python 3.11 or newer")
+    ]
     for package in PACKAGES:
         version = _version(package)
         checks.append(
-            Check(package, version is not None, version or "missing", "run `make lab` (it installs requirements.txt)")
+            Check(
+                package,
+                version is not None,
+                version or "missing",
+                "run `make lab` (it installs requirements.txt)",
+            )
         )
     checks.append(_model_file_check())
     checks.append(_model_cache_check())

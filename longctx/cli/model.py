@@ -5,7 +5,8 @@
 chat template applied unless ``--raw``, prefilling in chunks of ``--chunk-size`` tokens if given, pruning
 the prompt's KV cache with ``--press NAME --compression-ratio R`` (``longctx.kv.press``), storing it as
 ``--kv-dtype`` (default: the model's dtype; fp32, bf16, fp16, fp8, int8, int4: ``longctx.kv.quant``), on
-``--device`` in ``--dtype`` with ``--attention-backend`` (``longctx.model.device``, ``longctx.model.attention``).
+``--device`` in ``--dtype`` with ``--attention-backend`` (``longctx.model.device``,
+``longctx.model.attention``).
 ``--prompt`` may be given
 several times: the prompts run one after the other on one engine, so with ``--prefix-caching`` a later
 prompt reuses the cached blocks of a prefix it shares with an earlier one (a system prompt). ``--json``
@@ -29,7 +30,9 @@ def register(subparsers) -> None:
 
     g = subparsers.add_parser("generate", help="greedy completion with SmolLM2-135M-Instruct on our engine")
     src = g.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", action="append", help="the prompt text (repeat for several prompts, run in turn)")
+    src.add_argument(
+        "--prompt", action="append", help="the prompt text (repeat for several prompts, run in turn)"
+    )
     src.add_argument("--prompt-file", type=Path, help="read the prompt from this file")
     g.add_argument("--max-tokens", type=int, required=True, help="tokens to generate (>= 1)")
     g.add_argument("--chunk-size", type=int, default=None, help="prefill in chunks of this many tokens")
@@ -39,11 +42,17 @@ def register(subparsers) -> None:
                    "random, knorm")
     g.add_argument("--compression-ratio", type=float, default=None,
                    help="fraction of the prompt's KV entries the press evicts, in [0, 1) (needs --press)")
-    g.add_argument("--kv-dtype", default=None, help="how the KV pool stores keys and values: the model's dtype "
-                   "(default), fp32, bf16, fp16, fp8, int8, int4")
+    g.add_argument(
+        "--kv-dtype",
+        default=None,
+        help="how the KV pool stores keys and values: the model's dtype "
+        "(default), fp32, bf16, fp16, fp8, int8, int4",
+    )
     g.add_argument("--prefix-caching", action="store_true",
                    help="share the cached full blocks of a common prefix between the prompts")
-    g.add_argument("--json", action="store_true", help="print a JSON object per prompt (output, KV blocks, TTFT)")
+    g.add_argument(
+        "--json", action="store_true", help="print a JSON object per prompt (output, KV blocks, TTFT)"
+    )
     add_placement_arguments(g)
     g.set_defaults(func=run_generate)
 
@@ -113,7 +122,9 @@ def run_generate(args) -> int:
     texts = _read_prompts(args)
     press = make_cli_press(args.press, args.compression_ratio)
     if press is not None and args.prefix_caching:
-        raise ValueError("--press and --prefix-caching do not combine: a press rewrites the blocks a cache shares")
+        raise ValueError(
+            "--press and --prefix-caching do not combine: a press rewrites the blocks a cache shares"
+        )
     import json
     import time
 

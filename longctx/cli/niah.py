@@ -24,12 +24,16 @@ def _floats(text: str) -> list[float]:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("niah", help="needle-in-a-haystack grid (length x depth) on SmolLM2")
-    p.add_argument("--lengths", required=True, help="prompt lengths in tokens, comma-separated (e.g. 512,1024)")
+    p.add_argument(
+        "--lengths", required=True, help="prompt lengths in tokens, comma-separated (e.g. 512,1024)"
+    )
     p.add_argument("--depths", default="0,0.5,1", help="needle depths in [0, 1], comma-separated")
     p.add_argument("--seeds", type=int, default=1, help="trials per cell (seeds 0..N-1)")
     p.add_argument("--haystack", choices=["passkey", "multikey"], default="passkey")
     p.add_argument("--rope-scaling", default=None, help="a rope_scaling dict as JSON (default: plain RoPE)")
-    p.add_argument("--press", default=None, help="prune the KV cache: streaming_llm, snapkv, h2o, random, knorm")
+    p.add_argument(
+        "--press", default=None, help="prune the KV cache: streaming_llm, snapkv, h2o, random, knorm"
+    )
     p.add_argument("--compression-ratio", type=float, default=None, help="fraction evicted, in [0, 1)")
     p.add_argument("--question-agnostic", action="store_true",
                    help="prune the context before the question is prefilled (default: with the question)")
@@ -83,8 +87,11 @@ def run(args) -> int:
         return 0
     lengths_, depths_, acc = table.pivot("correct")
     _, _, lp = table.pivot("answer_logprob")
-    print(f"{args.haystack} haystack, rope={table.rows[0]['rope']}, press={runner.press_label}, {len(seeds)} seed(s): "
-          "accuracy / mean answer log-prob (nats)")
+    print(
+        f"{args.haystack} haystack, rope={table.rows[0]['rope']}, press={runner.press_label}, "
+        f"{len(seeds)} seed(s): "
+        "accuracy / mean answer log-prob (nats)"
+    )
     print("length " + "".join(f"{f'depth {d:g}':>16}" for d in depths_))
     for i, n in enumerate(lengths_):
         print(f"{n:6d} " + "".join(f"{acc[i, j]:9.2f} /{lp[i, j]:6.2f}" for j in range(len(depths_))))

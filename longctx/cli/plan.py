@@ -44,9 +44,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="prefix tokens common to all users (full blocks stored once; default 0)")
     p.add_argument("--block-size", default=16, type=int, help="paged block size in tokens (default 16)")
     p.add_argument("--pool-gib", required=True, type=float, help="KV pool size in GiB (2**30 bytes)")
-    p.add_argument("--kv-scales", default=None, type=str.lower, choices=list(KV_SCALES), metavar="LAYOUT",
-                   help="where a quantized KV cache keeps its scales: per-tensor (layer parameters, 0 bytes per "
-                        "token: vLLM, SGLang), per-vector or per-group (in the pool); default: what this "
-                        "course's engine stores for the dtype (fp8 per-vector, int8/int4 per-group)")
+    p.add_argument(
+        "--kv-scales",
+        default=None,
+        type=str.lower,
+        choices=list(KV_SCALES),
+        metavar="LAYOUT",
+        help="where a quantized KV cache keeps its scales: per-tensor (layer parameters, 0 bytes per "
+        "token: vLLM, SGLang), per-vector or per-group (in the pool); default: what this "
+        "course's engine stores for the dtype (fp8 per-vector, int8/int4 per-group)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run_plan)

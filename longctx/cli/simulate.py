@@ -68,10 +68,15 @@ def run_simulate(args: argparse.Namespace) -> int:
     print(f"{'metric':<10}{'p50':>10}{'p90':>10}{'p95':>10}{'p99':>10}   (ms)")
     for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
         d = out[key]
-        cells = "".join(f"{'-' if d[p] is None else f'{1e3 * d[p]:.1f}':>10}" for p in ("p50", "p90", "p95", "p99"))
+        cells = "".join(
+            f"{'-' if d[p] is None else f'{1e3 * d[p]:.1f}':>10}" for p in ("p50", "p90", "p95", "p99")
+        )
         print(f"{key[:-2].upper():<10}{cells}")
-    print(f"throughput {out['throughput_tok_s']:,.0f} output tok/s, {out['request_throughput_req_s']:.2f} req/s, "
-          f"{out['num_preemptions']} preemptions, {out['num_steps']:,} steps")
+    print(
+        f"throughput {out['throughput_tok_s']:,.0f} output tok/s, "
+        f"{out['request_throughput_req_s']:.2f} req/s, "
+        f"{out['num_preemptions']} preemptions, {out['num_steps']:,} steps"
+    )
     c = out["config"]
     line = (f"KV pool  {c['num_blocks']:,} blocks of {c['block_size']} tokens, {c['kv_dtype']} "
             f"({c['pool_bytes_per_token']:,} B/token), peak {out['peak_used_blocks']:,} used")
@@ -117,7 +122,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--token-budget", type=int, default=None,
                    help="tokens per step (chunked: default 512; monolithic: max batched tokens)")
     p.add_argument("--num-requests", type=int, required=True, help="requests in the workload")
-    p.add_argument("--rate", type=_rate, required=True, help="mean arrival rate, requests/s (inf: all at t=0)")
+    p.add_argument(
+        "--rate", type=_rate, required=True, help="mean arrival rate, requests/s (inf: all at t=0)"
+    )
     p.add_argument("--prompt-tokens", type=token_count, required=True, help="prompt length (2K ok)")
     p.add_argument("--output-tokens", type=token_count, required=True, help="output length")
     p.add_argument("--arrival", choices=("poisson", "gamma"), default="poisson", help="arrival process")
@@ -126,7 +133,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=f"KV storage format: {', '.join(FORMATS)} (default bf16)")
     p.add_argument("--pool-gib", type=float, default=None,
                    help="KV pool of this many GiB (default: GPU memory left after the weights)")
-    p.add_argument("--prefix-caching", action="store_true", help="share cached full KV blocks between requests")
+    p.add_argument(
+        "--prefix-caching", action="store_true", help="share cached full KV blocks between requests"
+    )
     p.add_argument("--shared-prefix", type=token_count, default=0, metavar="TOKENS",
                    help="tokens every prompt starts with (2K ok; default 0)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")

@@ -27,7 +27,8 @@ def check_fits_pool(block_manager: BlockManager, num_prompt_tokens: int, max_tok
     need = blocks_for_tokens(num_prompt_tokens + max_tokens, bm.block_size)
     if need > bm.num_blocks:
         raise PoolTooSmall(
-            f"the request needs {need} KV cache blocks of {bm.block_size} tokens ({num_prompt_tokens} prompt + "
+            f"the request needs {need} KV cache blocks of {bm.block_size} tokens "
+            f"({num_prompt_tokens} prompt + "
             f"{max_tokens} output tokens) but the pool has only {bm.num_blocks}",
             need,
             bm.num_blocks,

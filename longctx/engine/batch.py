@@ -129,7 +129,8 @@ class ScheduledBatch:
         return True
 
     def add_decodes(self, seqs) -> list[Sequence]:
-        """``add(seq, 1)`` for each decode of ``seqs`` (``Sequence.is_decode``) in order, while the token budget
+        """``add(seq, 1)`` for each decode of ``seqs`` (``Sequence.is_decode``) in order, while the token
+        budget
         lasts (no budget: all); returns the others (prefills), in order. A stall-free policy's first loop."""
         others, budget = [], self.token_budget
         for seq in seqs:

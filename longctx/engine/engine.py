@@ -191,9 +191,14 @@ class Engine:
     def new_batch(self) -> ScheduledBatch:
         """An empty batch over this engine's pool and running queue, with the scheduler's limits."""
         s = self.scheduler
-        return ScheduledBatch(self.block_manager, list(self.running), token_budget=getattr(s, "token_budget", None),
-                              max_num_seqs=getattr(s, "max_num_seqs", DEFAULT_MAX_NUM_SEQS),
-                              decode_chunks=self._decode_chunks)  # a decode's entry is the same tuple every step
+        return ScheduledBatch(
+            self.block_manager,
+            list(self.running),
+            token_budget=getattr(s, "token_budget", None),
+            max_num_seqs=getattr(s, "max_num_seqs", DEFAULT_MAX_NUM_SEQS),
+            # a decode's entry is the same tuple every step
+            decode_chunks=self._decode_chunks,
+        )
 
     def step(self) -> StepRecord | None:
         """Run one iteration. Returns its record, or None when there was nothing to do."""
@@ -208,7 +213,8 @@ class Engine:
         if not batch.entries:
             raise RuntimeError(
                 f"{type(self.scheduler).__name__}.schedule left the batch empty although "
-                f"{len(self.running)} sequences run and {len(self.waiting)} wait: the engine would never finish"
+                f"{len(self.running)} sequences run and {len(self.waiting)} wait: "
+                "the engine would never finish"
             )
         start_s = self.clock.now()
         c = self.counters
@@ -252,7 +258,9 @@ class Engine:
                 evicted: dict[int, int] | None = None) -> None:
         entries = batch.entries
         if next_token_ids is not None and len(next_token_ids) != len(entries):
-            raise RuntimeError(f"the executor returned {len(next_token_ids)} tokens for {len(entries)} entries")
+            raise RuntimeError(
+                f"the executor returned {len(next_token_ids)} tokens for {len(entries)} entries"
+            )
         done = []
         bm, c = self.block_manager, self.counters
         real = next_token_ids is not None  # else no tokens (the simulator): every output is 0

@@ -66,7 +66,9 @@ def generate(
     scheduler = MonolithicScheduler() if chunk_size is None else ChunkedPrefillScheduler(chunk_size)
     num_blocks = max(1, blocks_for_tokens(len(prompt_token_ids) + max(1, max_tokens), block_size))
     engine = Engine(
-        TorchExecutor(model, BlockManager(num_blocks, block_size), press=press, attention_backend=attention_backend),
+        TorchExecutor(
+            model, BlockManager(num_blocks, block_size), press=press, attention_backend=attention_backend
+        ),
         scheduler,
         max_model_len=model.config.max_context,
         eos_token_id=eos_token_id,

@@ -61,7 +61,8 @@ class PressRecorder:
     @contextmanager
     def recording(self, chunks):
         """Collect during one forward pass. ``chunks``: ``(seq_id, first_row, starts_prompt)`` of the
-        step's prefill chunks (``starts_prompt``: the chunk begins at position 0, so earlier state is stale)."""
+        step's prefill chunks (``starts_prompt``: the chunk begins at position 0, so earlier state is
+        stale)."""
         self._rows = {}
         for seq_id, row, starts in chunks:
             if starts or seq_id not in self._state:
@@ -122,7 +123,12 @@ class PressRecorder:
     def layer_input(self, cache, table: list[int], seq_id: int, num_tokens: int, layer: int) -> PressInput:
         """What the press would see for ``layer`` of sequence ``seq_id`` now (its first ``num_tokens``
         cached tokens and what was collected so far): to look at a press's choice without pruning."""
-        return self._input(cache, _slots_of(cache, table, num_tokens), self._state.get(seq_id, {"queries": {}, "attention": {}}), layer)
+        return self._input(
+            cache,
+            _slots_of(cache, table, num_tokens),
+            self._state.get(seq_id, {"queries": {}, "attention": {}}),
+            layer,
+        )
 
     @staticmethod
     def _input(cache, where, state, layer) -> PressInput:

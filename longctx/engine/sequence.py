@@ -109,7 +109,8 @@ class Sequence:
     # ---- timestamps ----
     @property
     def ttft_s(self) -> float | None:
-        """Time to first token so far (``longctx.request_metrics``' definition); None before the first token."""
+        """Time to first token so far (``longctx.request_metrics``' definition); None before the first
+        token."""
         return request_metrics(self).ttft_s if self.token_times_s else None
 
     @property

@@ -27,7 +27,9 @@ class StepRecord:
     num_used_blocks: int = 0  # held while the step ran (a shared block counts once)
 
     @classmethod
-    def at(cls, start_s: float, duration_s: float, num_prefill_tokens: int, num_decode_tokens: int) -> StepRecord:
+    def at(
+        cls, start_s: float, duration_s: float, num_prefill_tokens: int, num_decode_tokens: int
+    ) -> StepRecord:
         """A step known by its start, duration and token counts only."""
         return cls(start_s, start_s + duration_s, duration_s, num_prefill_tokens, num_decode_tokens)
 

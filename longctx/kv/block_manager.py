@@ -127,7 +127,8 @@ class BlockManager:
         return need if need > 0 else 0
 
     def has_room(self, seq_id: int, num_tokens: int) -> bool:
-        """Whether the blocks ``seq_id`` holds already have slots for ``num_tokens`` tokens in total (a decode's
+        """Whether the blocks ``seq_id`` holds already have slots for ``num_tokens`` tokens in total (a
+        decode's
         usual case: no block to take; ``extra_blocks_needed == 0`` without counting)."""
         table = self._tables.get(seq_id)
         return table is not None and num_tokens <= len(table) * self.block_size
@@ -248,7 +249,9 @@ class BlockManager:
         if num_tokens < 0:
             raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
         if self.enable_prefix_caching:
-            raise ValueError("shrink rewrites a sequence's blocks (KV pruning); it cannot be used with prefix caching")
+            raise ValueError(
+                "shrink rewrites a sequence's blocks (KV pruning); it cannot be used with prefix caching"
+            )
         table = self._tables[seq_id]
         keep = blocks_for_tokens(num_tokens, self.block_size)
         tail = table[keep:]
@@ -265,7 +268,8 @@ class BlockManager:
 
     def restore(self, tables: dict[int, list[int]], num_free_blocks: int | None = None) -> None:
         """Make this unused manager hold ``tables`` (seq id -> its block ids: another pool's state), with
-        ``num_free_blocks`` of the other blocks free (default: all; the rest are held outside these tables)."""
+        ``num_free_blocks`` of the other blocks free (default: all; the rest are held outside these
+        tables)."""
         if self._tables or len(self._free) != self.num_blocks:
             raise ValueError("restore needs a manager that holds nothing yet")
         for sid, table in tables.items():

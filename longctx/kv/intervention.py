@@ -68,8 +68,10 @@ class ForcedPress(Press):
         if self.donor is None:
             busy = len(self.positions) + int(self.protected(T, self.num_kept(T)).sum())
             if busy > self.num_kept(T):
-                raise ValueError(f"{len(self.positions)} forced tokens and the protected ones need {busy} places "
-                                 f"but each head keeps {self.num_kept(T)}: lower the ratio or force fewer")
+                raise ValueError(
+                    f"{len(self.positions)} forced tokens and the protected ones need {busy} places "
+                    f"but each head keeps {self.num_kept(T)}: lower the ratio or force fewer"
+                )
             scores[:, pos] = _KEEP
             return scores
         keep = self.donor.keep_indices(_for(self.donor, inp)).to(scores.device)  # [H_kv, kept]
@@ -81,6 +83,11 @@ class ForcedPress(Press):
 def _for(press: Press, inp: PressInput) -> PressInput:
     """``inp`` cut to what ``press`` reads: its own number of window queries."""
     q = inp.queries
-    if q is not None and press.query_window and q.shape[1] > press.query_window and not press.uses_attention_sum:
+    if (
+        q is not None
+        and press.query_window
+        and q.shape[1] > press.query_window
+        and not press.uses_attention_sum
+    ):
         q = q[:, -press.query_window:]
     return PressInput(inp.keys, inp.values, q, inp.attention_sum)

@@ -54,14 +54,17 @@ class KVFormat:
         if head_dim % self.group_size:
             raise ValueError(
                 f"the {self.name} KV format groups {self.group_size} numbers per scale, which does not "
-                f"divide head_dim={head_dim}; allowed for this model: {', '.join(n for n in FORMATS if _fits(n, head_dim))}"
+                f"divide head_dim={head_dim}; allowed for this model: "
+                f"{', '.join(n for n in FORMATS if _fits(n, head_dim))}"
             )
         return head_dim // self.group_size
 
     def code_bytes(self, head_dim: int) -> int:
         """Bytes of the codes of one vector."""
         if head_dim * self.bits % 8:
-            raise ValueError(f"{self.name} packs {8 // self.bits} numbers per byte; head_dim={head_dim} is odd")
+            raise ValueError(
+                f"{self.name} packs {8 // self.bits} numbers per byte; head_dim={head_dim} is odd"
+            )
         return head_dim * self.bits // 8
 
     def bytes_per_vector(self, head_dim: int) -> int:
@@ -94,7 +97,8 @@ def get_format(kv_dtype: str | KVFormat) -> KVFormat:
     return FORMATS[key]
 
 
-KV_SCALES = ("per-tensor", "per-vector", "per-group")  # the layouts ``kv_scales`` accepts (None: the engine's)
+# the layouts ``kv_scales`` accepts (None: the engine's)
+KV_SCALES = ("per-tensor", "per-vector", "per-group")
 
 
 def scale_layout(kv_dtype: str, kv_scales: str | None = None) -> str | None:
@@ -105,12 +109,16 @@ def scale_layout(kv_dtype: str, kv_scales: str | None = None) -> str | None:
     if kv_scales is not None:
         key = str(kv_scales).lower()
         if key not in KV_SCALES:
-            raise ValueError(f"unknown kv_scales {kv_scales!r}; allowed: {', '.join(KV_SCALES)} (or None: the engine's)")
+            raise ValueError(
+                f"unknown kv_scales {kv_scales!r}; allowed: {', '.join(KV_SCALES)} (or None: the engine's)"
+            )
         if not fmt.quantized:
             if key != "per-tensor":
                 quantized = ", ".join(n for n, f in FORMATS.items() if f.quantized)
-                raise ValueError(f"{fmt.name} stores plain numbers, no scales: kv_scales={key!r} applies to the "
-                                 f"quantized formats only ({quantized})")
+                raise ValueError(
+                    f"{fmt.name} stores plain numbers, no scales: kv_scales={key!r} applies to the "
+                    f"quantized formats only ({quantized})"
+                )
             return None
         return key
     if not fmt.quantized:
@@ -138,8 +146,10 @@ def pool_bytes_per_token(model, kv_dtype: str, kv_scales: str | None = None) -> 
         scales = 1
     else:
         if m.head_dim % GROUP_SIZE:
-            raise ValueError(f"per-group scales take one scale per {GROUP_SIZE} numbers, which does not divide "
-                             f"{m.name}'s head_dim={m.head_dim}; use per-vector or per-tensor")
+            raise ValueError(
+                f"per-group scales take one scale per {GROUP_SIZE} numbers, which does not divide "
+                f"{m.name}'s head_dim={m.head_dim}; use per-vector or per-tensor"
+            )
         scales = m.head_dim // GROUP_SIZE
     fmt.code_bytes(m.head_dim)  # raises where the codes do not fill whole bytes (int4 with an odd head_dim)
     return kv_bytes_per_token(m, fmt.name, scales * SCALE_BYTES)
@@ -148,7 +158,8 @@ def pool_bytes_per_token(model, kv_dtype: str, kv_scales: str | None = None) -> 
 # ---- torch: quantize on write, dequantize on read ----
 
 def quantize(x, fmt: KVFormat):
-    """``x`` [..., d] (float) -> ``(codes, scales)``: codes uint8 [..., code_bytes], scales fp16 [..., groups].
+    """``x`` [..., d] (float) -> ``(codes, scales)``: codes uint8 [..., code_bytes], scales fp16 [...,
+    groups].
 
     Symmetric per group: ``s = amax / qmax`` rounded to fp16 (codes computed with the rounded scale and
     clamped, so rounding never overflows a code); an all-zero group gets ``s = 0`` and codes 0."""
@@ -172,7 +183,8 @@ def quantize(x, fmt: KVFormat):
 
 
 def dequantize(codes, scales, fmt: KVFormat, dtype):
-    """Inverse of :func:`quantize`: ``codes`` [..., code_bytes], ``scales`` [..., groups] -> [..., d] in ``dtype``."""
+    """Inverse of :func:`quantize`: ``codes`` [..., code_bytes], ``scales`` [..., groups] -> [..., d] in
+    ``dtype``."""
     import torch
 
     if fmt.name == "fp8":

@@ -10,13 +10,15 @@
   ``CostFactors`` (defaults fitted on published H100 profiles where measured, assumed elsewhere).
 - ``operators``: the linear part operator by operator (QKV, O, gate+up, down, small per-token ops).
 - ``profiles``: Vidur's published H100 operator timings, as shipped (``load_profiles``).
-- ``gemm_profile``: ``GemmProfile``, a model's GEMMs, small ops and fresh-chunk attention timed on this machine
+- ``gemm_profile``: ``GemmProfile``, a model's GEMMs, small ops and fresh-chunk attention timed on this
+machine
   (``measure_gemm_profile``); ``CostModelExecutor(..., gemm_profile=)`` prices those from it.
 - ``calibration``: ``fit_profiles`` (H100 factors from those profiles, with their error per model and
   token range, ``leave_one_model_out``) and ``calibrate`` (the step factors from measured steps); the search
   of the form's best factors over a grid lives in ``benchmarks/sim_profiles.py``, its one user.
 - ``recording``: ``RecordingExecutor`` keeps a real engine's steps as ``MeasuredStep``\\ s.
-- ``workload``: ``make_workload`` with Poisson / gamma arrivals; ``Fixed``, ``Uniform``, ``LogNormal``, ``Trace``.
+- ``workload``: ``make_workload`` with Poisson / gamma arrivals; ``Fixed``, ``Uniform``, ``LogNormal``,
+``Trace``.
 - ``run``: ``simulate`` -> ``SimResult``; ``build_sim_engine``; ``kv_pool_blocks``.
 - ``scenarios``: ``capacity`` (highest rate under an ITL SLO), rate sweeps.
 """

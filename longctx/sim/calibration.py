@@ -179,10 +179,17 @@ def fit_profiles(models: Sequence[str] | None = None, hardware: HardwareSpec | s
     bts, ys = spts.T
     sx = np.c_[np.ones_like(bts), bts / hw.memory_bandwidth_bytes_per_s] / ys[:, None]
     s_theta = bounded_lstsq(sx, np.ones_like(ys), np.array([0.0, 1.0]), {})
-    factors = replace(CostFactors(), compute_efficiency=_sig(1 / theta[1]), memory_efficiency=_sig(1 / theta[2]),
-                      serial_fraction=serial, kernel_overhead_s=_sig(theta[0]),
-                      elementwise_efficiency=_sig(1 / s_theta[1]), elementwise_overhead_s=_sig(s_theta[0]),
-                      gemm_tile_tokens=tile_tokens, gemm_wave_sms=wave_sms)
+    factors = replace(
+        CostFactors(),
+        compute_efficiency=_sig(1 / theta[1]),
+        memory_efficiency=_sig(1 / theta[2]),
+        serial_fraction=serial,
+        kernel_overhead_s=_sig(theta[0]),
+        elementwise_efficiency=_sig(1 / s_theta[1]),
+        elementwise_overhead_s=_sig(s_theta[0]),
+        gemm_tile_tokens=tile_tokens,
+        gemm_wave_sms=wave_sms,
+    )
     clipped = tuple(name for name, v in (("compute_efficiency", theta[1]), ("memory_efficiency", theta[2]),
                                          ("elementwise_efficiency", s_theta[1])) if v <= 1 + 1e-12)
     n, k, m, y, _ = gpts.T
@@ -229,7 +236,8 @@ def linear_time_points(model: str, tp: int = 1, factors: CostFactors | None = No
 
 def profile_errors(factors: CostFactors | None = None, models: Sequence[str] | None = None,
                    tps: Sequence[int] | None = None, ranges=TOKEN_RANGES) -> list[ProfileError]:
-    """``ProfileError`` rows of ``factors`` (default ``CostFactors()``) per model, TP degree and token range."""
+    """``ProfileError`` rows of ``factors`` (default ``CostFactors()``) per model, TP degree and token
+    range."""
     table = load_profiles()
     out = []
     for name in models or tuple(table):
@@ -243,24 +251,44 @@ def profile_errors(factors: CostFactors | None = None, models: Sequence[str] | N
                     continue
                 errs = np.array([e for _, e in sel])
                 w = int(np.argmax(np.abs(errs)))
-                out.append(ProfileError(name, tp, lo, hi, len(sel), float(np.median(np.abs(errs))), float(errs[w]),
-                                        sel[w][0], tuple(n for n, e in sel if abs(e) > 0.15)))
+                out.append(
+                    ProfileError(
+                        name,
+                        tp,
+                        lo,
+                        hi,
+                        len(sel),
+                        float(np.median(np.abs(errs))),
+                        float(errs[w]),
+                        sel[w][0],
+                        tuple(n for n, e in sel if abs(e) > 0.15),
+                    )
+                )
     return out
 
 
-def monotone_error_bound(model: str, tp: int = 1, low_tokens: int = 64, high_tokens: int = 4096) -> tuple[float, int, int]:
+def monotone_error_bound(
+    model: str, tp: int = 1, low_tokens: int = 64, high_tokens: int = 4096
+) -> tuple[float, int, int]:
     """The smallest worst-case relative error that *any* model whose time never falls as tokens are added can
-    reach on ``model``'s measured linear time over ``low_tokens ... high_tokens``, and the pair of token counts
+    reach on ``model``'s measured linear time over ``low_tokens ... high_tokens``, and the pair of token
+    counts
     ``(a, b)``, ``a < b``, that forces it: ``(t_a - t_b) / (t_a + t_b)`` for the measured ``t_a > t_b``.
 
     A non-decreasing ``f`` within ``e`` of both needs ``t_a (1 - e) <= f(a) <= f(b) <= t_b (1 + e)``; the
-    largest such pair sets the bound, and it is reached (isotonic minimax). The operator form is non-decreasing
-    in the token count, so no choice of its factors beats this; ``(0.0, 0, 0)`` when the measurement never falls.
+    largest such pair sets the bound, and it is reached (isotonic minimax). The operator form is
+    non-decreasing
+    in the token count, so no choice of its factors beats this; ``(0.0, 0, 0)`` when the measurement never
+    falls.
     """
     pm = _profiled(model)
     if tp not in pm.num_tokens:
         raise ValueError(f"{model} has no profile at TP {tp}; profiled: {', '.join(map(str, pm.tp_degrees))}")
-    pts = [(n, t) for n, t in zip(pm.num_tokens[tp], pm.linear_time_s(tp), strict=True) if low_tokens <= n <= high_tokens]
+    pts = [
+        (n, t)
+        for n, t in zip(pm.num_tokens[tp], pm.linear_time_s(tp), strict=True)
+        if low_tokens <= n <= high_tokens
+    ]
     best, pair, low_after = 0.0, (0, 0), None
     for n, t in reversed(pts):  # walk down the token counts, keeping the smallest later time
         if low_after is not None and (gap := (t - low_after[1]) / (t + low_after[1])) > best:
@@ -270,12 +298,25 @@ def monotone_error_bound(model: str, tp: int = 1, low_tokens: int = 64, high_tok
     return float(best), int(pair[0]), int(pair[1])
 
 
-def leave_one_model_out(tps: Sequence[int] | None = None, ranges=TOKEN_RANGES) -> dict[str, tuple[ProfileFit, list[ProfileError]]]:
+def leave_one_model_out(
+    tps: Sequence[int] | None = None, ranges=TOKEN_RANGES
+) -> dict[str, tuple[ProfileFit, list[ProfileError]]]:
     """For each profiled model: the fit on all the others and its errors on the one left out."""
     names = tuple(load_profiles())
     return {held: (fit := fit_profiles([x for x in names if x != held]),
                    profile_errors(fit.factors, [held], tps, ranges)) for held in names}
 
 
-__all__ = ["Calibration", "ProfileError", "ProfileFit", "TOKEN_RANGES", "calibrate", "fit_profiles",
-           "leave_one_model_out", "linear_time_points", "monotone_error_bound", "profile_errors", "profiled_names"]
+__all__ = [
+    "Calibration",
+    "ProfileError",
+    "ProfileFit",
+    "TOKEN_RANGES",
+    "calibrate",
+    "fit_profiles",
+    "leave_one_model_out",
+    "linear_time_points",
+    "monotone_error_bound",
+    "profile_errors",
+    "profiled_names",
+]

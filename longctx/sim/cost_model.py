@@ -10,13 +10,15 @@ quantization and a kernel overhead), plus the small per-token ops, the embedding
 logit row per entry), and the attention of each entry::
 
     linear_s    = L * (sum of the 4 GEMMs over T tokens + small ops) + embedding + LM head (E rows)
-    attention_s = max(attention_flops / (peak * attention_efficiency), KV bytes / (bandwidth * memory_efficiency))
+    attention_s = max(attention_flops / (peak * attention_efficiency), KV bytes / (bandwidth *
+    memory_efficiency))
     step_s      = step_overhead_s + per_sequence_overhead_s * E + linear_s + attention_s
 
   ``linear_time_s(n, tp)`` is ``linear_s`` without the LM head: what Vidur's H100 profiles measure. The
   attention term is the course's FLOPs and KV bytes on a roofline, *not* measured by those profiles.
   With a measured ``GemmProfile`` (``gemm_profile=``, ``longctx.sim.gemm_profile``) the GEMMs, the small
-  ops, the LM head and the attention of fresh prompt chunks are its seconds instead of rooflines: how ``benchmarks/sim_fidelity.py`` models the engine on a CPU.
+  ops, the LM head and the attention of fresh prompt chunks are its seconds instead of rooflines: how
+  ``benchmarks/sim_fidelity.py`` models the engine on a CPU.
 
 ``"batch"`` (the earlier, whole-batch form, which lessons teach as "the roofline"): one roofline for the
 whole step::
@@ -81,7 +83,8 @@ class CostModelExecutor(Executor):
             steps read fewer KV bytes). The press's own scoring time is not charged. 0: no pruning.
         form: ``"operator"`` (default) or ``"batch"`` (module docstring).
         gemm_profile: a ``GemmProfile`` of ``model`` measured on the machine being modelled
-            (``longctx.sim.gemm_profile``): the operator form then prices the GEMMs, the small ops, the LM head
+            (``longctx.sim.gemm_profile``): the operator form then prices the GEMMs, the small ops, the LM
+            head
             and a fresh prompt chunk's attention from it (measured seconds, tensor parallelism 1) instead of
             from their rooflines.
     """
@@ -102,21 +105,30 @@ class CostModelExecutor(Executor):
         if not 0.0 <= float(kv_compression_ratio) < 1.0:
             raise ValueError(f"kv_compression_ratio must be in [0, 1), got {kv_compression_ratio!r}")
         if attention not in flops.ATTENTION_KINDS:
-            raise ValueError(f"attention must be one of {', '.join(flops.ATTENTION_KINDS)}; got {attention!r}")
+            raise ValueError(
+                f"attention must be one of {', '.join(flops.ATTENTION_KINDS)}; got {attention!r}"
+            )
         if form not in COST_FORMS:
             raise ValueError(f"form must be one of {', '.join(COST_FORMS)}; got {form!r}")
         self.kv_compression_ratio = float(kv_compression_ratio)
         self.form = form
         self.model = m = get_model(model)
         if gemm_profile is not None and (form != "operator" or gemm_profile.model != m.name):
-            raise ValueError(f"gemm_profile needs form='operator' and a profile of {m.name}; got form={form!r} and a "
-                             f"profile of {gemm_profile.model}")
+            raise ValueError(
+                f"gemm_profile needs form='operator' and a profile of {m.name}; got form={form!r} and a "
+                f"profile of {gemm_profile.model}"
+            )
         self.gemm_profile = gemm_profile
         self.hardware = get_hardware(hardware)
         if factors is None:
             factors = CostFactors() if form == "operator" else CostFactors.assumed()
         self.factors = factors
-        self.weight_dtype, self.kv_dtype, self.attention, self.params = weight_dtype, kv_dtype, attention, params
+        self.weight_dtype, self.kv_dtype, self.attention, self.params = (
+            weight_dtype,
+            kv_dtype,
+            attention,
+            params,
+        )
         self.weight_elem_bytes = dtype_bytes(weight_dtype)
         self.act_elem_bytes = 4.0 if str(weight_dtype).lower() == "fp32" else 2.0
         # flops.step_cost's terms, per unit: linear in tokens, in logit rows (one per entry) and in pairs.
@@ -143,14 +155,22 @@ class CostModelExecutor(Executor):
             if tp != 1:
                 raise ValueError(f"a GemmProfile is measured at tensor parallelism 1; got tp={tp}")
             p, hw = self.gemm_profile, self.hardware
-            t = self._layers_cache[key] = (sum(p.seconds_at(g, n) for g in LAYER_GROUPS)  # + the embedding lookup
-                                           + embedding_time_s(self.model, n, self.factors, hw.memory_bandwidth_bytes_per_s,
-                                                              self.act_elem_bytes))
+            # + the embedding lookup
+            t = self._layers_cache[key] = sum(p.seconds_at(g, n) for g in LAYER_GROUPS) + embedding_time_s(
+                self.model, n, self.factors, hw.memory_bandwidth_bytes_per_s, self.act_elem_bytes
+            )
         if t is None:
             hw = self.hardware
-            t = self._layers_cache[key] = layers_time_s(self.model, n, self.factors, hw.peak_flops_per_s,
-                                                        hw.memory_bandwidth_bytes_per_s, self.weight_elem_bytes,
-                                                        self.act_elem_bytes, tp)
+            t = self._layers_cache[key] = layers_time_s(
+                self.model,
+                n,
+                self.factors,
+                hw.peak_flops_per_s,
+                hw.memory_bandwidth_bytes_per_s,
+                self.weight_elem_bytes,
+                self.act_elem_bytes,
+                tp,
+            )
         return t
 
     def _lm_head_s(self, rows: int) -> float:
@@ -173,12 +193,18 @@ class CostModelExecutor(Executor):
         if self.form == "operator":
             return self._layers_s(n, tp)
         k, hw, lin = self.factors, self.hardware, flops.linear_params(self.model, "matmul")
-        return max(2 * n * lin / (hw.peak_flops_per_s * k.compute_efficiency),
-                   lin * self.weight_elem_bytes / (hw.memory_bandwidth_bytes_per_s * k.memory_efficiency)) / tp
+        return (
+            max(
+                2 * n * lin / (hw.peak_flops_per_s * k.compute_efficiency),
+                lin * self.weight_elem_bytes / (hw.memory_bandwidth_bytes_per_s * k.memory_efficiency),
+            )
+            / tp
+        )
 
     # ---- the cost of a list of (new_tokens, cached_tokens) ----
     def totals(self, sequences: Iterable[tuple[int, int]]) -> tuple[int, int, int, int]:
-        """``(new tokens, attention pairs, cached tokens, entries)`` of a step's ``(new, cached)`` pairs (a decode
+        """``(new tokens, attention pairs, cached tokens, entries)`` of a step's ``(new, cached)`` pairs (a
+        decode
         attends its ``S + 1`` keys; a chunk ``flops.attention_pairs`` under this executor's convention)."""
         tokens = pairs = cached = n = 0
         for c, s in sequences:
@@ -189,7 +215,8 @@ class CostModelExecutor(Executor):
         return tokens, pairs, cached, n
 
     def features(self, sequences: Iterable[tuple[int, int]]) -> StepFeatures:
-        """Ideal compute and memory times of a step (``flops.step_cost``'s FLOPs and bytes over the roofline)."""
+        """Ideal compute and memory times of a step (``flops.step_cost``'s FLOPs and bytes over the
+        roofline)."""
         tokens, pairs, cached, n = self.totals(sequences)
         peak = self.hardware.peak_flops_per_s
         attention_flops, kv_bytes = self.attention_work(tokens, pairs, cached)
@@ -220,10 +247,13 @@ class CostModelExecutor(Executor):
             return self._profiled_step_s(sequences)
         return self._operator_step_s(*self.totals(sequences))
 
-    def profiled_parts(self, sequences: Iterable[tuple[int, int]]) -> tuple[float, list[tuple[int, int]], int, int]:
+    def profiled_parts(
+        self, sequences: Iterable[tuple[int, int]]
+    ) -> tuple[float, list[tuple[int, int]], int, int]:
         """With a ``GemmProfile``: ``(measured_s, modelled, tokens, entries)``: the measured seconds of the
         step's GEMMs, small ops, LM head and fresh prompt chunks' attention (nothing cached: the profile's
-        ``causal_attention``), and the entries whose attention stays modelled (decodes, chunks after a prefix)."""
+        ``causal_attention``), and the entries whose attention stays modelled (decodes, chunks after a
+        prefix)."""
         seqs = list(sequences)
         p, fresh_s, modelled, tokens = self.gemm_profile, 0.0, [], 0
         for c, s in seqs:
@@ -260,9 +290,11 @@ class CostModelExecutor(Executor):
     # ---- the Executor protocol ----
     def execute(self, batch) -> ExecutionResult:
         """The modelled time of a ``ScheduledBatch`` (read before the engine updates its sequences)."""
-        # (new tokens, cached KV tokens: Sequence.num_cached_tokens). A prefix-cache hit is already in num_computed_tokens (ScheduledBatch.add): its tokens are read as
+        # (new tokens, cached KV tokens: Sequence.num_cached_tokens). A prefix-cache hit is already in
+        # num_computed_tokens (ScheduledBatch.add): its tokens are read as
         # cached context, never charged as new (prefilled) tokens.
-        if self.form == "operator" and not self.kv_compression_ratio and self.gemm_profile is None:  # hot path
+        # hot path
+        if self.form == "operator" and not self.kv_compression_ratio and self.gemm_profile is None:
             pairs = ((e.num_tokens, e.seq.num_cached_tokens) for e in batch.entries)
             return ExecutionResult(self._operator_step_s(*self.totals(pairs)), None, None)
         seqs = [(e.num_tokens, e.seq.num_cached_tokens) for e in batch.entries]
@@ -272,11 +304,25 @@ class CostModelExecutor(Executor):
             for (n, cached), e in zip(seqs, batch.entries, strict=True):
                 if e.completes_prefill and not e.is_decode:  # this step ends its prefill
                     evicted[e.seq.seq_id] = evicted_tokens(cached + n, self.kv_compression_ratio)
-        return ExecutionResult(duration_s=self.step_time_s(seqs), next_token_ids=None, evicted_tokens=evicted or None)
+        return ExecutionResult(
+            duration_s=self.step_time_s(seqs), next_token_ids=None, evicted_tokens=evicted or None
+        )
 
     def with_factors(self, factors: CostFactors) -> CostModelExecutor:
-        return CostModelExecutor(self.model, self.hardware, factors, self.weight_dtype, self.kv_dtype,
-                                 self.attention, self.params, self.kv_compression_ratio, self.form, self.gemm_profile)
+        return CostModelExecutor(
+            self.model,
+            self.hardware,
+            factors,
+            self.weight_dtype,
+            self.kv_dtype,
+            self.attention,
+            self.params,
+            self.kv_compression_ratio,
+            self.form,
+            self.gemm_profile,
+        )
 
     def __repr__(self) -> str:
-        return f"CostModelExecutor({self.model.name}, {self.hardware.name}, form={self.form!r}, {self.factors})"
+        return (
+            f"CostModelExecutor({self.model.name}, {self.hardware.name}, form={self.form!r}, {self.factors})"
+        )

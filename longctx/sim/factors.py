@@ -97,7 +97,12 @@ class CostFactors:
         out = {}
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.name in FITTED_H100 and v == FITTED_H100[f.name] or f.name == "gemm_tile_tokens" and v == GEMM_TILE_TOKENS:
+            if (
+                f.name in FITTED_H100
+                and v == FITTED_H100[f.name]
+                or f.name == "gemm_tile_tokens"
+                and v == GEMM_TILE_TOKENS
+            ):
                 out[f.name] = "fitted (Vidur H100 profiles)"
             elif f.name == "gemm_wave_sms" and v == GEMM_WAVE_SMS:
                 out[f.name] = "datasheet (H100 SXM)"
@@ -134,7 +139,8 @@ class StepBreakdown(RooflineTime):
 
 @dataclass(frozen=True)
 class StepFeatures:
-    """Ideal (efficiency 1) times of one step's parts in the ``"batch"`` form: what ``calibrate`` regresses on."""
+    """Ideal (efficiency 1) times of one step's parts in the ``"batch"`` form: what ``calibrate`` regresses
+    on."""
 
     linear_s: float
     attention_s: float

@@ -67,11 +67,14 @@ class GemmProfile:
                              f"got {', '.join(sorted(self.seconds))}")
         for g, ts in self.seconds.items():
             if len(ts) != len(rows) or not all(isinstance(t, (int, float)) and t > 0 for t in ts):
-                raise ValueError(f"GemmProfile seconds[{g!r}] must be {len(rows)} times > 0, one per row count")
+                raise ValueError(
+                    f"GemmProfile seconds[{g!r}] must be {len(rows)} times > 0, one per row count"
+                )
 
     def seconds_at(self, group: str, rows: int) -> float:
         """Seconds of ``group`` for ``rows`` token rows: exact at a measured count, linear between two,
-        proportional below the first, and beyond the last along the last two's slope (never below the last)."""
+        proportional below the first, and beyond the last along the last two's slope (never below the
+        last)."""
         key = (group, rows)
         t = self._cache.get(key)
         if t is None:
@@ -99,24 +102,39 @@ class GemmProfile:
         if not profiles or len({(p.model, p.rows) for p in profiles}) != 1:
             raise ValueError("median_of needs one or more profiles of one model at the same row counts")
         first = profiles[0]
-        seconds = {g: tuple(statistics.median(col) for col in zip(*(p.seconds[g] for p in profiles), strict=True))
-                   for g in GROUPS}
-        return cls(first.model, first.rows, seconds, f"median of {len(profiles)} profiles; each {first.source}")
+        seconds = {
+            g: tuple(statistics.median(col) for col in zip(*(p.seconds[g] for p in profiles), strict=True))
+            for g in GROUPS
+        }
+        return cls(
+            first.model, first.rows, seconds, f"median of {len(profiles)} profiles; each {first.source}"
+        )
 
     @staticmethod
     def spread_of(profiles) -> dict[str, float]:
-        """Per group, the median over row counts of ``max / min - 1`` across ``profiles`` (how steady they were)."""
+        """Per group, the median over row counts of ``max / min - 1`` across ``profiles`` (how steady they
+        were)."""
         profiles = list(profiles)
-        return {g: statistics.median(max(col) / min(col) - 1 for col in zip(*(p.seconds[g] for p in profiles), strict=True))
-                for g in GROUPS}
+        return {
+            g: statistics.median(
+                max(col) / min(col) - 1 for col in zip(*(p.seconds[g] for p in profiles), strict=True)
+            )
+            for g in GROUPS
+        }
 
     def to_dict(self) -> dict:
-        return {"model": self.model, "rows": list(self.rows), "seconds": {g: list(v) for g, v in self.seconds.items()},
-                "source": self.source}
+        return {
+            "model": self.model,
+            "rows": list(self.rows),
+            "seconds": {g: list(v) for g, v in self.seconds.items()},
+            "source": self.source,
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> GemmProfile:
-        return cls(d["model"], tuple(d["rows"]), {g: tuple(v) for g, v in d["seconds"].items()}, d.get("source", ""))
+        return cls(
+            d["model"], tuple(d["rows"]), {g: tuple(v) for g, v in d["seconds"].items()}, d.get("source", "")
+        )
 
 
 _WEIGHTS_OF_GROUP = {"qkv": ("q", "k", "v"), "o": ("o",), "gate_up": ("gate", "up"), "down": ("down",)}
@@ -158,7 +176,8 @@ def _timed_pass(layers, norms, caches, head, t: dict, ops) -> dict[str, float]:
 
 def measure_gemm_profile(model: ModelSpec | str = "smollm2-135m", rows=DEFAULT_ROWS, repeats: int = 3,
                          dtype: str = "fp32", seed: int = 0) -> GemmProfile:
-    """This machine's ``GemmProfile`` of ``model``'s GEMMs (module docstring); uses torch's current threads."""
+    """This machine's ``GemmProfile`` of ``model``'s GEMMs (module docstring); uses torch's current
+    threads."""
     import torch
     import torch.nn.functional as F
 

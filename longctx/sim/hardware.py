@@ -63,7 +63,8 @@ def measure_cpu_hardware(name: str = "cpu-measured") -> HardwareSpec:
 
 
 def probe_gemm_s(seconds: float = 1.0, seed: int = 0) -> float:
-    """Median seconds of one fixed fp32 GEMM (``[256, 576] @ [576, 3072]``) over about ``seconds`` (module docstring)."""
+    """Median seconds of one fixed fp32 GEMM (``[256, 576] @ [576, 3072]``) over about ``seconds`` (module
+    docstring)."""
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((256, 576), dtype=np.float32)
     b = rng.standard_normal((576, 3072), dtype=np.float32)

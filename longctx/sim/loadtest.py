@@ -61,8 +61,10 @@ class LoadTest:
         for name in ("users", "prompt_tokens", "output_tokens", "token_budget"):
             positive_int(f"LoadTest.{name}", getattr(self, name))
         if not 0 <= self.shared_prefix_tokens < self.prompt_tokens:
-            raise ValueError(f"LoadTest.shared_prefix_tokens must be in [0, prompt_tokens={self.prompt_tokens}), "
-                             f"got {self.shared_prefix_tokens}")
+            raise ValueError(
+                f"LoadTest.shared_prefix_tokens must be in [0, prompt_tokens={self.prompt_tokens}), "
+                f"got {self.shared_prefix_tokens}"
+            )
         for name in ("arrival_window_s",):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"LoadTest.{name} must be >= 0, got {getattr(self, name)!r}")
@@ -138,8 +140,13 @@ def run_load_test(model: str, kv_dtype: str, prefix_caching: bool, test: LoadTes
     num_blocks = pool_blocks(m, kv_dtype, pool_gib=test.pool_gib)
     cls = BlockManager if same_step_sharing or not prefix_caching else RegisterAfterStep
     bm = cls(num_blocks, 16, enable_prefix_caching=prefix_caching)
-    engine = Engine(CostModelExecutor(m, hw, None, "bf16", kv_dtype), ChunkedPrefillScheduler(test.token_budget),
-                    block_manager=bm, clock=VirtualClock(), max_model_len=test.context_tokens)
+    engine = Engine(
+        CostModelExecutor(m, hw, None, "bf16", kv_dtype),
+        ChunkedPrefillScheduler(test.token_budget),
+        block_manager=bm,
+        clock=VirtualClock(),
+        max_model_len=test.context_tokens,
+    )
     for i, r in enumerate(test.workload()):
         engine.add_request(sim_prompt_ids(i, r.prompt_tokens, prefix), r.output_tokens, arrival_s=r.arrival_s)
     flush = getattr(bm, "flush", None)
@@ -152,9 +159,15 @@ def run_load_test(model: str, kv_dtype: str, prefix_caching: bool, test: LoadTes
     steps = engine.history
     peak_running = max(len(s.seq_ids) for s in steps)
     row = {
-        "model": m.name, "kv_dtype": kv_dtype, "prefix_caching": bool(prefix_caching),
-        "same_step_sharing": bool(same_step_sharing), "kv_bytes_per_token": p.bytes_per_token,
-        "pool_blocks": num_blocks, "planned_blocks": p.blocks, "plan_fits": p.fits, "plan_max_users": p.max_users,
+        "model": m.name,
+        "kv_dtype": kv_dtype,
+        "prefix_caching": bool(prefix_caching),
+        "same_step_sharing": bool(same_step_sharing),
+        "kv_bytes_per_token": p.bytes_per_token,
+        "pool_blocks": num_blocks,
+        "planned_blocks": p.blocks,
+        "plan_fits": p.fits,
+        "plan_max_users": p.max_users,
         "plan_gib": p.gib,
         "peak_running": peak_running,
         "seconds_all_running": sum(s.duration_s for s in steps if len(s.seq_ids) >= test.users),
@@ -162,9 +175,12 @@ def run_load_test(model: str, kv_dtype: str, prefix_caching: bool, test: LoadTes
         "preemptions": sum(s.num_preemptions for s in seqs),
         "prefill_tokens": sum(s.num_prefill_tokens for s in steps),
         "prefix_hit_tokens": sum(s.num_prefix_cached_tokens for s in seqs),
-        "ttft_s": _dist(metrics.ttft), "itl_ms": _dist(metrics.itl, 1e3),
-        "tpot_p99_ms": float(metrics.tpot.p(99)) * 1e3, "output_tok_s": float(metrics.output_throughput),
-        "duration_s": float(metrics.duration_s), "completed": metrics.completed,
+        "ttft_s": _dist(metrics.ttft),
+        "itl_ms": _dist(metrics.itl, 1e3),
+        "tpot_p99_ms": float(metrics.tpot.p(99)) * 1e3,
+        "output_tok_s": float(metrics.output_throughput),
+        "duration_s": float(metrics.duration_s),
+        "completed": metrics.completed,
     }
     failures = _failures(row, test)
     row["sla_met"] = not any(f.startswith(("TTFT", "ITL")) for f in failures)

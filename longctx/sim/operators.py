@@ -105,7 +105,8 @@ GEMM_TILE_COLUMNS = (256, 128)  # output columns of a GEMM tile: the library pic
 
 
 def gemm_tile_area(n: int, m: float, tile: int, sms: int) -> float:
-    """Output elements the tensor cores compute for ``n x m``: whole tiles, in whole waves (module docstring)."""
+    """Output elements the tensor cores compute for ``n x m``: whole tiles, in whole waves (module
+    docstring)."""
     if tile == 1:
         return n * m
     best = math.inf
@@ -156,4 +157,6 @@ def small_ops_time_s(shape: ModelSpec, n: int, factors, bandwidth: float, act_by
 
 def embedding_time_s(shape: ModelSpec, n: int, factors, bandwidth: float, act_bytes: float = 2.0) -> float:
     """The embedding lookup of ``n`` tokens (once a step): gather ``n`` rows of ``d_model``, write them."""
-    return factors.elementwise_overhead_s + n * 2 * shape.d_model * act_bytes / (bandwidth * factors.elementwise_efficiency)
+    return factors.elementwise_overhead_s + n * 2 * shape.d_model * act_bytes / (
+        bandwidth * factors.elementwise_efficiency
+    )

@@ -71,30 +71,50 @@ class ProfiledModel:
         ms, layers = self.ms[self._tp(tp)], self.shape.num_layers
         out = []
         for i in range(len(self.num_tokens[tp])):
-            layer = sum(ms[op][i] * (ADDS_PER_LAYER if op == "add" else 1) for op in GEMM_OPS + SMALL_OPS if op in ms)
+            layer = sum(
+                ms[op][i] * (ADDS_PER_LAYER if op == "add" else 1) for op in GEMM_OPS + SMALL_OPS if op in ms
+            )
             out.append((layers * layer + ms["emb"][i]) * 1e-3)
         return out
 
     def _tp(self, tp: int) -> int:
         if tp not in self.num_tokens:
-            raise ValueError(f"{self.name} was profiled at TP {', '.join(map(str, self.tp_degrees))}, not {tp!r}")
+            raise ValueError(
+                f"{self.name} was profiled at TP {', '.join(map(str, self.tp_degrees))}, not {tp!r}"
+            )
         return tp
 
 
 def _shape(name: str, meta: dict, source: str) -> ModelSpec:
-    """A profiled model's shapes as a ``ModelSpec`` (its MLP kind and norms per layer as Vidur profiled them)."""
-    return ModelSpec(name=name, source=source, num_layers=meta["num_layers"], d_model=meta["n_embd"],
-                     num_heads=meta["n_head"], num_kv_heads=meta["n_kv_head"], head_dim=meta["n_embd"] // meta["n_head"],
-                     intermediate_size=meta["n_expanded_embd"], gated_mlp=meta["use_gated_mlp"],
-                     vocab_size=meta["vocab_size"], norms_per_layer=meta["norms_per_layer"])
+    """A profiled model's shapes as a ``ModelSpec`` (its MLP kind and norms per layer as Vidur profiled
+    them)."""
+    return ModelSpec(
+        name=name,
+        source=source,
+        num_layers=meta["num_layers"],
+        d_model=meta["n_embd"],
+        num_heads=meta["n_head"],
+        num_kv_heads=meta["n_kv_head"],
+        head_dim=meta["n_embd"] // meta["n_head"],
+        intermediate_size=meta["n_expanded_embd"],
+        gated_mlp=meta["use_gated_mlp"],
+        vocab_size=meta["vocab_size"],
+        norms_per_layer=meta["norms_per_layer"],
+    )
 
 
 @functools.cache
 def load_profiles(path: str | None = None) -> dict[str, ProfiledModel]:
     """The shipped table (or the JSON at ``path``) as ``{model name: ProfiledModel}``."""
-    p = pathlib.Path(path) if path else pathlib.Path(str(resources.files("longctx"))) / "data" / "profiles" / TABLE
+    p = (
+        pathlib.Path(path)
+        if path
+        else pathlib.Path(str(resources.files("longctx"))) / "data" / "profiles" / TABLE
+    )
     if not p.is_file():
-        raise ValueError(f"no profile table at {p}: rebuild it with longctx.sim.profiles.table_from_vidur_csvs")
+        raise ValueError(
+            f"no profile table at {p}: rebuild it with longctx.sim.profiles.table_from_vidur_csvs"
+        )
     raw = json.loads(p.read_text())
     out = {}
     for name, m in raw["models"].items():
@@ -104,33 +124,58 @@ def load_profiles(path: str | None = None) -> dict[str, ProfiledModel]:
     return out
 
 
+def _median_column(op: str) -> str:
+    return f"time_stats.{op}.median"  # Vidur's CSV column of an operator's median time
+
+
+def _median_ms(rows: list[dict], op: str) -> float:
+    """The median over ``rows`` of an operator's median time, to 5 significant digits."""
+    return float(f"{statistics.median(float(r[_median_column(op)]) for r in rows):.5g}")
+
+
 def table_from_vidur_csvs(folder: str | pathlib.Path, commit: str, licence_text: str) -> dict:
-    """The JSON table from Vidur's ``h100_<model>_mlp.csv`` files in ``folder`` (medians of duplicate rows)."""
+    """The JSON table from Vidur's ``h100_<model>_mlp.csv`` files in ``folder`` (medians of duplicate
+    rows)."""
     models = {}
     for name, (layers, source) in MODEL_SOURCES.items():
         rows = list(csv.DictReader(open(pathlib.Path(folder) / f"h100_{name}_mlp.csv", newline="")))
         if not rows:
             raise ValueError(f"{folder}/h100_{name}_mlp.csv has no rows")
-        ops = [op for op in OPS if f"time_stats.{op}.median" in rows[0]]
+        ops = [op for op in OPS if _median_column(op) in rows[0]]
         points: dict[tuple[int, int], list[dict]] = {}
         for r in rows:
             points.setdefault((int(r["num_tensor_parallel_workers"]), int(r["num_tokens"])), []).append(r)
         tps = {}
         for tp in sorted({k[0] for k in points}):
             ns = sorted(n for t, n in points if t == tp)
-            tps[str(tp)] = {"num_tokens": ns, "ms": {op: [float(f"{statistics.median(float(r[f'time_stats.{op}.median']) for r in points[(tp, n)]):.5g}") for n in ns] for op in ops}}
+            tps[str(tp)] = {
+                "num_tokens": ns,
+                "ms": {
+                    op: [
+                        _median_ms(points[(tp, n)], op)
+                        for n in ns
+                    ]
+                    for op in ops
+                },
+            }
         r0 = rows[0]
         shape = {k: int(r0[k]) for k in ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size")}
         shape.update(use_gated_mlp=r0["use_gated_mlp"] == "True", num_layers=layers,
                      norms_per_layer=sum(op in ops for op in ("input_layernorm", "post_attention_layernorm")))
         models[name] = {"config_source": source, "shape": shape, "tp": tps}
     return {
-        "what": "median GPU time (ms) of each operator of one transformer layer on an NVIDIA H100, per tensor-"
-                "parallel degree and token count; layer counts from each model's config.json",
-        "source": {"project": "Vidur (microsoft/vidur)", "url": "https://github.com/microsoft/vidur",
-                   "files": "data/profiling/compute/h100/<model>/mlp.csv", "commit": commit,
-                   "licence": "MIT", "copyright": "Copyright (c) Microsoft Corporation.", "licence_text": licence_text},
-        "derived_by": "longctx.sim.profiles.table_from_vidur_csvs: the median over the rows of each (TP, tokens) "
-                      "point of each operator's time_stats.<op>.median, 5 significant digits",
+        "what": "median GPU time (ms) of each operator of one transformer layer on an NVIDIA H100, per "
+        "tensor-parallel degree and token count; layer counts from each model's config.json",
+        "source": {
+            "project": "Vidur (microsoft/vidur)",
+            "url": "https://github.com/microsoft/vidur",
+            "files": "data/profiling/compute/h100/<model>/mlp.csv",
+            "commit": commit,
+            "licence": "MIT",
+            "copyright": "Copyright (c) Microsoft Corporation.",
+            "licence_text": licence_text,
+        },
+        "derived_by": "longctx.sim.profiles.table_from_vidur_csvs: the median over the rows of each "
+        "(TP, tokens) point of each operator's time_stats.<op>.median, 5 significant digits",
         "models": models,
     }

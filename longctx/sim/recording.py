@@ -31,7 +31,9 @@ class WrappedExecutor(Executor):
 
     def __post_init__(self) -> None:
         if not isinstance(self.inner, Executor):
-            raise ValueError(f"{type(self).__name__} wraps a longctx.engine.Executor, got {type(self.inner).__name__}")
+            raise ValueError(
+                f"{type(self).__name__} wraps a longctx.engine.Executor, got {type(self.inner).__name__}"
+            )
 
     @property
     def block_manager(self):
@@ -78,7 +80,11 @@ class ReplayExecutor(WrappedExecutor):
     def execute(self, batch) -> ExecutionResult:
         result = self.inner.execute(batch)
         i = self.replayed
-        if self.diverged_at is None and i < len(self.measured) and self.measured[i].sequences == step_entries(batch):
+        if (
+            self.diverged_at is None
+            and i < len(self.measured)
+            and self.measured[i].sequences == step_entries(batch)
+        ):
             self.replayed += 1
             return replace(result, duration_s=self.measured[i].duration_s)
         if self.diverged_at is None:
@@ -103,7 +109,9 @@ class ScaledExecutor(WrappedExecutor):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if isinstance(self.scale, bool) or not (isinstance(self.scale, (int, float)) and 0 < self.scale < float("inf")):
+        if isinstance(self.scale, bool) or not (
+            isinstance(self.scale, (int, float)) and 0 < self.scale < float("inf")
+        ):
             raise ValueError(f"scale must be a finite number > 0, got {self.scale!r}")
 
     def execute(self, batch) -> ExecutionResult:

@@ -63,7 +63,8 @@ def kv_pool_blocks(
 
 def sim_prompt_ids(index: int, prompt_tokens: int, shared_prefix_tokens: int = 0) -> list[int]:
     """Made-up token ids of request ``index``: ``1..P`` (the shared prefix), then ``-(index + 1)`` repeated
-    (its own tokens: no block past the prefix equals another request's). The simulator checks no vocabulary."""
+    (its own tokens: no block past the prefix equals another request's). The simulator checks no
+    vocabulary."""
     if shared_prefix_tokens > prompt_tokens:
         raise ValueError(
             f"shared_prefix_tokens={shared_prefix_tokens} is longer than request {index}'s prompt of "
@@ -157,7 +158,9 @@ def build_sim_engine(
         )
     if num_blocks is not None and pool_gib is not None:
         raise ValueError("give num_blocks or pool_gib (the KV pool's size), not both")
-    executor = CostModelExecutor(m, hw, factors, weight_dtype, kv_dtype, kv_compression_ratio=kv_compression_ratio)
+    executor = CostModelExecutor(
+        m, hw, factors, weight_dtype, kv_dtype, kv_compression_ratio=kv_compression_ratio
+    )
     if pool_gib is not None:
         num_blocks = pool_blocks(m, kv_dtype, block_size, pool_gib=pool_gib)
     elif num_blocks is None:

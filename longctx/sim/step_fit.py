@@ -37,8 +37,11 @@ class Calibration:
     clipped: tuple[str, ...]  # efficiencies the fit wanted above 1 (the hardware spec's peak is too low)
 
 
-def bounded_lstsq(x_cols: np.ndarray, y: np.ndarray, lower: np.ndarray, fixed: dict[int, float]) -> np.ndarray:
-    """Least squares for y ~ X @ theta with theta >= lower and some entries fixed (active set: clamp, re-solve)."""
+def bounded_lstsq(
+    x_cols: np.ndarray, y: np.ndarray, lower: np.ndarray, fixed: dict[int, float]
+) -> np.ndarray:
+    """Least squares for y ~ X @ theta with theta >= lower and some entries fixed (active set: clamp,
+    re-solve)."""
     k = x_cols.shape[1]
     theta = np.zeros(k)
     clamp = dict(fixed)
@@ -69,7 +72,9 @@ class _Design:
         self.serial = executor.factors.serial_fraction
         if self.form == "batch":
             feats = [executor.features(s.sequences) for s in steps]
-            self.cols = np.array([[1.0, f.num_sequences, f.linear_s, f.attention_s, f.memory_s] for f in feats])
+            self.cols = np.array(
+                [[1.0, f.num_sequences, f.linear_s, f.attention_s, f.memory_s] for f in feats]
+            )
         else:
             self.terms = [operator_terms(executor, s.sequences) for s in steps]
 
@@ -134,7 +139,8 @@ def calibrate(
     fixed = {j: cur[j] for j, name in enumerate(FACTOR_NAMES) if name not in fit}
     best, best_loss = cur, float(np.sum(((design.predict(cur) - y) / y) ** 2))
     tiny = 1e-12
-    starts = [cur, np.r_[cur[:4], tiny], np.r_[cur[:2], tiny, tiny, cur[4]]]  # current, all compute, all memory
+    # current, all compute, all memory
+    starts = [cur, np.r_[cur[:4], tiny], np.r_[cur[:2], tiny, tiny, cur[4]]]
     for start in starts:
         theta, loss = _alternate(design, y, start, cur, fixed, iterations)
         if loss < best_loss - 1e-15:

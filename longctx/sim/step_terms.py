@@ -65,7 +65,8 @@ def operator_terms(ex, sequences: Iterable[tuple[int, int]]) -> OperatorTerms:
 
 
 def design_row(t: OperatorTerms, theta: np.ndarray, serial_fraction: float) -> tuple[np.ndarray, float]:
-    """``(row, const)`` with ``step_s = row @ (o, p, A, A_att, B) + const`` for the bounds ``theta`` implies."""
+    """``(row, const)`` with ``step_s = row @ (o, p, A, A_att, B) + const`` for the bounds ``theta``
+    implies."""
     a, a_att, b = theta[2], theta[3], theta[4]
     cb = a * t.gemm_compute_s >= b * t.gemm_memory_s  # [g]: compute-bound GEMMs
     g = serial_fraction
@@ -81,7 +82,10 @@ def operator_breakdown(ex, sequences: Iterable[tuple[int, int]]):
     """``StepBreakdown`` of the operator form: each side summed over the operators, the exact time."""
     seqs = list(sequences)
     t, k = operator_terms(ex, seqs), ex.factors
-    compute_s = float(np.sum(t.gemm_compute_s)) / k.compute_efficiency + t.attention_compute_s / k.attention_efficiency
+    compute_s = (
+        float(np.sum(t.gemm_compute_s)) / k.compute_efficiency
+        + t.attention_compute_s / k.attention_efficiency
+    )
     memory_s = float(np.sum(t.gemm_memory_s) + t.attention_memory_s) / k.memory_efficiency
     overhead_s = k.step_overhead_s + k.per_sequence_overhead_s * t.num_sequences
     return StepBreakdown(compute_s, memory_s, overhead_s, ex.step_time_s(seqs) - overhead_s)

@@ -30,8 +30,10 @@ class Request:
 
     def __post_init__(self) -> None:
         if not (self.prompt_tokens >= 1 and self.output_tokens >= 1):
-            raise ValueError(f"a request needs prompt_tokens and output_tokens >= 1, got {self.prompt_tokens} "
-                             f"and {self.output_tokens}")
+            raise ValueError(
+                f"a request needs prompt_tokens and output_tokens >= 1, got {self.prompt_tokens} "
+                f"and {self.output_tokens}"
+            )
 
     @property
     def total_tokens(self) -> int:
