@@ -11,7 +11,6 @@ from longctx.kv.block_manager import BlockManager
 from longctx.kv.cache import Chunk, PagedKVCache, build_attention_metadata
 from longctx.model.attention import BACKEND_NAMES, choose_backend
 from longctx.model.llama import Llama
-from longctx.model.paged_flex import block_ranks
 from longctx.specs import ModelSpec
 
 SPEC = ModelSpec(name="tiny", num_layers=2, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8, source="test",
@@ -57,10 +56,16 @@ def test_fused_gives_the_reference_logits_on_mixed_steps(seed):
         torch.testing.assert_close(f, r, atol=ATOL, rtol=0)
 
 
-def test_block_ranks_say_which_sequence_owns_each_block():
-    tables = torch.tensor([[5, 2, 7], [5, 1, 0]], dtype=torch.int32)  # block 5 shared, row 1 uses 2 blocks
-    ranks = block_ranks(tables, torch.tensor([3, 2]), num_blocks=8)
-    assert ranks.tolist() == [[-1, -1, 1, -1, -1, 0, -1, 2], [-1, 1, -1, -1, -1, 0, -1, -1]]
+def test_the_decode_mask_says_which_row_owns_each_block():
+    from longctx.model.paged_flex import DecodeMask, paged_decodes
+
+    state = DecodeMask(num_blocks=8, block_size=4, device="cpu")
+    paged = paged_decodes([(3, [5, 2, 7], 12), (0, [5, 1], 6)], state)  # block 5 shared; the second ends mid-block
+    assert state.rank[:2].tolist() == [[-1, -1, 1, -1, -1, 0, -1, 2], [-1, 1, -1, -1, -1, 0, -1, -1]]
+    assert state.lens[:2].tolist() == [12, 6] and paged.rows.tolist() == [3, 0]
+    m = paged.block_mask  # full blocks skip the mask function on a GPU; the partly filled last one does not
+    assert m.full_kv_num_blocks.flatten().tolist() == [3, 1] and m.kv_num_blocks.flatten().tolist() == [0, 1]
+    assert m.kv_indices[1].flatten().tolist() == [1]
 
 
 @pytest.mark.parametrize("scheduler", [ChunkedPrefillScheduler(6), MonolithicScheduler()])
@@ -104,6 +109,13 @@ def test_choice_rules_and_their_errors():
     with pytest.raises(ValueError, match="quantized or cast.*reference"):
         choose_backend("fused", "cpu", torch.float32, pool_in_model_dtype=False)
     assert BACKEND_NAMES == ("auto", "reference", "fused")
+    # on CUDA (decided from the device's type: no GPU needed to test the rule)
+    assert choose_backend("auto", "cuda", torch.bfloat16, block_size=16, head_dim=64).name == "fused"
+    assert choose_backend("auto", "cuda", torch.float32).name == "reference"
+    small = choose_backend("auto", "cuda", torch.bfloat16, block_size=4, head_dim=64)
+    assert small.name == "reference" and "multiple of 16" in small.reason
+    with pytest.raises(ValueError, match="head_dim >= 16"):
+        choose_backend("fused", "cuda", torch.bfloat16, block_size=16, head_dim=8)
     model = Llama(SPEC).init_random_(seed=0).eval()
     with pytest.raises(ValueError, match="quantized or cast"):
         TorchExecutor(model, BlockManager(8, 4), kv_dtype="fp8", attention_backend="fused")
@@ -122,5 +134,6 @@ def test_the_decode_mask_is_one_function_over_buffers_refilled_each_step():
     assert state.mask_mod is mask_mod and state.rank is rank
     assert first.block_mask.mask_mod is second.block_mask.mask_mod
     assert state.rank[0, [7, 1, 5]].tolist() == [0, 1, 2] and state.lens[:2].tolist() == [12, 7]
-    paged_decodes([(i, [i], 1) for i in range(5)], state)  # a larger batch: capacity doubles, once
-    assert state.capacity == 5 and state.lens[:5].tolist() == [1] * 5
+    five = paged_decodes([(i, [i], 1) for i in range(5)], state)  # padded to 8 rows: the buffers grow once
+    assert state.capacity == 8 and state.lens.tolist() == [1] * 5 + [0] * 3
+    assert five.block_mask.kv_num_blocks.shape[0] == 8 and five.rows.tolist() == list(range(5))

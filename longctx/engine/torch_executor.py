@@ -55,8 +55,9 @@ class TorchExecutor(Executor):
             )
         self.cache = PagedKVCache.for_pool(model.config, block_manager, self.device, dtype or p.dtype, kv_dtype)
         requested = attention_backend or model.attention_backend.requested
-        self.attention_backend_choice = choose_backend(requested, self.device, self.cache.dtype,
-                                                 pool_in_model_dtype=self.cache.format is None)
+        self.attention_backend_choice = choose_backend(
+            requested, self.device, self.cache.dtype, pool_in_model_dtype=self.cache.format is None,
+            block_size=block_manager.block_size, head_dim=model.config.head_dim)
         self.press = press
         self.sampler = Sampler()
         self._pruning = None

@@ -109,33 +109,45 @@ class BackendChoice:
         return self.backend.name
 
 
-def choose_backend(requested: str, device, dtype: torch.dtype, pool_in_model_dtype: bool = True) -> BackendChoice:
+def choose_backend(requested: str, device, dtype: torch.dtype, pool_in_model_dtype: bool = True,
+                   block_size: int | None = None, head_dim: int | None = None) -> BackendChoice:
     """Resolve ``requested`` (``auto``, ``reference`` or ``fused``) for a model on ``device`` in ``dtype`` whose KV
     pool stores K/V in the model's dtype (``pool_in_model_dtype``; False for fp8/int8/int4 or cast pools).
 
     ``auto``: ``fused`` on CUDA in bf16/fp16 with such a pool, else ``reference``. ``fused`` asked for where it
-    cannot serve (a pool in another format) is an error that says what is allowed; on a CPU it is allowed and
-    runs eagerly."""
+    cannot serve is an error that says what is allowed: a pool in another format, or on CUDA a block size that
+    is not a multiple of 16 or a head smaller than 16 (the compiled kernels' smallest tiles). On a CPU it is
+    allowed and runs eagerly."""
     if requested not in BACKEND_NAMES:
         raise ValueError(f"attention backend must be one of {', '.join(BACKEND_NAMES)}; got {requested!r}")
-    cuda = torch.device(device).type == "cuda"
     if requested == "reference":
         return BackendChoice(REFERENCE, requested, "asked for")
+    cuda = torch.device(device).type == "cuda"
+    unfit = _unfit_for_fused(cuda, pool_in_model_dtype, block_size, head_dim)
     if requested == "fused":
-        if not pool_in_model_dtype:
-            raise ValueError(
-                "the fused attention backend reads the KV pool in place, so the pool must store K/V in the "
-                f"model's dtype ({dtype}); this pool is quantized or cast: use --attention-backend reference "
-                "(or auto) with --kv-dtype fp8/int8/int4, or drop --kv-dtype"
-            )
+        if unfit:
+            raise ValueError(f"the fused attention backend cannot serve this: {unfit}; use --attention-backend "
+                             "reference (or auto)")
         return BackendChoice(_fused(), requested, "asked for" + ("" if cuda else " (on a CPU: eager, slow)"))
     if not cuda:
         return BackendChoice(REFERENCE, requested, "auto: not on CUDA")
     if dtype not in (torch.bfloat16, torch.float16):
         return BackendChoice(REFERENCE, requested, f"auto: {dtype} (fused serves bf16/fp16)")
-    if not pool_in_model_dtype:
-        return BackendChoice(REFERENCE, requested, "auto: the KV pool is quantized or cast")
+    if unfit:
+        return BackendChoice(REFERENCE, requested, f"auto: {unfit}")
     return BackendChoice(_fused(), requested, "auto: CUDA, half precision, pool in the model's dtype")
+
+
+def _unfit_for_fused(cuda: bool, pool_in_model_dtype: bool, block_size, head_dim) -> str | None:
+    """Why the fused backend cannot serve (None: it can)."""
+    if not pool_in_model_dtype:
+        return ("it reads the KV pool in place, so the pool must store K/V in the model's dtype; this pool is "
+                "quantized or cast (--kv-dtype fp8/int8/int4 needs the reference backend)")
+    if cuda and block_size is not None and block_size % 16:
+        return f"on CUDA its kernels read KV blocks of a multiple of 16 tokens, got block_size={block_size}"
+    if cuda and head_dim is not None and head_dim < 16:
+        return f"on CUDA its kernels need head_dim >= 16, got {head_dim}"
+    return None
 
 
 def _fused() -> AttentionBackend:

@@ -35,15 +35,7 @@ from longctx.memory import blocks_for_tokens
 from longctx.model.attention_ops import fresh_prompt, prefill_keys, sdpa
 
 _EAGER_WARNING = "flex_attention called without torch.compile"
-_compiled = None
-
-
-def _flex():
-    """``flex_attention`` compiled once for CUDA (dynamic shapes)."""
-    global _compiled
-    if _compiled is None:
-        _compiled = torch.compile(flex_attention, dynamic=True)
-    return _compiled
+_compiled = None  # flex_attention compiled for CUDA, made on first use
 
 
 @dataclass
@@ -53,17 +45,6 @@ class PagedDecodes:
 
     rows: torch.Tensor
     block_mask: BlockMask
-
-
-def block_ranks(tables: torch.Tensor, used: torch.Tensor, num_blocks: int) -> torch.Tensor:
-    """``[B, num_blocks]``: the index of pool block ``p`` in row ``b``'s block table, -1 where ``b`` does not use
-    it. ``tables`` [B, width] (padded), ``used`` [B] blocks that hold each context."""
-    B, width = tables.shape
-    live = torch.arange(width)[None, :] < used[:, None]  # [B, width]
-    rank = torch.full((B, num_blocks), -1, dtype=torch.int32)
-    batch_index = torch.arange(B)[:, None].expand(B, width)
-    rank[batch_index[live], tables[live].long()] = torch.arange(width, dtype=torch.int32).expand(B, width)[live]
-    return rank
 
 
 class DecodeMask:
@@ -89,35 +70,73 @@ class DecodeMask:
 
         self.mask_mod = readable
 
-    def update(self, tables: torch.Tensor, used: torch.Tensor, lens: torch.Tensor) -> None:
-        """Rows ``0 … B-1`` become this step's decodes (``tables`` [B, width] padded, ``used`` [B], ``lens`` [B])."""
+    def update(self, lens, batch_index, blocks, ranks) -> None:
+        """Rows ``0 … len(lens)-1`` become this step's decodes: ``lens`` [B] on the device, and row
+        ``batch_index[i]`` owns pool block ``blocks[i]`` as its ``ranks[i]``-th block (device tensors)."""
         B = len(lens)
         if B > self.capacity:
             self._grow(max(B, 2 * self.capacity))
-        self.rank[:B] = block_ranks(tables, used, self.num_blocks).to(self.device)
-        self.lens[:B] = lens.to(self.device)
+        self.rank[:B] = -1
+        self.rank[batch_index, blocks] = ranks
+        self.lens[:B] = lens
+
+
+def batch_bucket(num_decodes: int) -> int:
+    """Rows the decode call is padded to: the next power of two (a compiled kernel per bucket, not per size)."""
+    return 1 << max(0, num_decodes - 1).bit_length()
 
 
 def paged_decodes(decodes, mask_state: DecodeMask) -> PagedDecodes:
-    """``decodes``: (row, block_table, kv_len) per decode of the step -> rows and the block mask (see module)."""
-    B, bs, device = len(decodes), mask_state.block_size, mask_state.device
-    lens = torch.tensor([d[2] for d in decodes], dtype=torch.int32)
-    used = torch.tensor([blocks_for_tokens(d[2], bs) for d in decodes], dtype=torch.int32)  # [B]
-    width = int(used.max())
-    tables = torch.zeros((B, width), dtype=torch.int32)
+    """``decodes``: (row, block_table, kv_len) per decode of the step -> rows and the block mask (see module).
+
+    The batch is padded to ``batch_bucket`` rows whose block lists are empty (their output is never read).
+    Everything the device needs goes over in ONE copy of one int32 tensor."""
+    B, bs = len(decodes), mask_state.block_size
+    Bp = batch_bucket(B)
+    used = [blocks_for_tokens(d[2], bs) for d in decodes] + [0] * (Bp - B)
+    width = max(2, max(used))  # >= 2: a width of 1 would make the compiler specialize on it
+    tables = torch.zeros((Bp, width), dtype=torch.int32)
     for b, (_, table, _) in enumerate(decodes):
-        tables[b, : int(used[b])] = torch.as_tensor(table[: int(used[b])], dtype=torch.int32)
-    mask_state.update(tables, used, lens)
-    partial = (lens % bs != 0).to(torch.int32)  # 1 when the last block is partly filled
-    last = tables.gather(1, (used - 1).long()[:, None])  # [B, 1]
+        tables[b, : used[b]] = torch.as_tensor(table[: used[b]], dtype=torch.int32)
+    lens = torch.tensor([d[2] for d in decodes] + [0] * (Bp - B), dtype=torch.int32)
+    used_t = torch.tensor(used, dtype=torch.int32)
+    partial = ((lens % bs != 0) & (used_t > 0)).to(torch.int32)  # 1 when the last block is partly filled
+    last = tables.gather(1, (used_t - 1).clamp(min=0).long()[:, None])[:, 0]  # [Bp]
+    live = torch.arange(width)[None, :] < used_t[:, None]  # [Bp, width]
+    owner = torch.arange(Bp, dtype=torch.int32)[:, None].expand(Bp, width)[live]
+    rank = torch.arange(width, dtype=torch.int32).expand(Bp, width)[live]
+    rows = torch.tensor([d[0] for d in decodes], dtype=torch.int32)
+    parts = [lens, partial, used_t - partial, last, tables.flatten(), owner, tables[live], rank, rows]
+    packed = torch.cat(parts).to(mask_state.device, non_blocking=True)  # one host-to-device copy
+    lens_d, partial_d, full_d, last_d, tables_d, owner_d, blocks_d, rank_d, rows_d = packed.split(
+        [len(x) for x in parts])
+    mask_state.update(lens_d, owner_d.long(), blocks_d.long(), rank_d)
     mask = BlockMask.from_kv_blocks(
-        partial.view(B, 1, 1).to(device), last.view(B, 1, 1, 1).to(device),
-        (used - partial).view(B, 1, 1).to(device), tables.view(B, 1, 1, width).to(device),
+        partial_d.view(Bp, 1, 1), last_d.view(Bp, 1, 1, 1), full_d.view(Bp, 1, 1), tables_d.view(Bp, 1, 1, width),
         BLOCK_SIZE=(16, bs), mask_mod=mask_state.mask_mod, seq_lengths=(1, mask_state.num_blocks * bs),
         compute_q_blocks=False,
     )
-    rows = torch.tensor([d[0] for d in decodes], dtype=torch.long, device=device)
-    return PagedDecodes(rows, mask)
+    return PagedDecodes(rows_d.long(), mask)
+
+
+def _compiled_flex(qd, keys, values, block_mask):
+    """The CUDA call: compiled once (dynamic widths; the padded batch static so the split-KV decoding kernel
+    can run), 16 x 16 tiles to match the 16-token KV blocks, and a loud error instead of a silent eager
+    fallback if the compiler ever runs out of recompilations."""
+    global _compiled
+    if _compiled is None:
+        _compiled = torch.compile(flex_attention, dynamic=True)
+    for t in (qd, block_mask.kv_num_blocks, block_mask.kv_indices, block_mask.full_kv_num_blocks,
+              block_mask.full_kv_indices):
+        torch._dynamo.mark_static(t, 0)
+    config = {"recompile_limit": 64}
+    for flag in ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"):  # the name changed between versions
+        if hasattr(torch._dynamo.config, flag):
+            config[flag] = True
+            break
+    with torch._dynamo.config.patch(**config):
+        return _compiled(qd, keys, values, block_mask=block_mask, enable_gqa=True,
+                         kernel_options={"BLOCK_M": 16, "BLOCK_N": 16})
 
 
 class FusedBackend:
@@ -147,22 +166,31 @@ class FusedBackend:
         if meta.decodes:
             self._decodes(q, k_cache, v_cache, meta, out)
 
+    def _state(self, k_cache, block_size: int, device) -> DecodeMask:
+        num_slots, num_kv_heads, head_dim = k_cache.shape
+        if num_slots * num_kv_heads * head_dim >= 2**31:
+            raise ValueError(f"a pool of {num_slots} slots x {num_kv_heads} KV heads x {head_dim} is past the fused "
+                             "kernel's 32-bit offsets: use the reference backend or a smaller pool")
+        state = self._mask_state
+        if state is None or (state.num_blocks, state.block_size, state.device) != (
+                num_slots // block_size, block_size, device):
+            state = self._mask_state = DecodeMask(num_slots // block_size, block_size, device)
+        return state
+
     def _decodes(self, q, k_cache, v_cache, meta, out) -> None:
         paged = meta.scratch.get("paged_decodes")
         if paged is None:  # once per step, for every layer
-            state = self._mask_state
-            num_blocks = k_cache.shape[0] // meta.block_size
-            if state is None or (state.num_blocks, state.block_size, state.device) != (
-                    num_blocks, meta.block_size, q.device):
-                state = self._mask_state = DecodeMask(num_blocks, meta.block_size, q.device)
+            state = self._state(k_cache, meta.block_size, q.device)
             paged = meta.scratch["paged_decodes"] = paged_decodes(meta.decodes, state)
-        qd = q[paged.rows].unsqueeze(2)  # [B, H, 1, d]
+        B, Bp = len(paged.rows), paged.block_mask.kv_num_blocks.shape[0]
+        qd = q.new_zeros((Bp, q.shape[1], 1, q.shape[2]))  # [Bp, H, 1, d]; pad rows stay zero
+        qd[:B, :, 0] = q[paged.rows]
         keys = k_cache.permute(1, 0, 2).unsqueeze(0)  # [1, H_kv, num_slots, d], a view of the pool
         values = v_cache.permute(1, 0, 2).unsqueeze(0)
         if q.device.type == "cuda":
-            o = _flex()(qd, keys, values, block_mask=paged.block_mask, enable_gqa=True)
+            o = _compiled_flex(qd, keys, values, paged.block_mask)
         else:  # eager: the reference semantics, computed densely over the pool (tests, the curious)
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=_EAGER_WARNING)
                 o = flex_attention(qd, keys, values, block_mask=paged.block_mask, enable_gqa=True)
-        out[paged.rows] = o.squeeze(2)  # [B, H, d]
+        out[paged.rows] = o[:B, :, 0]  # [B, H, d]
