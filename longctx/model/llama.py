@@ -23,7 +23,6 @@ from torch import nn
 
 from longctx.kv.cache import AttentionMetadata, PagedKVCache
 from longctx.model.attention import REFERENCE, AttentionBackend, choose_backend
-from longctx.model.attention import sdpa as _sdpa  # noqa: F401  (kept for callers being moved to attention.sdpa)
 from longctx.model.config import check_runnable
 from longctx.model.rope import rope_parameters
 from longctx.specs import ModelSpec

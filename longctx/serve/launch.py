@@ -58,8 +58,8 @@ def build_app(
     positive_int("kv_blocks", kv_blocks)
     if press is not None and prefix_caching:
         raise ValueError("a press and prefix caching do not combine: a press rewrites the blocks a cache shares")
-    from longctx.cli.model import make_cli_press
     from longctx.engine import build_engine
+    from longctx.engine.pruning import press_from_options
     from longctx.engine.scheduler import ChunkedPrefillScheduler, MonolithicScheduler
     from longctx.kv.quant import get_format
     from longctx.model.attention import choose_backend
@@ -70,7 +70,7 @@ def build_app(
     kv_format = None if kv_dtype is None else get_format(kv_dtype).name  # a clear error before the model loads
     torch_device, torch_dtype = resolve_placement(device, dtype)
     choose_backend(attention_backend, torch_device, torch_dtype)  # an unknown name fails before the model loads
-    kv_press = make_cli_press(press, compression_ratio)
+    kv_press = press_from_options(press, compression_ratio)
     policy = (
         MonolithicScheduler() if scheduler == "monolithic" else ChunkedPrefillScheduler(int(token_budget))
     )
