@@ -53,8 +53,13 @@ def main() -> None:
     ap.add_argument("--plot", default=None, help="save a bar chart (png/pdf)")
     ap.add_argument("--record", action="store_true", help=f"write {RECORD.name} for the lessons")
     ap.add_argument("--slos", type=float, nargs="+", default=[0.04, 0.1, 0.5], help="P99 ITL SLOs (s)")
-    ap.add_argument("--seeds", type=int, default=5,
-                    help="workload seeds (0 ... seeds-1): each row's capacity_qps is seed 0's, with every seed's beside it")
+    ap.add_argument(
+        "--seeds",
+        type=int,
+        default=5,
+        help="workload seeds (0 ... seeds-1): each row's capacity_qps is seed 0's, "
+        "with every seed's beside it",
+    )
     args = ap.parse_args()
     if args.seeds < 1:
         ap.error(f"--seeds must be >= 1, got {args.seeds}")
@@ -75,9 +80,14 @@ def main() -> None:
         r["gain_vs_monolithic"] = r["capacity_qps"] / base if base else None
         gain = "-" if r["gain_vs_monolithic"] is None else f"{r['gain_vs_monolithic']:.2f}x"
         seeds = r["capacity_qps_by_seed"]
-        print(f"{r['model']:<12}{1e3 * r['slo_p99_itl_s']:>10.0f}ms  {r['scheduler']:<14}"
-              f"{r['capacity_qps']:>15.2f}{gain:>14}  {min(seeds):>7.2f}-{max(seeds):<8.2f} binds: {r['binding']}")
-    print(f"({wall_s:.0f} s; {args.num_requests} requests per load; Sarathi-Serve: 2.6x for Mistral-7B on A100)")
+        print(
+            f"{r['model']:<12}{1e3 * r['slo_p99_itl_s']:>10.0f}ms  {r['scheduler']:<14}"
+            f"{r['capacity_qps']:>15.2f}{gain:>14}  {min(seeds):>7.2f}-{max(seeds):<8.2f} binds: "
+            f"{r['binding']}"
+        )
+    print(
+        f"({wall_s:.0f} s; {args.num_requests} requests per load; Sarathi-Serve: 2.6x for Mistral-7B on A100)"
+    )
     if args.plot:
         plot(rows, args.plot)
     if args.record:
@@ -127,7 +137,9 @@ def plot(rows: list[dict], path: str) -> None:
             ys = [next(r["capacity_qps"] for r in rows if r["model"] == model and r["scheduler"] == s
                        and r["slo_p99_itl_s"] == slo) for slo in slos]
             ax.bar([i + j * width for i in range(len(slos))], ys, width, label=s)
-        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(slos))], [f"P99 ITL < {1e3 * s:.0f} ms" for s in slos])
+        ax.set_xticks(
+            [i + 0.4 - width / 2 for i in range(len(slos))], [f"P99 ITL < {1e3 * s:.0f} ms" for s in slos]
+        )
         ax.set(title=f"{model} on {rows[0]['gpu']}", ylabel="capacity (req/s)")
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()

@@ -11,13 +11,15 @@ tokens in a 48 GiB KV pool at H100 scale in the simulator. Each section writes
 - ``prefix``   a 2,048-token shared system prompt: the engine's TTFT for the first request (cold) and the
                next ones (the cache hit), blocks shared, and greedy outputs with and without the cache.
 - ``sim``      the capstone's load test (``longctx.sim.loadtest``): Llama-2-7B / Llama-3-8B x bf16 / fp8 x no
-               prefix cache / 2K shared prefix on a simulated H100 with a 48 GiB pool, 64 users of 7,168 + 1,024
+               prefix cache / 2K shared prefix on a simulated H100 with a 48 GiB pool, 64 users of 7,168 +
+               1,024
                tokens arriving within 2 s, so that all 64 are resident at once where the pool holds them: per
                configuration the most requests running in one step (``peak_running``), peak blocks against
                the plan, preemptions, TTFT and ITL percentiles, and the verdict; then what same-step prefix
                sharing changes (``same_step``).
 
-The model sections (``quality``, ``niah``, ``prefix``) refuse to start when the one-minute load average exceeds
+The model sections (``quality``, ``niah``, ``prefix``) refuse to start when the one-minute load average
+exceeds
 the ``--threads`` they use (``niah_grid.load_gate``); ``--force`` records anyway, marked unusable. ``bytes``
 and ``sim`` are exempt (``UNGATED``): they time nothing on this machine (``bytes`` counts allocated bytes,
 ``sim`` runs on the simulator's virtual clock), so their results do not depend on the load; their records
@@ -116,7 +118,9 @@ def run_quality(out, meta, model, tok, length=2048, **_):
     return _write(out, {"meta": meta, "rows": rows})
 
 
-def run_niah(out, meta, model, tok, lengths=(1024, 2048), depths=(0.1, 0.3, 0.5, 0.7, 0.9), seeds=(0, 1), **_):
+def run_niah(
+    out, meta, model, tok, lengths=(1024, 2048), depths=(0.1, 0.3, 0.5, 0.7, 0.9), seeds=(0, 1), **_
+):
     from tqdm import tqdm
 
     from longctx.evals.niah import NiahRunner
@@ -152,7 +156,9 @@ def run_prefix(out, meta, model, tok, system_tokens=2048, max_tokens=16, **_):
     prompts = [system + tok.encode(q) for q in questions]
 
     def engine(kv, caching):
-        bm = BlockManager(sum(-(-(len(p) + max_tokens) // 16) for p in prompts), 16, enable_prefix_caching=caching)
+        bm = BlockManager(
+            sum(-(-(len(p) + max_tokens) // 16) for p in prompts), 16, enable_prefix_caching=caching
+        )
         return Engine(TorchExecutor(model, bm, kv_dtype=kv), ChunkedPrefillScheduler(CHUNK),
                       vocab_size=model.config.vocab_size), bm
 
@@ -185,11 +191,20 @@ def run_prefix(out, meta, model, tok, system_tokens=2048, max_tokens=16, **_):
         used_before = bm.num_used_blocks
         eng.step()  # both admitted in this step: each takes the 128 cached blocks
         table = bm.block_table(pair[0].seq_id)
-        rows.append({"kv_dtype": kv, "mode": "together", "prefix_caching": True, "request": 1,
-                     "prompt_tokens": len(prompts[1]), "prefix_cached_tokens": pair[1].num_prefix_cached_tokens,
-                     "blocks_from_cache": pair[1].num_prefix_cached_tokens // 16,
-                     "blocks_shared_by_both": sum(1 for b in table if bm.ref_count(b) == 2),
-                     "blocks_held_by_both": bm.num_used_blocks - used_before, "ttft_s": None})
+        rows.append(
+            {
+                "kv_dtype": kv,
+                "mode": "together",
+                "prefix_caching": True,
+                "request": 1,
+                "prompt_tokens": len(prompts[1]),
+                "prefix_cached_tokens": pair[1].num_prefix_cached_tokens,
+                "blocks_from_cache": pair[1].num_prefix_cached_tokens // 16,
+                "blocks_shared_by_both": sum(1 for b in table if bm.ref_count(b) == 2),
+                "blocks_held_by_both": bm.num_used_blocks - used_before,
+                "ttft_s": None,
+            }
+        )
         eng.run_until_done()
     return _write(out, {"meta": meta, "rows": rows})
 
@@ -203,8 +218,11 @@ def _same_step_tests() -> dict:
 
     from longctx.sim.loadtest import CAPSTONE
 
-    return {"capstone": CAPSTONE, "capstone_at_t0": replace(CAPSTONE, arrival_window_s=0.0),
-            "chat_at_t0": replace(CAPSTONE, prompt_tokens=2_048 + 128, output_tokens=256, arrival_window_s=0.0)}
+    return {
+        "capstone": CAPSTONE,
+        "capstone_at_t0": replace(CAPSTONE, arrival_window_s=0.0),
+        "chat_at_t0": replace(CAPSTONE, prompt_tokens=2_048 + 128, output_tokens=256, arrival_window_s=0.0),
+    }
 
 
 def run_sim(out, meta, **_):
@@ -224,25 +242,42 @@ def run_sim(out, meta, **_):
         for sharing in (True, False):
             r = run_load_test("llama-3-8b", "fp8", True, test, same_step_sharing=sharing)
             same_step.append({"traffic": name, "test": describe(test), **r})
-    meta = {**meta, "model": "none: the simulator (longctx.sim cost model, virtual clock)",
-            "hardware": "h100 (simulated)", "load_test": describe(CAPSTONE), "n": len(rows),
-            "kv_scales": "the engine's (fp8: one fp16 scale per vector; bf16: none)",
-            "passes_when": "peak_running >= users, no preemption, TTFT P99 <= ttft_p99_s and ITL P99 <= itl_p99_s",
-            "why_these_lengths": ("64 arrivals in 2 s and 1,024 output tokens: prefilling the 64 prompts takes a few "
-                                  "seconds at a budget of 8,192 tokens, decoding 1,024 tokens about 20 s, so every user "
-                                  "is still decoding when the last one starts: all 64 resident at once if the pool "
-                                  "holds them")}
+    meta = {
+        **meta,
+        "model": "none: the simulator (longctx.sim cost model, virtual clock)",
+        "hardware": "h100 (simulated)",
+        "load_test": describe(CAPSTONE),
+        "n": len(rows),
+        "kv_scales": "the engine's (fp8: one fp16 scale per vector; bf16: none)",
+        "passes_when": "peak_running >= users, no preemption, TTFT P99 <= ttft_p99_s "
+        "and ITL P99 <= itl_p99_s",
+        "why_these_lengths": (
+            "64 arrivals in 2 s and 1,024 output tokens: prefilling the 64 prompts takes a few "
+            "seconds at a budget of 8,192 tokens, decoding 1,024 tokens about 20 s, so every user "
+            "is still decoding when the last one starts: all 64 resident at once if the pool "
+            "holds them"
+        ),
+    }
     return _write(out, {"meta": meta, "rows": rows, "same_step": same_step})
 
 
-SECTIONS = {"bytes": run_bytes, "quality": run_quality, "niah": run_niah, "prefix": run_prefix, "sim": run_sim}
+SECTIONS = {
+    "bytes": run_bytes,
+    "quality": run_quality,
+    "niah": run_niah,
+    "prefix": run_prefix,
+    "sim": run_sim,
+}
 
 
 def _table(section: str, data: dict) -> str:
     rows = data["rows"]
     if section == "sim":
-        lines = [f"{'model':<11} {'kv':>4} {'prefix':>6} {'plan':>5} {'peak run':>8} {'all 64 s':>8} "
-                 f"{'blocks peak/plan/pool':>22} {'preempt':>7} {'TTFT p50/p99 s':>14} {'ITL p50/p99 ms':>14}  verdict"]
+        lines = [
+            f"{'model':<11} {'kv':>4} {'prefix':>6} {'plan':>5} {'peak run':>8} {'all 64 s':>8} "
+            f"{'blocks peak/plan/pool':>22} {'preempt':>7} {'TTFT p50/p99 s':>14} {'ITL p50/p99 ms':>14}  "
+            "verdict"
+        ]
         for r in rows:
             lines.append(f"{r['model']:<11} {r['kv_dtype']:>4} {'2K' if r['prefix_caching'] else '-':>6} "
                          f"{r['plan_max_users']:>5} {r['peak_running']:>8} {r['seconds_all_running']:>8.1f} "
@@ -252,9 +287,12 @@ def _table(section: str, data: dict) -> str:
                          f"{'PASS' if r['passes'] else 'FAIL: ' + '; '.join(r['failures'])}")
         lines.append("same-step sharing (llama-3-8b fp8, 2K prefix cached):")
         for r in data.get("same_step", []):
-            lines.append(f"  {r['traffic']:<15} sharing {'on ' if r['same_step_sharing'] else 'off'}: prefilled "
-                         f"{r['prefill_tokens']:>7,} tokens, {r['prefix_hit_tokens']:>7,} from the cache, peak "
-                         f"{r['peak_used_blocks']:>6} blocks, TTFT p50 {r['ttft_s']['p50']:.3f} s p99 {r['ttft_s']['p99']:.3f} s")
+            lines.append(
+                f"  {r['traffic']:<15} sharing {'on ' if r['same_step_sharing'] else 'off'}: prefilled "
+                f"{r['prefill_tokens']:>7,} tokens, {r['prefix_hit_tokens']:>7,} from the cache, peak "
+                f"{r['peak_used_blocks']:>6} blocks, TTFT p50 {r['ttft_s']['p50']:.3f} s p99 "
+                f"{r['ttft_s']['p99']:.3f} s"
+            )
         return "\n".join(lines)
     if section == "niah":
         from collections import defaultdict
@@ -270,7 +308,9 @@ def _table(section: str, data: dict) -> str:
     keys = list(dict.fromkeys(k for r in rows for k in r if not isinstance(r[k], (list, dict))))
     lines = ["  ".join(keys)]
     for r in rows:
-        lines.append("  ".join(f"{r[k]:.4g}" if isinstance(r.get(k), float) else str(r.get(k, "-")) for k in keys))
+        lines.append(
+            "  ".join(f"{r[k]:.4g}" if isinstance(r.get(k), float) else str(r.get(k, "-")) for k in keys)
+        )
     return "\n".join(lines)
 
 

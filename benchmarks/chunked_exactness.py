@@ -61,8 +61,11 @@ def measure(tokens: int, chunks: list[int], threads: int) -> dict:
                    "top2_margin_at_flips": [float(top2[p, 0] - top2[p, 1]) for p in flipped],
                    "cpu_s": time.process_time() - start}
             rows.append(row)
-            print(f"{name:>5} chunk {c:>4}: max |dlogit| {row['max_abs_logit_diff']:.3e} "
-                  f"(max |logit| {row['max_abs_logit']:.1f}), greedy flips {len(flipped)}/{len(ids)}", flush=True)
+            print(
+                f"{name:>5} chunk {c:>4}: max |dlogit| {row['max_abs_logit_diff']:.3e} "
+                f"(max |logit| {row['max_abs_logit']:.1f}), greedy flips {len(flipped)}/{len(ids)}",
+                flush=True,
+            )
         del model
     return {
         "benchmark": "chunked_exactness_cpu",

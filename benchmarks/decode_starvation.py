@@ -193,7 +193,8 @@ def main(argv=None) -> int:
     best = max(ok) if ok else None
 
     print(
-        f"{args.streams} decoding streams + one {args.prompt_tokens}-token prompt, torch {torch.__version__}, "
+        f"{args.streams} decoding streams + one {args.prompt_tokens}-token prompt, torch "
+        f"{torch.__version__}, "
         f"{args.threads} threads (ITL of the streams; TTFT of the long prompt)"
     )
     head = (

@@ -13,7 +13,8 @@ recorded):
               (``snapkv_force_needle``), and transplants of exactly SnapKV's choice of needle tokens (per
               layer and KV head) into presses that otherwise decide: random (``random_snapkv_needle``),
               random with token 0 kept (``random_sink_snapkv_needle``, against its control
-              ``random_sink``: random alone loses the attention sink) and key norm (``knorm_snapkv_needle``). Rows carry per-token answer log-probabilities, the model's top
+              ``random_sink``: random alone loses the attention sink) and key norm (``knorm_snapkv_needle``).
+              Rows carry per-token answer log-probabilities, the model's top
               token at each answer position, and how many needle tokens each layer's KV heads kept; the
               full per-token retention maps of the first trials go to ``kv_pruning_retention.json``.
               Needle depths are checked against every window edge (StreamingLLM's 4- and 32-sink recent
@@ -93,8 +94,11 @@ class Config:
         if self.name == "random_sink":  # random with token 0, the attention sink, kept in every head
             return ForcedPress(make_press("random", r, seed=seed), [0])
         if self.name in ("random_snapkv_needle", "random_sink_snapkv_needle", "knorm_snapkv_needle"):
-            base = {"random_snapkv_needle": make_press("random", r, seed=seed), "knorm_snapkv_needle": make_press("knorm", r),
-                    "random_sink_snapkv_needle": ForcedPress(make_press("random", r, seed=seed), [0])}[self.name]
+            base = {
+                "random_snapkv_needle": make_press("random", r, seed=seed),
+                "knorm_snapkv_needle": make_press("knorm", r),
+                "random_sink_snapkv_needle": ForcedPress(make_press("random", r, seed=seed), [0]),
+            }[self.name]
             return ForcedPress(base, needle, donor=make_press("snapkv", r))
         return make_press(self.name, r, **({"seed": seed} if self.name == "random" else self.options))
 
@@ -182,7 +186,9 @@ def run_niah(out, model, tok, meta, configs, depths, trials, length, ratios, thr
         t0 = time.perf_counter()
         snap = PrefillSnapshot.capture(model, prompt.token_ids)
         prefill_s = time.perf_counter() - t0
-        answers = PrunedScorer(model, tok, snap).answer_many(prompt, [(c.press(seed, needle), c.aware) for c in todo])
+        answers = PrunedScorer(model, tok, snap).answer_many(
+            prompt, [(c.press(seed, needle), c.aware) for c in todo]
+        )
         batch_s = time.perf_counter() - t0 - prefill_s
         for c, a in zip(todo, answers, strict=True):
             r = a.reading
@@ -190,19 +196,22 @@ def run_niah(out, model, tok, meta, configs, depths, trials, length, ratios, thr
             data["rows"].append({
                 "haystack": "passkey", "rope": "none", "length": length, "depth": d, "seed": seed, "trial": i,
                 "needle_start": prompt.needle_start, "needle_len": prompt.needle_len, "edge_distance": margin,
-                "correct": r.correct, "exact": r.exact, "answer_logprob": r.answer_logprob, "answer": prompt.answer,
+                "correct": r.correct, "exact": r.exact, "answer_logprob": r.answer_logprob,
+                "answer": prompt.answer,
                 "output": r.output, "answer_token_logprobs": [round(x, 4) for x in r.token_logprobs],
                 "forced_top": [tok.decode([t]) for t in r.forced_top], "breaks_at": r.breaks_at,
-                "press": c.label, "press_config": c.label, "press_name": c.name, "ratio": c.ratio, "aware": c.aware,
+                "press": c.label, "press_config": c.label, "press_name": c.name, "ratio": c.ratio,
+                "aware": c.aware,
                 "n_sink": c.options.get("n_sink", 4) if c.name == "streaming_llm" else None,
                 "kept_tokens": a.kept_tokens, "needle_kept": kept.sum(-1).tolist(),  # [layer][KV head] counts
                 "prefill_s": prefill_s, "batch_s": batch_s, "configs_in_batch": len(todo),
                 "load_1min": load, "usable": meta["usable"],
             })  # fmt: skip
             if i < RETENTION_TRIALS and c.ratio in RETENTION_RATIOS:
-                ret["rows"].append({"press_config": c.label, "press_name": c.name, "ratio": c.ratio, "aware": c.aware,
-                                    "depth": d, "seed": seed, "correct": r.correct,
-                                    "needle_tokens": [tok.decode([t]) for t in prompt.token_ids[needle.start:needle.stop]],
+                needle_ids = prompt.token_ids[needle.start:needle.stop]
+                ret["rows"].append({"press_config": c.label, "press_name": c.name, "ratio": c.ratio,
+                                    "aware": c.aware, "depth": d, "seed": seed, "correct": r.correct,
+                                    "needle_tokens": [tok.decode([t]) for t in needle_ids],
                                     "kept": [["".join("1" if x else "0" for x in head) for head in layer]
                                              for layer in kept]})  # fmt: skip
         write_record(out, data)
@@ -238,10 +247,22 @@ def run_ppl(out, model, tok, meta, presses, ratios, length, threads, force, offs
         nlls = continuation_nll_many(model, snap, [c.press(s or 0) for c, s in cfgs], cont)
         secs = time.perf_counter() - t0
         for (c, s), nll in zip(cfgs, nlls, strict=True):
-            data["rows"].append({"press_config": c.label, "press_name": c.name, "ratio": c.ratio, "offset": off,
-                                 "seed": s, "context_tokens": len(ctx), "continuation_tokens": len(cont), "nll": nll,
-                                 "seconds": secs / len(cfgs), "load_1min": load, "usable": meta["usable"],
-                                 "n_sink": c.options.get("n_sink", 4) if c.name == "streaming_llm" else None})
+            data["rows"].append(
+                {
+                    "press_config": c.label,
+                    "press_name": c.name,
+                    "ratio": c.ratio,
+                    "offset": off,
+                    "seed": s,
+                    "context_tokens": len(ctx),
+                    "continuation_tokens": len(cont),
+                    "nll": nll,
+                    "seconds": secs / len(cfgs),
+                    "load_1min": load,
+                    "usable": meta["usable"],
+                    "n_sink": c.options.get("n_sink", 4) if c.name == "streaming_llm" else None,
+                }
+            )
         write_record(out, data)
     return data
 
@@ -259,7 +280,9 @@ def run_random_sink(out, model, tok, meta, ratios, length, threads, force, offse
         """The random press as it was: re-seeded inside score, so every layer evicts the same positions."""
 
         def score(self, inp):
-            return torch.rand(inp.keys.shape[0], inp.num_tokens, generator=torch.Generator().manual_seed(self.seed))
+            return torch.rand(
+                inp.keys.shape[0], inp.num_tokens, generator=torch.Generator().manual_seed(self.seed)
+            )
 
     ids = tok.encode(natural_text())
     data = open_record(out, meta)
@@ -282,9 +305,20 @@ def run_random_sink(out, model, tok, meta, ratios, length, threads, force, offse
         nlls = continuation_nll_many(model, snap, presses, cont)
         base = continuation_nll_many(model, snap, [None], cont)[0]
         for (r, v, s), nll, ev in zip(todo, nlls, evicted, strict=True):
-            data["rows"].append({"offset": off, "ratio": r, "variant": v, "seed": s, "nll": nll, "nll_full_cache": base,
-                                 "sink_evicted_layer_heads": ev, "layer_heads": snap.num_layers * snap.keys[0].shape[0],
-                                 "load_1min": load, "usable": meta["usable"]})
+            data["rows"].append(
+                {
+                    "offset": off,
+                    "ratio": r,
+                    "variant": v,
+                    "seed": s,
+                    "nll": nll,
+                    "nll_full_cache": base,
+                    "sink_evicted_layer_heads": ev,
+                    "layer_heads": snap.num_layers * snap.keys[0].shape[0],
+                    "load_1min": load,
+                    "usable": meta["usable"],
+                }
+            )
         write_record(out, data)
     return data
 
@@ -306,7 +340,9 @@ def run_memory(out, model, tok, meta, ratios, length, decode_steps=24):
     for ratio in [0.0, *ratios]:
         press = make_press("knorm", ratio)
         pool = BlockManager(blocks_for_tokens(length + decode_steps + 1, 16), 16)
-        engine = Engine(TorchExecutor(model, pool, press=press), MonolithicScheduler(), max_model_len=c.max_context)
+        engine = Engine(
+            TorchExecutor(model, pool, press=press), MonolithicScheduler(), max_model_len=c.max_context
+        )
         seq = engine.add_request(ids, decode_steps + 1)
         engine.step()  # the prefill, then the press
         held, kv_tokens = len(pool.block_table(seq.seq_id)), seq.num_cached_tokens
@@ -317,7 +353,10 @@ def run_memory(out, model, tok, meta, ratios, length, decode_steps=24):
                      "blocks_held": held, "blocks_unpruned": blocks_for_tokens(length, 16),
                      "kv_bytes_held": held * 16 * bytes_per_token, "decode_step_s": statistics.median(steps),
                      "threads": torch.get_num_threads()})
-        print(f"ratio {ratio:4.2f}: {held:3d} blocks, decode step {1e3 * rows[-1]['decode_step_s']:.1f} ms", flush=True)
+        print(
+            f"ratio {ratio:4.2f}: {held:3d} blocks, decode step {1e3 * rows[-1]['decode_step_s']:.1f} ms",
+            flush=True,
+        )
     data = {"meta": meta, "bytes_per_token": bytes_per_token, "rows": rows}
     write_record(out, data)
     return data
@@ -342,7 +381,9 @@ def print_ppl(data) -> None:
     for r in data["rows"]:
         by.setdefault(r["press_config"], []).append(r["nll"])
     base = statistics.mean(by.get("none", [float("nan")]))
-    print("\ncontinuation of natural text after a pruned 1,024-token context: perplexity (change vs full cache)")
+    print(
+        "\ncontinuation of natural text after a pruned 1,024-token context: perplexity (change vs full cache)"
+    )
     for label, v in by.items():
         m = statistics.mean(v)
         print(f"{label:<34} {math.exp(m):8.2f}  {100 * (math.exp(m - base) - 1):+7.1f} %   ({len(v)} runs)")
@@ -370,9 +411,13 @@ def main(argv=None) -> int:
     ap.add_argument("--depths", default=DEPTHS)
     ap.add_argument("--trials", type=int, default=10, help="independent trials per depth (niah)")
     ap.add_argument("--length", type=int, default=LENGTH)
-    ap.add_argument("--seeds", type=int, default=None, help="random masks per point (ppl: 5, random-sink: 10)")
+    ap.add_argument(
+        "--seeds", type=int, default=None, help="random masks per point (ppl: 5, random-sink: 10)"
+    )
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--force", action="store_true", help="record despite the load (marks the record unusable)")
+    ap.add_argument(
+        "--force", action="store_true", help="record despite the load (marks the record unusable)"
+    )
     ap.add_argument("--out", type=Path, default=None, help="one section: write here instead")
     args = ap.parse_args(argv)
     gate_load = load_gate(args.threads, args.force)
@@ -399,8 +444,18 @@ def main(argv=None) -> int:
             print_ppl(run_ppl(out, model, tok, meta, presses, ratios, args.length, *gate,
                               random_seeds=args.seeds or 5))
         elif section == "random-sink":
-            print_random_sink(run_random_sink(out, model, tok, meta, [r for r in ratios if r <= 0.68], args.length,
-                                              *gate, seeds=args.seeds or 10))
+            print_random_sink(
+                run_random_sink(
+                    out,
+                    model,
+                    tok,
+                    meta,
+                    [r for r in ratios if r <= 0.68],
+                    args.length,
+                    *gate,
+                    seeds=args.seeds or 10,
+                )
+            )
         else:
             run_memory(out, model, tok, meta, ratios, args.length)
         print(f"wrote {out} ({now()})")

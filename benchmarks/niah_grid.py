@@ -7,12 +7,15 @@ run keeps what it finished; a rerun skips the trials already recorded):
 - ``grid-multikey`` the same on the natural-text haystack with 3 distractor needles.
 - ``beyond``        past the trained 8K: no scaling vs PI (linear) vs NTK-aware vs YaRN, factor 2; every
                     variant answers the same ``--trials`` prompts (default 10 per variant and length).
-- ``depth1``        why a needle right before the question is lost: the depth-1 passkey prompt and variants that
-                    each change one thing (``longctx.evals.depth_probe``), ``--trials`` per length (default 10).
+- ``depth1``        why a needle right before the question is lost: the depth-1 passkey prompt and variants
+that
+                    each change one thing (``longctx.evals.depth_probe``), ``--trials`` per length (default
+                    10).
 - ``perplexity``    per-position NLL of ~16K tokens of natural text under each RoPE variant.
 - ``entropy``       attention entropy vs context length for a few layers, plain and with YaRN's factor.
 - ``rescore``       re-score every shipped needle record from its recorded outputs (containment rule).
-- ``merge``         join records of one section recorded in parallel (e.g. ``beyond --variants none,linear`` in
+- ``merge``         join records of one section recorded in parallel (e.g. ``beyond --variants none,linear``
+in
                     one process and ``--variants ntk,yarn`` in another): ``merge A.json B.json --out C.json``.
 
 Trials are independent: trial ``i`` of cell (length, depth) uses seed ``trial_seed(length, depth, i)``,
@@ -25,13 +28,15 @@ REFUSES to start when the one-minute load average exceeds ``--threads`` (the cor
 between trials while the load from other work (the load minus its own threads) exceeds them. ``--force``
 records anyway but marks the file and its rows ``usable: false`` (dry runs only; tests refuse such files).
 ``--verdicts-only`` (grid sections) records without the gate for what does not depend on load (a trial's
-verdict, output and log-probabilities: greedy decoding on one CPU thread is deterministic) and marks that run's
+verdict, output and log-probabilities: greedy decoding on one CPU thread is deterministic) and marks that
+run's
 timings ``timings_usable: false``.
 
 Usage (one CPU thread, in the background; resumable)::
 
     OMP_NUM_THREADS=1 nohup .venv/bin/python benchmarks/niah_grid.py grid-passkey > /tmp/niah.log 2>&1 &
-    .venv/bin/python benchmarks/niah_grid.py grid-passkey --lengths 512 --depths 0,1 --trials 1 --out /tmp/x.json
+    .venv/bin/python benchmarks/niah_grid.py grid-passkey --lengths 512 --depths 0,1 --trials 1 --out
+    /tmp/x.json
 """
 
 from __future__ import annotations
@@ -52,8 +57,13 @@ RECORDED = ROOT / "longctx" / "data" / "recorded"
 DEPTHS = "0,0.25,0.5,0.75,1"
 FACTOR = 2.0
 TRAINED = 8192
-NEEDLE_RECORDS = ("niah_grid_passkey.json", "niah_grid_multikey.json", "niah_beyond.json", "kv_pruning_niah.json",
-                  "capstone_niah.json")
+NEEDLE_RECORDS = (
+    "niah_grid_passkey.json",
+    "niah_grid_multikey.json",
+    "niah_beyond.json",
+    "kv_pruning_niah.json",
+    "capstone_niah.json",
+)
 VARIANTS = {
     "none": None,
     "linear": {"rope_type": "linear", "factor": FACTOR},
@@ -118,9 +128,17 @@ def open_record(path: Path, meta: dict) -> dict:
 
 
 def trial_key(row: dict) -> tuple:
-    """What makes a recorded row one trial: its haystack, RoPE variant (or depth-1 variant), length, depth and seed
-    (fields a section does not have are None). A rerun skips, and ``merge`` refuses a second copy of, a key."""
-    return (row.get("haystack"), row.get("rope", row.get("variant")), row["length"], row.get("depth"), row["seed"])
+    """What makes a recorded row one trial: its haystack, RoPE variant (or depth-1 variant), length, depth and
+    seed
+    (fields a section does not have are None). A rerun skips, and ``merge`` refuses a second copy of, a
+    key."""
+    return (
+        row.get("haystack"),
+        row.get("rope", row.get("variant")),
+        row["length"],
+        row.get("depth"),
+        row["seed"],
+    )
 
 
 def run_trials(path, cells, model, tok, meta, max_tokens, threads, force):
@@ -161,13 +179,20 @@ def run_depth_one(path, model, tok, meta, lengths, trials, threads, force):
     from longctx.evals.stats import Rate
 
     data = open_record(path, meta)
-    data["meta"].update(scoring=SCORING, trials="independent: own needle value and filler offset per trial; every "
-                        "variant of a trial shares its value and filler")
+    data["meta"].update(
+        scoring=SCORING,
+        trials="independent: own needle value and filler offset per trial; every "
+        "variant of a trial shares its value and filler",
+    )
     done = {trial_key(r) for r in data["rows"]}
     builder, runner = HaystackBuilder(tok), NiahRunner(model, tok, max_tokens=max(lengths) + 64)
     for n, i in tqdm([(n, i) for i in trials for n in lengths], desc=path.stem, file=sys.stderr):
         seed = trial_seed(n, 1.0, i)
-        todo = {v: p for v, p in depth_one_variants(builder, n, seed).items() if (None, v, n, None, seed) not in done}
+        todo = {
+            v: p
+            for v, p in depth_one_variants(builder, n, seed).items()
+            if (None, v, n, None, seed) not in done
+        }
         if not todo:
             continue
         load = wait_for_quiet(threads, force)
@@ -181,19 +206,29 @@ def run_depth_one(path, model, tok, meta, lengths, trials, threads, force):
                 "usable": meta["usable"]})  # fmt: skip
         write_record(path, data)
     print(f"\n{'variant':<28}" + "".join(f"{n:>30}" for n in lengths))
-    for v in dict.fromkeys(r["variant"] for r in data["rows"]):
-        print(f"{v:<28}" + "".join(f"{str(Rate.of(r['correct'] for r in data['rows'] if r['variant'] == v and r['length'] == n)):>30}"
-                                   for n in lengths))
+    rows = data["rows"]
+    for v in dict.fromkeys(r["variant"] for r in rows):
+        print(
+            f"{v:<28}"
+            + "".join(
+                f"{str(Rate.of(r['correct'] for r in rows if r['variant'] == v and r['length'] == n)):>30}"
+                for n in lengths
+            )
+        )
     return data
 
 
 def merge_records(paths: list[Path], out: Path) -> dict:
-    """One record from several of the same section and version: their rows (a trial recorded twice is an error)
+    """One record from several of the same section and version: their rows (a trial recorded twice is an
+    error)
     and every run's provenance; ``usable`` only if every input is."""
     parts = [json.loads(Path(p).read_text()) for p in paths]
     versions = {d["meta"].get("record_version") for d in parts}
     if versions != {RECORD_VERSION}:
-        raise SystemExit(f"merge: every input must be a version-{RECORD_VERSION} record, got versions {sorted(map(str, versions))}")
+        raise SystemExit(
+            f"merge: every input must be a version-{RECORD_VERSION} record, got versions "
+            f"{sorted(map(str, versions))}"
+        )
     rows, seen = [], set()
     for d in parts:
         for r in d["rows"]:
@@ -220,7 +255,9 @@ def print_table(data) -> None:
     for (hay, rope, n), rows in sorted(groups.items()):
         lp = sum(r["answer_logprob"] for r in rows) / len(rows)
         sec = sum(r.get("trial_s", r["prefill_s"]) for r in rows) / len(rows)
-        print(f"{hay:<9} {rope:<10} {n:>7}  {Rate.of(r['correct'] for r in rows)!s:<28} {lp:9.2f}  {sec:8.1f}")
+        print(
+            f"{hay:<9} {rope:<10} {n:>7}  {Rate.of(r['correct'] for r in rows)!s:<28} {lp:9.2f}  {sec:8.1f}"
+        )
 
 
 def rescore_shipped() -> None:
@@ -231,7 +268,9 @@ def rescore_shipped() -> None:
     for name in NEEDLE_RECORDS:
         path = RECORDED / name
         data = json.loads(path.read_text())
-        changed = rescore_record(data, lambda row: values.needle_value(row["seed"], row.get("haystack", "passkey")))
+        changed = rescore_record(
+            data, lambda row: values.needle_value(row["seed"], row.get("haystack", "passkey"))
+        )
         path.write_text(json.dumps(data, indent=1) + "\n")
         print(f"{name}: {len(data['rows'])} rows, {changed} verdicts changed")
 
@@ -239,19 +278,37 @@ def rescore_shipped() -> None:
 def _parser() -> argparse.ArgumentParser:
     """The command line (module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("section", choices=["grid-passkey", "grid-multikey", "beyond", "depth1", "perplexity", "entropy",
-                                    "rescore", "merge"])
+    ap.add_argument(
+        "section",
+        choices=[
+            "grid-passkey",
+            "grid-multikey",
+            "beyond",
+            "depth1",
+            "perplexity",
+            "entropy",
+            "rescore",
+            "merge",
+        ],
+    )
     ap.add_argument("inputs", nargs="*", type=Path, help="merge: the records to join (with --out)")
     ap.add_argument("--lengths", default=None, help="comma-separated prompt lengths in tokens")
     ap.add_argument("--depths", default=None, help=f"comma-separated depths in [0, 1] (default {DEPTHS})")
-    ap.add_argument("--trials", type=int, default=10, help="independent trials per cell (beyond: per variant)")
+    ap.add_argument(
+        "--trials", type=int, default=10, help="independent trials per cell (beyond: per variant)"
+    )
     ap.add_argument("--variants", default="none,linear,ntk,yarn")
     ap.add_argument("--haystacks", default="passkey,multikey", help="beyond: which haystacks")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--force", action="store_true", help="record despite the load (marks the record unusable)")
-    ap.add_argument("--verdicts-only", action="store_true",
-                    help="grid sections: record despite the load for the verdicts and log-probabilities (which do "
-                         "not depend on load); the run's timings are marked unusable (timings_usable: false)")
+    ap.add_argument(
+        "--force", action="store_true", help="record despite the load (marks the record unusable)"
+    )
+    ap.add_argument(
+        "--verdicts-only",
+        action="store_true",
+        help="grid sections: record despite the load for the verdicts and log-probabilities (which do "
+        "not depend on load); the run's timings are marked unusable (timings_usable: false)",
+    )
     ap.add_argument("--out", type=Path, default=None)
     return ap
 
@@ -271,8 +328,12 @@ def _run_perplexity(out: Path, model, tok, meta: dict, lengths: list[int], varia
         t0 = time.perf_counter()
         nll = token_nll(model, ids, chunk_size=1024)
         buckets = perplexity_by_bucket(nll, 1024)
-        data["variants"][v] = {"rope_scaling": VARIANTS[v], "tokens": len(ids), "seconds": time.perf_counter() - t0,
-                               "buckets": [{"start": a, "stop": b, "perplexity": p} for a, b, p in buckets]}
+        data["variants"][v] = {
+            "rope_scaling": VARIANTS[v],
+            "tokens": len(ids),
+            "seconds": time.perf_counter() - t0,
+            "buckets": [{"start": a, "stop": b, "perplexity": p} for a, b, p in buckets],
+        }
         data["meta"]["finished"] = now()
         out.write_text(json.dumps(data, indent=1) + "\n")
         print(v, " ".join(f"{p:.1f}" for _, _, p in buckets), flush=True)
@@ -330,7 +391,9 @@ def main(argv=None) -> int:
     trials = range(args.trials)
     if args.section.startswith("grid"):
         hay = args.section.split("-")[1]
-        lengths = ints(args.lengths or ("512,1024,2048,4096,8176" if hay == "passkey" else "1024,2048,4096,8176"))
+        lengths = ints(
+            args.lengths or ("512,1024,2048,4096,8176" if hay == "passkey" else "1024,2048,4096,8176")
+        )
         depths = floats(args.depths or DEPTHS)
         cells = [(hay, "none", n, d, i) for i in trials for n in lengths for d in depths]  # trial-major
         print_table(run_trials(out, cells, model, tok, meta, max(lengths) + 64, args.threads,
@@ -338,11 +401,14 @@ def main(argv=None) -> int:
     elif args.section == "beyond":
         lengths = ints(args.lengths or "12288")
         depths = floats(args.depths or "0.5")
-        cells = [(h, v, n, d, i) for i in trials for h in args.haystacks.split(",") for n in lengths for d in depths
+        haystacks = args.haystacks.split(",")
+        cells = [(h, v, n, d, i) for i in trials for h in haystacks for n in lengths for d in depths
                  for v in variants]  # fmt: skip
         print_table(run_trials(out, cells, model, tok, meta, max(lengths) + 64, args.threads, args.force))
     elif args.section == "depth1":
-        run_depth_one(out, model, tok, meta, ints(args.lengths or "768,1024"), trials, args.threads, args.force)
+        run_depth_one(
+            out, model, tok, meta, ints(args.lengths or "768,1024"), trials, args.threads, args.force
+        )
     elif args.section == "perplexity":
         _run_perplexity(out, model, tok, meta, ints(args.lengths or "16384"), variants)
     else:  # entropy

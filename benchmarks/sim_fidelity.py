@@ -3,19 +3,23 @@
 1. Measure this CPU (numpy GEMM peak, copy bandwidth) as a ``HardwareSpec``, and its **GEMM profile**
    (``longctx.sim.gemm_profile``: the engine's own GEMMs and small per-token ops timed at 1 ... 640 rows,
    Vidur's method on a CPU), once before each repeat; the median of those profiles is the one used (a
-   single profile carries the machine's speed of that minute). The record's cost model prices those from the profile; the attention and the
+   single profile carries the machine's speed of that minute). The record's cost model prices those from the
+   profile; the attention and the
    step and per-sequence overheads stay modelled and fitted. The roofline-GEMM model runs beside it on the
    same real runs, for comparison (below: why a profile).
 2. Workload A (calibration): the real engine (SmolLM2-135M, fp32, ``TorchExecutor``) serves 10 requests
    sent at once (the burst: prompt chunks fresh and after a prefix, decode batches of up to 10), then a
    staircase of 5 short-prompt requests 1 s apart with 48 outputs each from 14 s (decode-only batches of 1
-   to 5 sequences, 14-19 steps of each when simulated, 8-24 in the record's real runs), chunked prefill with a 256-token budget,
+   to 5 sequences, 14-19 steps of each when simulated, 8-24 in the record's real runs), chunked prefill with a
+   256-token budget,
    ``--repeats`` times, each run followed by a run of B (so a slow drift of a shared machine's speed reaches
    calibration and test alike); every step's composition and time is recorded and ``calibrate`` fits the
    cost model's factors on all of A's steps. Why the staircase: until the third measurement A was the burst
-   alone, 16 decode-only steps per run over all batch sizes (simulated: one each of 1 and 2 sequences), while B ran 104
+   alone, 16 decode-only steps per run over all batch sizes (simulated: one each of 1 and 2 sequences), while
+   B ran 104
    single-sequence decodes per run (627 in six); the second measurement priced those +23 % (the step and
-   per-sequence overheads' split, which A pinned poorly). The staircase was added for that coverage alone (a rule: every decode batch size B runs most,
+   per-sequence overheads' split, which A pinned poorly). The staircase was added for that coverage alone (a
+   rule: every decode batch size B runs most,
    1-5, held for 10 steps or more, checked in the simulator), before any real run of it; B is unchanged.
 3. Workload B (prediction, different lengths, arrivals and budget): 48 requests, Poisson arrivals at 0.5
    req/s, lognormal prompts, chunked prefill with a 512-token budget. Simulated once (calibrated cost model,
@@ -36,7 +40,8 @@
 7. The instrument's steadiness: a speed probe (``longctx.sim.hardware.probe_gemm_s``, one fixed GEMM for a
    second) before each A and before and after each B. If its largest reading exceeds its smallest by more
    than 10 %, the machine's own speed moved by more than the target and the verdict is "cannot be judged".
-8. Replay (an intervention: the cost model's error forced off). Each run of B is simulated again with each step
+8. Replay (an intervention: the cost model's error forced off). Each run of B is simulated again with each
+step
    given the measured time of the same step of that run (``longctx.sim.ReplayExecutor``), until the simulated
    batch first differs from the real one (the schedules *part*; the calibrated model prices the steps after).
    Where a replay never parts, what is left of a metric's error is the simulator's schedule and bookkeeping;
@@ -53,14 +58,18 @@ slower its simulated P99 ITL rose 21 % (the P99 of ~250 gaps is the third-larges
 share a step), and identical real runs spread 1.03-1.40 s. At 48 requests and 0.5 req/s P99 ITL moves by
 about as much as the steps do in every calibration, median TTFT by up to 2.7 times as much (-8.0 % for steps
 3 % faster in the first measurement: a faster step lets queued arrivals start sooner), median ITL sometimes by
-far more (-16.7 % in the record of 2026-12-03: it sat on the decode stair, see "Why a profile"). Step 5 prints each, so a 5 % error can
-be told from schedule luck. The workload was chosen on the simulator's conditioning alone, before any real run.
+far more (-16.7 % in the record of 2026-12-03: it sat on the decode stair, see "Why a profile"). Step 5 prints
+each, so a 5 % error can
+be told from schedule luck. The workload was chosen on the simulator's conditioning alone, before any real
+run.
 
 Target: median TTFT and P99 ITL within 5 % (issue 26). **Not shown**: on the machines this ran on, the
 machine's own speed moves by more than the target while it is measured.
 
-The record (2026-12-04, the third of three six-pair measurements that day, the first with A's staircase, decided
-beforehand to be the record whatever it showed; 2-core AMD EPYC VM, quiet by load average) against the median of
+The record (2026-12-04, the third of three six-pair measurements that day, the first with A's staircase,
+decided
+beforehand to be the record whatever it showed; 2-core AMD EPYC VM, quiet by load average) against the median
+of
 B's six runs, and step 6's paired mean with its 95 % t-interval:
 
     median TTFT (profiled GEMMs)  -10.3 %   paired -2.9 % [-16.5, +10.7]
@@ -72,18 +81,23 @@ B's six runs, and step 6's paired mean with its 95 % t-interval:
     median ITL (roofline GEMMs)   -20.7 %   paired -20.8 % [-32.3, -9.2]
     median E2E (roofline GEMMs)    -9.9 %   paired -8.6 % [-25.5, +8.4]
 
-The verdict by step 7's rule is "cannot be judged": the speed probe spread 11 % over the measurement (9.69-10.75
-ms), and the six GEMM profiles taken before the six repeats differed by 27-37 % per GEMM group (median over row
+The verdict by step 7's rule is "cannot be judged": the speed probe spread 11 % over the measurement
+(9.69-10.75
+ms), and the six GEMM profiles taken before the six repeats differed by 27-37 % per GEMM group (median over
+row
 counts of max / min - 1; small ops 136 %, fresh-chunk attention 72 %); A's six runs ran at 0.93-1.20 times the
 pooled calibration's step times. Run by run, the errors of the same simulation against six real runs of the
 identical B spread -16.3 ... +6.9 % (median TTFT) and -21.9 ... -5.1 % (P99 ITL, profiled). Outside the rule,
 the served metrics missed the target too: the profiled model priced B's prompt steps of 257+ tokens 7-8 % fast
-(measured / priced 1.07-1.08) while its decodes were right (1.01), and a faster step lets queued arrivals start
+(measured / priced 1.07-1.08) while its decodes were right (1.01), and a faster step lets queued arrivals
+start
 sooner (median TTFT moved -4.1 % for steps 3 % faster). Step 6's pairing with A's speed narrowed the means but
 widened the intervals.
 
-The two earlier six-pair measurements of the day, with A the burst alone: the first (commit 68e6a9a, probe 15 %,
-profiles 20-30 %): profiled GEMMs median TTFT -7.9 %, P99 ITL -8.2 % (run by run -26.5 ... +2.6 % and -15.9 ...
+The two earlier six-pair measurements of the day, with A the burst alone: the first (commit 68e6a9a, probe 15
+%,
+profiles 20-30 %): profiled GEMMs median TTFT -7.9 %, P99 ITL -8.2 % (run by run -26.5 ... +2.6 % and -15.9
+...
 +0.7 %), roofline -5.4 %, -8.4 %; the second (the record at commit 9da02c2, probe 20 %, profiles 27-38 %):
 profiled +5.1 %, +14.1 % (run by run -3.8 ... +32.3 % and +4.7 ... +21.7 %), roofline +5.0 %, +0.9 %. So on
 the served metrics neither model is shown closer: the three measurements disagree by more than the two models
@@ -94,17 +108,22 @@ Earlier measurements, all with the same script's workloads:
 - 2026-12-03, Intel Xeon VM, roofline GEMMs, six three-run measurements: median TTFT +0.5, -1.4, -8.5, -0.0,
   -6.5, -2.9 % (mean -3.1 %, 95 % t-interval [-7.0, +0.7]); P99 ITL -2.3, -3.2, -2.9, +0.8, -2.9, -1.8 %
   ([-3.6, -0.5]). Identical real runs of B spread median TTFT by a coefficient of variation of 5.2 %.
-- 2026-12-04, AMD VM, six-run measurements, both models on the same real runs: with a GEMM profile of the GEMMs
+- 2026-12-04, AMD VM, six-run measurements, both models on the same real runs: with a GEMM profile of the
+GEMMs
   alone, median TTFT -5.9 % (roofline -10.3 %), P99 ITL +0.1 % (-4.9 %); with the small ops profiled too but
   one profile taken at the start, +20.7 % (-0.9 %) and +8.4 % (-1.5 %). Re-priced on those same runs with a
-  fresh-chunk attention profile (``causal_attention``, taken later): +4.4 % and +3.1 %. That diagnosis came from
-  the printed steps by new tokens: the profiled model priced B's 401+-token steps 13 % too slow (measured / priced 0.883), because its one
+  fresh-chunk attention profile (``causal_attention``, taken later): +4.4 % and +3.1 %. That diagnosis came
+  from
+  the printed steps by new tokens: the profiled model priced B's 401+-token steps 13 % too slow (measured /
+  priced 0.883), because its one
   attention efficiency was fitted on A's chunks, nearly all after a cached prefix (masked attention in query
   tiles), while B's 512-token chunks are mostly fresh prompts (one fused causal call).
 
 Why a profile. A roofline prices a GEMM by its FLOPs and bytes; a CPU BLAS picks its kernel by the row count,
-differently on each CPU. On the Intel VM ``torch.nn.functional.linear`` through SmolLM2's 576 x 3,072 gate+up took
-319, 325, 322 us for 1-3 rows, 582-594 for 4-6, 859-863 for 7-9 and 766 us at 16 rows (the weights streamed once
+differently on each CPU. On the Intel VM ``torch.nn.functional.linear`` through SmolLM2's 576 x 3,072 gate+up
+took
+319, 325, 322 us for 1-3 rows, 582-594 for 4-6, 859-863 for 7-9 and 766 us at 16 rows (the weights streamed
+once
 per 3 rows below 16); on the AMD VM the LM head took 9.9, 22.6, 36.7, 18.1 ms for 1-4 rows (1-3 rows as
 matrix-vector products, 4 as one blocked kernel). Decode-only steps of 1-5 sequences on the AMD VM took 66.1,
 105.7, 136.8, 105.8, 122.2 ms in the first measurement, 71.9, 113.9, 145.4, 117.9, 132.6 ms in the second and
@@ -118,12 +137,15 @@ the engine's own ops as it runs them; what remains fitted (step and per-sequence
 decodes and of chunks after a prefix) is what A's steps can pin.
 
 What the replay shows (step 8; added after the first two measurements and run on their saved runs too, which
-are not shipped; the record's analysis was redone from its shipped runs, measurement and provenance unchanged).
+are not shipped; the record's analysis was redone from its shipped runs, measurement and provenance
+unchanged).
 The engine spends a median 0.120 ms of its own per step (``HOST_GAP_DEFINITION``; one run of A, 115 steps, P90
-0.192 ms), about 0.1 % of a step, which the virtual clock does not count (the record's own 0.077 ms was measured
+0.192 ms), about 0.1 % of a step, which the virtual clock does not count (the record's own 0.077 ms was
+measured
 as the next start minus this end, which left out the engine's work inside a step). Replayed with the measured
 step times alone, 2 of 6 runs never part in each of the three measurements, and in those six runs every metric
-is within 0.9 % of the real run (median TTFT -0.9 ... -0.6 %, P99 ITL -0.01 %). With each step 0.120 ms longer, 5
+is within 0.9 % of the real run (median TTFT -0.9 ... -0.6 %, P99 ITL -0.01 %). With each step 0.120 ms
+longer, 5
 of 6 never part in each measurement, and in those fifteen runs every metric is within 0.16 % (the record: 0.10
 %). So the schedule, the metrics' bookkeeping and the virtual clock are the engine's to a fifth of a per cent,
 given its step times, and a tenth of a millisecond per step decides which step an arrival joins: the served
@@ -131,9 +153,12 @@ metrics' errors above are the steps' prices (the cost model and the machine's sp
 schedule. A run that parts is priced by the model after that step: the record's one, -4.1 % median TTFT after
 parting at step 49 of 342; in the second measurement +8.8 % after step 44 of 394 (profiled; roofline +17.7 %).
 
-So: per step the profiled model is the better one in all three measurements (it follows the AMD VM's stair; the
-Intel VM's was never profiled), and the simulated schedule is the engine's (step 8). Whether the served metrics
-are within 5 % needs a machine steadier than 10 % over a quarter of an hour (the rule), which no AMD measurement
+So: per step the profiled model is the better one in all three measurements (it follows the AMD VM's stair;
+the
+Intel VM's was never profiled), and the simulated schedule is the engine's (step 8). Whether the served
+metrics
+are within 5 % needs a machine steadier than 10 % over a quarter of an hour (the rule), which no AMD
+measurement
 had (the Intel VM was not probed). ``--repeats``
 more pairs narrow the intervals only as the square root.
 """
@@ -214,8 +239,11 @@ PROFILE_ROWS = (*range(1, 17), 24, 32, 48, 64, 128, 256, 384, 512, 640)  # B's s
 HOST_GAP_DEFINITION = "median over A's steps of the next step's start - this step's start - its executor time"
 HOST_GAP_S = 1.20e-4
 HOST_GAP_MEASURED = "115 steps of workload A (burst and staircase), AMD EPYC VM, 2026-12-04; P90 0.192 ms"
-WORKLOAD_A = {"burst": 10, "stair": {"requests": STAIR_REQUESTS, "start_s": STAIR_START_S, "gap_s": STAIR_GAP_S},
-              "budget": A_BUDGET}
+WORKLOAD_A = {
+    "burst": 10,
+    "stair": {"requests": STAIR_REQUESTS, "start_s": STAIR_START_S, "gap_s": STAIR_GAP_S},
+    "budget": A_BUDGET,
+}
 STEADY_SPREAD = 0.10  # the speed probe's largest / smallest - 1 over a measurement (module docstring)
 
 
@@ -230,8 +258,11 @@ def measure(threads: int, repeats: int, force: bool) -> dict:
     model = load_model()
     vocab = model.config.vocab_size
     hw = measure_cpu_hardware()
-    print(f"CPU ({torch.get_num_threads()} torch threads): {hw.peak_flops_per_s / 1e9:.1f} GFLOP/s fp32 GEMM, "
-          f"{hw.memory_bandwidth_bytes_per_s / 1e9:.1f} GB/s copy", flush=True)
+    print(
+        f"CPU ({torch.get_num_threads()} torch threads): {hw.peak_flops_per_s / 1e9:.1f} GFLOP/s fp32 GEMM, "
+        f"{hw.memory_bandwidth_bytes_per_s / 1e9:.1f} GB/s copy",
+        flush=True,
+    )
     profiles = []  # step 1: this machine's GEMMs at each row count, once before each repeat (their median)
     # warm-up (first torch calls are slow)
     run_real(model, make_workload(2, float("inf"), 64, 4, seed=99), ChunkedPrefillScheduler(A_BUDGET), vocab)
@@ -251,22 +282,36 @@ def measure(threads: int, repeats: int, force: bool) -> dict:
         measured = dict(zip(METRICS, metric_values(summarize(real_b)), strict=True))
         real_runs.append((rep, load, time.perf_counter() - t1, measured, steps_b))
         probes.append(probe_gemm_s())
-        print(f"repeat {rep}: A then B measured (load {load:.2f} before B, B took {real_runs[-1][2]:.1f} s)", flush=True)
+        print(
+            f"repeat {rep}: A then B measured (load {load:.2f} before B, B took {real_runs[-1][2]:.1f} s)",
+            flush=True,
+        )
     print(f"measured in {time.perf_counter() - t0:.0f} s")
-    return {"hardware": hw, "profile": GemmProfile.median_of(profiles), "profiles": profiles, "runs_a": runs_a,
-            "real_runs": real_runs, "probes": probes, "host_gap_s": float(np.median(gaps)),
-            "host_gap_definition": HOST_GAP_DEFINITION, "threads": threads, "workload_a": WORKLOAD_A}
+    return {
+        "hardware": hw,
+        "profile": GemmProfile.median_of(profiles),
+        "profiles": profiles,
+        "runs_a": runs_a,
+        "real_runs": real_runs,
+        "probes": probes,
+        "host_gap_s": float(np.median(gaps)),
+        "host_gap_definition": HOST_GAP_DEFINITION,
+        "threads": threads,
+        "workload_a": WORKLOAD_A,
+    }
 
 
 def cost_models(hw, profile):
-    """The two cost models step 1 compares, uncalibrated: GEMMs from ``profile``, and on their rooflines. A CPU
+    """The two cost models step 1 compares, uncalibrated: GEMMs from ``profile``, and on their rooflines. A
+    CPU
     runs no GEMM tiles in waves over SMs: the operator form without the H100's tile quantization."""
     return tuple(CostModelExecutor("smollm2-135m", hw, CostFactors(gemm_tile_tokens=1), weight_dtype="fp32",
                                    kv_dtype="fp32", gemm_profile=p) for p in (profile, None))
 
 
 def load_saved(path: pathlib.Path) -> dict:
-    """What ``measure`` returned, from a pickle ``--save-runs`` wrote (only one you made) or from a record's runs
+    """What ``measure`` returned, from a pickle ``--save-runs`` wrote (only one you made) or from a record's
+    runs
     file (``sim_fidelity_runs.json``, with the record beside it: its CPU, median GEMM profile and probes)."""
     if path.suffix != ".json":
         return pickle.loads(path.read_bytes())
@@ -274,19 +319,35 @@ def load_saved(path: pathlib.Path) -> dict:
 
     runs, rec = json.loads(path.read_text()), json.loads((path.parent / RECORD.name).read_text())
     if runs.get("commit") != rec.get("commit"):
-        raise SystemExit(f"{path} is not the runs of {RECORD.name} beside it (commits {runs.get('commit')} and "
-                         f"{rec.get('commit')})")
+        raise SystemExit(
+            f"{path} is not the runs of {RECORD.name} beside it (commits {runs.get('commit')} and "
+            f"{rec.get('commit')})"
+        )
     cpu = rec["cpu"]
-    saved = {"hardware": HardwareSpec("cpu-measured", cpu["peak_flops_per_s"], cpu["bandwidth_bytes_per_s"], 8e9,
-                                      source=f"{RECORD.name} (measured on that machine)"),
-             "profile": GemmProfile.from_dict(rec["gemm_profile"]), "profiles": None,
-             "profile_spread": rec["gemm_profile_spread"], "runs_a": [steps_from_json(r) for r in runs["a"]],
-             "real_runs": [(r["repeat"], r["load_1min_start"], r["wall_s"], r["measured_s"],
-                            steps_from_json(r["steps"])) for r in runs["b"]],
-             "probes": rec["speed_probe_s"], "threads": cpu["torch_threads"], "workload_a": rec.get("workload_a")}
+    saved = {
+        "hardware": HardwareSpec(
+            "cpu-measured",
+            cpu["peak_flops_per_s"],
+            cpu["bandwidth_bytes_per_s"],
+            8e9,
+            source=f"{RECORD.name} (measured on that machine)",
+        ),
+        "profile": GemmProfile.from_dict(rec["gemm_profile"]),
+        "profiles": None,
+        "profile_spread": rec["gemm_profile_spread"],
+        "runs_a": [steps_from_json(r) for r in runs["a"]],
+        "real_runs": [
+            (r["repeat"], r["load_1min_start"], r["wall_s"], r["measured_s"], steps_from_json(r["steps"]))
+            for r in runs["b"]
+        ],
+        "probes": rec["speed_probe_s"],
+        "threads": cpu["torch_threads"],
+        "workload_a": rec.get("workload_a"),
+    }
     if rec.get("host_gap_definition") == HOST_GAP_DEFINITION:
         saved["host_gap_s"], saved["host_gap_definition"] = rec["host_gap_s"], HOST_GAP_DEFINITION
-    elif "host_gap_s" in rec:  # measured as the next start - this end, which missed the engine's work in a step
+    # measured as the next start - this end, which missed the engine's work in a step
+    elif "host_gap_s" in rec:
         saved["host_gap_earlier_definition_s"] = rec.get("host_gap_earlier_definition_s", rec["host_gap_s"])
     return saved
 
@@ -296,8 +357,10 @@ def workloads():
     burst = make_workload(WORKLOAD_A["burst"], float("inf"), Uniform(32, 500), Uniform(8, 24), seed=1)
     stair = [dataclasses.replace(r, arrival_s=STAIR_START_S + STAIR_GAP_S * i)
              for i, r in enumerate(make_workload(STAIR_REQUESTS, float("inf"), Uniform(32, 64), 48, seed=3))]
-    return (sorted(burst + stair, key=lambda r: r.arrival_s),
-            make_workload(B_REQUESTS, B_RATE, LogNormal(250, 0.6, low=32, high=1000), Uniform(12, 32), seed=2))
+    return (
+        sorted(burst + stair, key=lambda r: r.arrival_s),
+        make_workload(B_REQUESTS, B_RATE, LogNormal(250, 0.6, low=32, high=1000), Uniform(12, 32), seed=2),
+    )
 
 
 def steps_to_json(steps) -> list:
@@ -317,11 +380,17 @@ def _provenance(args, analysis: dict, probes, gate_load: float) -> dict:
     if args.from_runs:  # the measurement's provenance stays; the analysis says when and by what it was redone
         old = json.loads(RECORD.read_text())
         if old.get("speed_probe_s") != probes:
-            raise SystemExit(f"{args.from_runs} does not hold the measurement in {RECORD.name} (its speed probes "
-                             "differ): record a new measurement instead")
+            raise SystemExit(
+                f"{args.from_runs} does not hold the measurement in {RECORD.name} (its speed probes "
+                "differ): record a new measurement instead"
+            )
         provenance = {k: v for k, v in old.items() if k not in analysis and k != "reanalysed"}
-        provenance["reanalysed"] = {"date": datetime.date.today().isoformat(), "commit": git_commit(),
-                                    "commit_dirty": git_dirty(), "from": f"the measurement's saved runs ({args.from_runs.name})"}
+        provenance["reanalysed"] = {
+            "date": datetime.date.today().isoformat(),
+            "commit": git_commit(),
+            "commit_dirty": git_dirty(),
+            "from": f"the measurement's saved runs ({args.from_runs.name})",
+        }
     else:
         provenance = {
             "what": "simulator fidelity: calibrate on workload A (real engine, this CPU), predict workload B",
@@ -336,13 +405,21 @@ def _args(argv):
     """The command line (module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--record", action="store_true", help=f"write {RECORD.name}")
-    ap.add_argument("--force", action="store_true", help="record despite the load (marks the record unusable)")
+    ap.add_argument(
+        "--force", action="store_true", help="record despite the load (marks the record unusable)"
+    )
     ap.add_argument("--repeats", type=int, default=6, help="real runs of A and of B, alternating")
-    ap.add_argument("--save-runs", type=pathlib.Path, metavar="FILE", help="also pickle the measured runs to FILE")
-    ap.add_argument("--from-runs", type=pathlib.Path, metavar="FILE",
-                    help="measure nothing: re-analyse saved runs, a pickle --save-runs wrote (only a file you made) "
-                         f"or the record's {RUNS.name}; with --record, rewrite the record's analysis, keeping its "
-                         "measurement's provenance")
+    ap.add_argument(
+        "--save-runs", type=pathlib.Path, metavar="FILE", help="also pickle the measured runs to FILE"
+    )
+    ap.add_argument(
+        "--from-runs",
+        type=pathlib.Path,
+        metavar="FILE",
+        help="measure nothing: re-analyse saved runs, a pickle --save-runs wrote (only a file you made) "
+        f"or the record's {RUNS.name}; with --record, rewrite the record's analysis, keeping its "
+        "measurement's provenance",
+    )
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
@@ -362,47 +439,94 @@ def main(argv=None) -> None:
     runs_a, real_runs, probes = saved["runs_a"], saved["real_runs"], saved["probes"]
     _, wl_b = workloads()
     profile_spread = GemmProfile.spread_of(profiles) if profiles else saved["profile_spread"]
-    print("GEMM profile (ms, all layers; the LM head once), rows: " + "; ".join(
-        f"{n}: " + "/".join(f"{1e3 * profile.seconds[g][i]:.1f}" for g in GEMM_GROUPS)
-        for i, n in enumerate(profile.rows) if n <= 16 or n in (64, 256, 512)) + f"  ({'/'.join(GEMM_GROUPS)})", flush=True)
-    print("  spread of the " + str(len(profiles) if profiles else len(runs_a)) + " profiles (median over rows of max / min - 1): " + ", ".join(
-        f"{g} {100 * v:.0f} %" for g, v in profile_spread.items()))
+    print(
+        "GEMM profile (ms, all layers; the LM head once), rows: "
+        + "; ".join(
+            f"{n}: " + "/".join(f"{1e3 * profile.seconds[g][i]:.1f}" for g in GEMM_GROUPS)
+            for i, n in enumerate(profile.rows)
+            if n <= 16 or n in (64, 256, 512)
+        )
+        + f"  ({'/'.join(GEMM_GROUPS)})",
+        flush=True,
+    )
+    print(
+        "  spread of the "
+        + str(len(profiles) if profiles else len(runs_a))
+        + " profiles (median over rows of max / min - 1): "
+        + ", ".join(f"{g} {100 * v:.0f} %" for g, v in profile_spread.items())
+    )
     profiled, roofline = cost_models(hw, profile)
     spread = max(probes) / min(probes) - 1
     steady = spread <= STEADY_SPREAD
-    print(f"speed probe (one fixed GEMM, ms) before each A, before and after each B: "
-          f"{' '.join(f'{1e3 * p:.2f}' for p in probes)}; spread {100 * spread:.0f} %: "
-          + ("steady" if steady else f"UNSTEADY (> {100 * STEADY_SPREAD:.0f} %): no 5 % claim can be judged"), flush=True)
+    print(
+        f"speed probe (one fixed GEMM, ms) before each A, before and after each B: "
+        f"{' '.join(f'{1e3 * p:.2f}' for p in probes)}; spread {100 * spread:.0f} %: "
+        + ("steady" if steady else f"UNSTEADY (> {100 * STEADY_SPREAD:.0f} %): no 5 % claim can be judged"),
+        flush=True,
+    )
     if args.save_runs:  # everything evaluate() reads, for a re-analysis without re-measuring
         args.save_runs.write_bytes(pickle.dumps(saved))
     measured_gap = saved.get("host_gap_definition") == HOST_GAP_DEFINITION
-    gap = saved["host_gap_s"] if measured_gap else HOST_GAP_S  # saved without it (or as defined before): HOST_GAP_S
-    result = evaluate("GEMMs from this machine's profile (the record's model)", profiled, runs_a, real_runs, wl_b,
-                      steady, gap)
-    without = evaluate("GEMMs on their rooflines (for comparison)", roofline, runs_a, real_runs, wl_b, steady, gap)
+    # saved without it (or as defined before): HOST_GAP_S
+    gap = saved["host_gap_s"] if measured_gap else HOST_GAP_S
+    result = evaluate(
+        "GEMMs from this machine's profile (the record's model)",
+        profiled,
+        runs_a,
+        real_runs,
+        wl_b,
+        steady,
+        gap,
+    )
+    without = evaluate(
+        "GEMMs on their rooflines (for comparison)", roofline, runs_a, real_runs, wl_b, steady, gap
+    )
     if not args.record:
         return
     if saved.get("workload_a") is None or "threads" not in saved:
-        raise SystemExit(f"{args.from_runs} was saved without its workload A and thread count: it cannot be recorded")
+        raise SystemExit(
+            f"{args.from_runs} was saved without its workload A and thread count: it cannot be recorded"
+        )
     analysis = {
-        "cpu": {"peak_flops_per_s": hw.peak_flops_per_s, "bandwidth_bytes_per_s": hw.memory_bandwidth_bytes_per_s,
-                "torch_threads": saved["threads"]},
+        "cpu": {
+            "peak_flops_per_s": hw.peak_flops_per_s,
+            "bandwidth_bytes_per_s": hw.memory_bandwidth_bytes_per_s,
+            "torch_threads": saved["threads"],
+        },
         "workload_a": saved["workload_a"],
         "workload_b": {"requests": B_REQUESTS, "rate_per_s": B_RATE, "budget": B_BUDGET},
-        "gemm_profile": profile.to_dict(), "gemm_profile_spread": profile_spread,
-        "speed_probe_s": probes, "speed_probe_spread": spread, "steady": steady,
-        "host_gap_s": gap, "host_gap_definition": HOST_GAP_DEFINITION,
+        "gemm_profile": profile.to_dict(),
+        "gemm_profile_spread": profile_spread,
+        "speed_probe_s": probes,
+        "speed_probe_spread": spread,
+        "steady": steady,
+        "host_gap_s": gap,
+        "host_gap_definition": HOST_GAP_DEFINITION,
         "host_gap_source": "measured on A's runs" if measured_gap else f"HOST_GAP_S ({HOST_GAP_MEASURED})",
-        **({"host_gap_earlier_definition_s": saved["host_gap_earlier_definition_s"]}
-           if "host_gap_earlier_definition_s" in saved else {}),
+        **(
+            {"host_gap_earlier_definition_s": saved["host_gap_earlier_definition_s"]}
+            if "host_gap_earlier_definition_s" in saved
+            else {}
+        ),
         **result,
         "roofline_gemms": without,
         "measured_runs": RUNS.name,
     }
-    runs_file = {"what": f"the measured runs behind {RECORD.name}: A's and B's steps ([seconds, [[new, cached], ...]])",
-                 "a": [steps_to_json(run) for run in runs_a],
-                 "b": [{"repeat": rep, "load_1min_start": load, "wall_s": wall, "measured_s": measured,
-                        "steps": steps_to_json(steps)} for rep, load, wall, measured, steps in real_runs]}
+    runs_file = {
+        "what": f"the measured runs behind {RECORD.name}: "
+        "A's and B's steps ([seconds, [[new, cached], ...]])",
+        "a": [steps_to_json(run) for run in runs_a],
+        "b": [
+            {
+                "repeat": rep,
+                "load_1min_start": load,
+                "wall_s": wall,
+                "measured_s": measured,
+                "steps": steps_to_json(steps),
+            }
+            for rep, load, wall, measured, steps in real_runs
+        ],
+    }
     provenance = _provenance(args, analysis, probes, gate_load)
     RECORD.write_text(json.dumps({**provenance, **analysis}, indent=1) + "\n")
     header = {k: provenance[k] for k in ("commit", "commit_note", "date") if k in provenance}

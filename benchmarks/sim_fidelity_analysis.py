@@ -1,5 +1,7 @@
-"""The analysis of ``benchmarks/sim_fidelity.py`` (its steps 2-8, module docstring there): calibrate a cost model
-on workload A's measured steps, predict workload B, compare with B's real runs (per run, at each run's speed of
+"""The analysis of ``benchmarks/sim_fidelity.py`` (its steps 2-8, module docstring there): calibrate a cost
+model
+on workload A's measured steps, predict workload B, compare with B's real runs (per run, at each run's speed
+of
 A, step by step, decode-only steps by batch size), replay each real run with its own step times, and print it
 all; ``evaluate`` returns the record's fields. Measuring lives in ``sim_fidelity.py``."""
 
@@ -68,9 +70,19 @@ def steps_by_tokens(fitted, steps_a, steps_b) -> list[dict]:
     for name, steps in (("A", steps_a), ("B", steps_b)):
         bands: dict[str, list[float]] = {}
         for st in steps:
-            bands.setdefault(token_band(st.sequences), []).append(st.duration_s / fitted.step_time_s(st.sequences))
-        out += [{"workload": name, "tokens": label, "steps": len(bands[label]), "ratio": float(np.median(bands[label]))}
-                for label in ("decode-only", *(lb for _, lb in TOKEN_BANDS)) if label in bands]
+            bands.setdefault(token_band(st.sequences), []).append(
+                st.duration_s / fitted.step_time_s(st.sequences)
+            )
+        out += [
+            {
+                "workload": name,
+                "tokens": label,
+                "steps": len(bands[label]),
+                "ratio": float(np.median(bands[label])),
+            }
+            for label in ("decode-only", *(lb for _, lb in TOKEN_BANDS))
+            if label in bands
+        ]
     return out
 
 
@@ -98,7 +110,8 @@ def paired_errors(runs, steady: bool = True) -> dict[str, dict]:
 def replay_errors(fitted, real_runs, wl_b, host_gap_s: float = 0.0) -> dict:
     """Step 8: each run of B simulated with its own measured step times (``ReplayExecutor``; ``fitted``
     prices the steps after the schedules part, at its price alone), each replayed step ``host_gap_s`` longer
-    (the engine's own time per step): per run, the steps replayed and each metric's error; over the runs that never parted, the
+    (the engine's own time per step): per run, the steps replayed and each metric's error; over the runs that
+    never parted, the
     largest |error| per metric (module docstring)."""
     runs = []
     for rep, _load, _wall, measured, steps_b in real_runs:
@@ -109,7 +122,12 @@ def replay_errors(fitted, real_runs, wl_b, host_gap_s: float = 0.0) -> dict:
                      "error": error})
     aligned = [r for r in runs if r["parted_at"] is None]
     worst = {m: max(abs(r["error"][m]) for r in aligned) if aligned else None for m in METRICS}
-    return {"host_gap_s": host_gap_s, "runs": runs, "aligned_runs": len(aligned), "aligned_worst_abs_error": worst}
+    return {
+        "host_gap_s": host_gap_s,
+        "runs": runs,
+        "aligned_runs": len(aligned),
+        "aligned_worst_abs_error": worst,
+    }
 
 
 def _calibrated(ex, runs_a, wl_b):
@@ -117,8 +135,11 @@ def _calibrated(ex, runs_a, wl_b):
     left out in turn) and conditioning (every step scaled). Prints them; returns what ``evaluate`` records."""
     steps_a = [st for run in runs_a for st in run]
     cal = calibrate(ex, steps_a)  # pooled: one run's noise would be the calibration's
-    print(f"calibration on A ({len(runs_a)} runs): {len(steps_a)} steps; fit median |error| "
-          f"{100 * cal.median_abs_rel_error:.1f} %, max {100 * cal.max_abs_rel_error:.1f} %; clipped {cal.clipped}")
+    print(
+        f"calibration on A ({len(runs_a)} runs): {len(steps_a)} steps; fit median |error| "
+        f"{100 * cal.median_abs_rel_error:.1f} %, max {100 * cal.max_abs_rel_error:.1f} %; clipped "
+        f"{cal.clipped}"
+    )
     print("  factors: " + ", ".join(f"{k}={v:.3g}" for k, v in vars(cal.factors).items()))
     fitted = ex.with_factors(cal.factors)
     predicted = predict(fitted, wl_b)
@@ -128,12 +149,23 @@ def _calibrated(ex, runs_a, wl_b):
         loo.append(relative(predict(ex.with_factors(calibrate(ex, kept).factors), wl_b), predicted))
     calibration_spread = {m: [v[m] for v in loo] for m in METRICS}
     if len(runs_a) > 1:
-        print("calibration spread (A's runs left out in turn, refit): each metric's prediction moves " + "; ".join(
-            f"{m} {100 * min(v):+.1f} to {100 * max(v):+.1f} %" for m, v in calibration_spread.items()))
-    conditioning = {scale: relative(predict(ScaledExecutor(fitted, scale), wl_b), predicted) for scale in CONDITIONING}
-    print("conditioning (simulator only): each metric's change with every step "
-          + ", ".join(f"{100 * (sc - 1):+.0f} %" for sc in CONDITIONING) + ": " + "; ".join(
-              f"{m} " + "/".join(f"{100 * conditioning[sc][m]:+.1f} %" for sc in CONDITIONING) for m in METRICS))
+        print(
+            "calibration spread (A's runs left out in turn, refit): each metric's prediction moves "
+            + "; ".join(
+                f"{m} {100 * min(v):+.1f} to {100 * max(v):+.1f} %" for m, v in calibration_spread.items()
+            )
+        )
+    conditioning = {
+        scale: relative(predict(ScaledExecutor(fitted, scale), wl_b), predicted) for scale in CONDITIONING
+    }
+    print(
+        "conditioning (simulator only): each metric's change with every step "
+        + ", ".join(f"{100 * (sc - 1):+.0f} %" for sc in CONDITIONING)
+        + ": "
+        + "; ".join(
+            f"{m} " + "/".join(f"{100 * conditioning[sc][m]:+.1f} %" for sc in CONDITIONING) for m in METRICS
+        )
+    )
     return steps_a, cal, fitted, predicted, calibration_spread, conditioning
 
 
@@ -158,9 +190,15 @@ def _against_runs(fitted, predicted, speeds, real_runs, wl_b):
 
 def _metric_rows(predicted, runs, wl_b) -> list[dict]:
     """Step 5's table: each metric predicted against the median measured, with its target."""
-    print(f"workload B: {len(wl_b)} requests, Poisson {B_RATE} req/s, chunked-{B_BUDGET}, {len(runs)} real runs against "
-          f"one simulation")
-    print(f"{'metric':<14}{'predicted ms':>14}{'measured ms (median)':>22}{'error':>9}{'range of errors':>20}  target")
+    print(
+        f"workload B: {len(wl_b)} requests, Poisson {B_RATE} req/s, chunked-{B_BUDGET}, {len(runs)} real "
+        "runs against "
+        f"one simulation"
+    )
+    print(
+        f"{'metric':<14}{'predicted ms':>14}{'measured ms (median)':>22}{'error':>9}{'range of errors':>20}  "
+        "target"
+    )
     out = []
     for m in METRICS:
         meas = float(np.median([r["measured_s"][m] for r in runs]))
@@ -177,12 +215,19 @@ def _metric_rows(predicted, runs, wl_b) -> list[dict]:
 def _paired(runs, speeds, steady) -> dict:
     """Step 6: each run of B against the prediction at its own run of A's speed (printed)."""
     paired = paired_errors(runs, steady)
-    print(f"step 6, each run of B against the prediction at its own run of A's speed (A's measured / priced step "
-          f"time: {', '.join(f'{x:.3f}' for x in speeds)}); mean of the {len(runs)} runs' errors, 95 % t-interval:")
+    print(
+        "step 6, each run of B against the prediction at its own run of A's speed (A's measured / priced "
+        "step "
+        f"time: {', '.join(f'{x:.3f}' for x in speeds)}); mean of the {len(runs)} runs' errors, 95 % "
+        "t-interval:"
+    )
     for m, row in paired.items():
         plain = mean_interval([r["error"][m] for r in runs]) if len(runs) > 1 else (row["mean"],) * 3
-        print(f"  {m:<14}{100 * row['mean']:+6.1f} % [{100 * row['low']:+.1f}, {100 * row['high']:+.1f}]   (without: "
-              f"{100 * plain[0]:+.1f} % [{100 * plain[1]:+.1f}, {100 * plain[2]:+.1f}])   {row['verdict']}")
+        print(
+            f"  {m:<14}{100 * row['mean']:+6.1f} % [{100 * row['low']:+.1f}, {100 * row['high']:+.1f}]   "
+            "(without: "
+            f"{100 * plain[0]:+.1f} % [{100 * plain[1]:+.1f}, {100 * plain[2]:+.1f}])   {row['verdict']}"
+        )
     return paired
 
 
@@ -200,20 +245,28 @@ def _decodes_by_batch(decode_steps) -> list[dict]:
 
 
 def _print_replay(replay: dict) -> None:
-    print(f"step 8, replay: each run of B simulated with its own measured step times, each "
-          f"{1e3 * replay['host_gap_s']:.3f} ms longer (the engine's time between steps); the model prices the "
-          "steps after the schedules part:")
+    print(
+        f"step 8, replay: each run of B simulated with its own measured step times, each "
+        f"{1e3 * replay['host_gap_s']:.3f} ms longer (the engine's time between steps); the model prices the "
+        "steps after the schedules part:"
+    )
     for r in replay["runs"]:
         parted = "never parted" if r["parted_at"] is None else f"parted at step {r['parted_at']}"
-        print(f"  repeat {r['repeat']}: {r['replayed']} of {r['steps']} steps replayed ({parted}): " + ", ".join(
-            f"{m} {100 * r['error'][m]:+.2f} %" for m in METRICS))
+        print(
+            f"  repeat {r['repeat']}: {r['replayed']} of {r['steps']} steps replayed ({parted}): "
+            + ", ".join(f"{m} {100 * r['error'][m]:+.2f} %" for m in METRICS)
+        )
     if replay["aligned_runs"]:
-        print(f"  {replay['aligned_runs']} of {len(replay['runs'])} runs never parted; their largest |error|: "
-              + ", ".join(f"{m} {100 * v:.2f} %" for m, v in replay["aligned_worst_abs_error"].items()), flush=True)
+        print(
+            f"  {replay['aligned_runs']} of {len(replay['runs'])} runs never parted; their largest |error|: "
+            + ", ".join(f"{m} {100 * v:.2f} %" for m, v in replay["aligned_worst_abs_error"].items()),
+            flush=True,
+        )
 
 
 def evaluate(label: str, ex, runs_a, real_runs, wl_b, steady: bool = True, host_gap_s: float = 0.0) -> dict:
-    """Steps 2-6 for one cost model ``ex``: calibrate on A's runs, predict B, compare, print; the record's fields."""
+    """Steps 2-6 for one cost model ``ex``: calibrate on A's runs, predict B, compare, print; the record's
+    fields."""
     print(f"\n=== {label} ===")
     steps_a, cal, fitted, predicted, calibration_spread, conditioning = _calibrated(ex, runs_a, wl_b)
     speeds = [run_speed(fitted, run) for run in runs_a]  # step 6: each B at its own run of A's speed
@@ -229,10 +282,20 @@ def evaluate(label: str, ex, runs_a, real_runs, wl_b, steady: bool = True, host_
     by_tokens = steps_by_tokens(fitted, steps_a, [st for run in real_runs for st in run[4]])
     print("measured / priced step time by new tokens in the step (medians): " + "; ".join(
         f"{r['workload']} {r['tokens']}: {r['ratio']:.3f} (n={r['steps']})" for r in by_tokens), flush=True)
-    return {"steps_by_tokens": by_tokens,
-            "calibration": {"factors": vars(cal.factors), "num_steps": cal.num_steps,
-                            "median_abs_rel_error": cal.median_abs_rel_error},
-            "conditioning": {str(sc): v for sc, v in conditioning.items()},
-            "calibration_spread_leave_one_run_out": calibration_spread,
-            "rows": out, "repeats": runs, "paired": paired, "replay": replays[0], "replay_with_host_gap": replays[1],
-            "step_error_median": float(np.median(step_err)), "decode_steps_by_batch": by_batch}
+    return {
+        "steps_by_tokens": by_tokens,
+        "calibration": {
+            "factors": vars(cal.factors),
+            "num_steps": cal.num_steps,
+            "median_abs_rel_error": cal.median_abs_rel_error,
+        },
+        "conditioning": {str(sc): v for sc, v in conditioning.items()},
+        "calibration_spread_leave_one_run_out": calibration_spread,
+        "rows": out,
+        "repeats": runs,
+        "paired": paired,
+        "replay": replays[0],
+        "replay_with_host_gap": replays[1],
+        "step_error_median": float(np.median(step_err)),
+        "decode_steps_by_batch": by_batch,
+    }

@@ -1,6 +1,7 @@
 """The simulator's per-operator cost model against Vidur's published H100 profiles (issue 26).
 
-Prints, per shipped profiled model and TP degree, measured vs predicted linear time (weight operators and small
+Prints, per shipped profiled model and TP degree, measured vs predicted linear time (weight operators and
+small
 per-token ops, no attention) at a few token counts, then per token range the median and worst error of the
 default (fitted) factors, the token counts where the error exceeds 15 %, and the leave-one-model-out error
 (the factors fitted on the other models, tested on this one), and per TP degree how many points of
@@ -50,7 +51,8 @@ SEARCH_OBJECTIVES = ("misses", "worst")
 @dataclass(frozen=True)
 class FactorScore:
     """How one set of factors does on the measured linear time of some models at one TP degree and token
-    range: points with ``|predicted / measured - 1|`` over ``threshold``, the worst and the median ``|error|``."""
+    range: points with ``|predicted / measured - 1|`` over ``threshold``, the worst and the median
+    ``|error|``."""
 
     factors: CostFactors
     models: tuple[str, ...]
@@ -86,13 +88,16 @@ def _linear_parts(models: Sequence[str], tp: int, low_tokens: int, high_tokens: 
             fixed.append(small_ops_time_s(pm.shape, n, base, bw, ACT_BYTES, tp))
             measured.append(y)
     if not measured:
-        raise ValueError(f"no profiled point of {', '.join(models)} at TP {tp} in {low_tokens} ... {high_tokens} tokens")
+        raise ValueError(
+            f"no profiled point of {', '.join(models)} at TP {tp} in {low_tokens} ... {high_tokens} tokens"
+        )
     return tuple(np.array(a, dtype=float) for a in (comp, mem, layers, fixed, measured))
 
 
 def _scan(parts, grid: dict, threshold: float):
     """Yield ``(factor values, misses, worst |error|, median |error|)`` for every set in ``grid`` (the
-    operator form's GEMM time, ``longctx.sim.operators``, vectorized over the serial fractions and overheads)."""
+    operator form's GEMM time, ``longctx.sim.operators``, vectorized over the serial fractions and
+    overheads)."""
     comp, mem, layers, fixed, measured = parts
     serial = np.array(grid["serial_fraction"], dtype=float)[:, None, None]
     over = np.array(grid["kernel_overhead_s"], dtype=float)[None, :, None]
@@ -121,7 +126,8 @@ def search_factors(models: Sequence[str] | None = None, tp: int = 1, low_tokens:
     """The GEMM factors in ``grid`` (default ``SEARCH_GRID``) that do best on the measured linear time of
     ``models`` (default: all shipped) at ``tp`` over ``low_tokens ... high_tokens``: the fewest points over
     ``threshold``, then the smaller worst error (``objective="misses"``), or the smallest worst error, then
-    the fewer misses (``"worst"``). The small ops and tile shape stay ``base``'s (default ``CostFactors()``)."""
+    the fewer misses (``"worst"``). The small ops and tile shape stay ``base``'s (default
+    ``CostFactors()``)."""
     if objective not in SEARCH_OBJECTIVES:
         raise ValueError(f"objective must be one of {', '.join(SEARCH_OBJECTIVES)}, got {objective!r}")
     names = profiled_names(models)
@@ -133,12 +139,23 @@ def search_factors(models: Sequence[str] | None = None, tp: int = 1, low_tokens:
     return _score(*best, names, tp, len(parts[-1]), base, threshold)
 
 
-def score_factors(factors: CostFactors, models: Sequence[str] | None = None, tp: int = 1, low_tokens: int = 64,
-                  high_tokens: int = 4096, threshold: float = 0.15, hardware: HardwareSpec | str = "h100") -> FactorScore:
+def score_factors(
+    factors: CostFactors,
+    models: Sequence[str] | None = None,
+    tp: int = 1,
+    low_tokens: int = 64,
+    high_tokens: int = 4096,
+    threshold: float = 0.15,
+    hardware: HardwareSpec | str = "h100",
+) -> FactorScore:
     """``factors`` scored as ``search_factors`` scores a grid point (its small ops included)."""
     names = profiled_names(models)
-    grid = {"compute_efficiency": (factors.compute_efficiency,), "memory_efficiency": (factors.memory_efficiency,),
-            "serial_fraction": (factors.serial_fraction,), "kernel_overhead_s": (factors.kernel_overhead_s,)}
+    grid = {
+        "compute_efficiency": (factors.compute_efficiency,),
+        "memory_efficiency": (factors.memory_efficiency,),
+        "serial_fraction": (factors.serial_fraction,),
+        "kernel_overhead_s": (factors.kernel_overhead_s,),
+    }
     parts = _linear_parts(names, tp, low_tokens, high_tokens, factors, hardware)
     (only,) = _scan(parts, grid, threshold)
     return _score(*only, names, tp, len(parts[-1]), factors, threshold)
@@ -162,17 +179,24 @@ def main(argv=None) -> int:
             if tp not in pm.num_tokens:
                 continue
             pts = {n: (m, p) for n, m, p in linear_time_points(name, tp)}
-            cells = "  ".join(f"{n}: {pts[n][0] * 1e3:.2f}/{pts[n][1] * 1e3:.2f} ms" for n in shown if n in pts)
+            cells = "  ".join(
+                f"{n}: {pts[n][0] * 1e3:.2f}/{pts[n][1] * 1e3:.2f} ms" for n in shown if n in pts
+            )
             print(f"\n{name} TP {tp} (measured/predicted)  {cells}")
     print(f"\n{'model':<28} {'TP':>2} {'tokens':>11} {'n':>4} {'median |err|':>12} {'worst':>8} {'at':>5} "
           f"{'LOO worst':>9}  over 15 % at")
-    loo = {held: {(e.tp, e.low_tokens): e for e in errs} for held, (_, errs) in leave_one_model_out(tps).items()}
+    loo = {
+        held: {(e.tp, e.low_tokens): e for e in errs} for held, (_, errs) in leave_one_model_out(tps).items()
+    }
     for e in profile_errors(tps=tps):
         held = loo[e.model][(e.tp, e.low_tokens)]
         over = ", ".join(map(str, e.over_15_percent[:8])) + (" ..." if len(e.over_15_percent) > 8 else "")
-        print(f"{e.model:<28} {e.tp:>2} {f'{e.low_tokens}-{e.high_tokens}':>11} {e.num_points:>4} "
-              f"{e.median_abs_error:>12.1%} {e.worst_error:>+8.1%} {e.worst_at_tokens:>5} {held.worst_error:>+9.1%}  "
-              f"{over or '-'}")
+        print(
+            f"{e.model:<28} {e.tp:>2} {f'{e.low_tokens}-{e.high_tokens}':>11} {e.num_points:>4} "
+            f"{e.median_abs_error:>12.1%} {e.worst_error:>+8.1%} {e.worst_at_tokens:>5} "
+            f"{held.worst_error:>+9.1%}  "
+            f"{over or '-'}"
+        )
     print("\nwithin 15 % at 64-4096 tokens (the issue-26 claim is TP 1):")
     for tp in tps or (1, 2, 4, 8):
         rows = profile_errors(tps=[tp], ranges=((64, 4096),))
@@ -180,8 +204,12 @@ def main(argv=None) -> int:
         total = sum(e.num_points for e in rows)
         print(f"  TP {tp}: {total - sum(map(len, missed.values()))} of {total} points; misses: "
               + ("; ".join(f"{m} at {', '.join(map(str, ns))}" for m, ns in missed.items()) or "none"))
-    print("\nthe floor: the smallest worst error any model whose time never falls with more tokens could reach at TP 1,"
-          "\n64-4096 tokens (the measured time falls between the two token counts shown), against the fitted model's:")
+    print(
+        "\nthe floor: the smallest worst error any model whose time never falls with more tokens could "
+        "reach at TP 1,"
+        "\n64-4096 tokens (the measured time falls between the two token counts shown), against the fitted "
+        "model's:"
+    )
     worst = {e.model: e.worst_error for e in profile_errors(tps=[1], ranges=((64, 4096),))}
     for name in table:
         bound, a, b = monotone_error_bound(name, 1)
@@ -198,8 +226,11 @@ def _factors(s) -> str:
 
 
 def _line(label: str, s) -> str:
-    return (f"  {label:<22} {_factors(s)}: {s.misses:>3} of {s.num_points} over 15 %, worst {s.worst_abs_error:5.1%}, "
-            f"median {s.median_abs_error:4.1%}")
+    return (
+        f"  {label:<22} {_factors(s)}: {s.misses:>3} of {s.num_points} over 15 %, worst "
+        f"{s.worst_abs_error:5.1%}, "
+        f"median {s.median_abs_error:4.1%}"
+    )
 
 
 def print_search(table) -> None:
@@ -207,14 +238,29 @@ def print_search(table) -> None:
     size = 1
     for values in SEARCH_GRID.values():
         size *= len(values)
-    print(f"\nthe form or the fit? the four GEMM factors over a grid of {size:,} sets (small ops held at the fit), "
-          "TP 1, 64-4096 tokens:")
+    print(
+        f"\nthe form or the fit? the four GEMM factors over a grid of {size:,} sets (small ops held at the "
+        "fit), "
+        "TP 1, 64-4096 tokens:"
+    )
     print(_line("least squares (default)", score_factors(fit_profiles().factors)))
     print(_line("fewest misses", search_factors(objective="misses")))
     print(_line("smallest worst error", search_factors(objective="worst")))
     other = []
-    for tile, sms in ((1, 132), (64, 114), (64, 132), (64, 144), (128, 114), (128, 144), (256, 114), (256, 132), (256, 144)):
-        best = search_factors(objective="worst", base=replace(CostFactors(), gemm_tile_tokens=tile, gemm_wave_sms=sms))
+    for tile, sms in (
+        (1, 132),
+        (64, 114),
+        (64, 132),
+        (64, 144),
+        (128, 114),
+        (128, 144),
+        (256, 114),
+        (256, 132),
+        (256, 144),
+    ):
+        best = search_factors(
+            objective="worst", base=replace(CostFactors(), gemm_tile_tokens=tile, gemm_wave_sms=sms)
+        )
         other.append(f"T {tile} S {sms}: {best.worst_abs_error:.1%}")
     print("  other tiles (T rows) and waves (S SMs), smallest worst error: " + ", ".join(other))
     print("held out (fit on the other four models, scored on this one): points over 15 % / worst error")
@@ -224,7 +270,9 @@ def print_search(table) -> None:
         others = [x for x in table if x != held]
         fit = fit_profiles(others).factors
         scores = [score_factors(fit, [held])] + [
-            score_factors(search_factors(others, objective=o, base=fit).factors, [held]) for o in ("misses", "worst")]
+            score_factors(search_factors(others, objective=o, base=fit).factors, [held])
+            for o in ("misses", "worst")
+        ]
         totals = [t + s.misses for t, s in zip(totals, scores, strict=True)]
         print(f"  {held:<28} " + " ".join(f"{f'{s.misses} / {s.worst_abs_error:.1%}':>15}" for s in scores))
     print(f"  {'all five held out':<28} " + " ".join(f"{t:>15}" for t in totals))

@@ -44,7 +44,8 @@ on the other core (load ~1.2 to 2):
     light chunked-512      37,701        60       497.6     4.31     4.31       2,322  ok (<10 s)
     light monolithic       32,259       124       497.7     4.63     4.63       2,158  ok (<10 s)
     loaded chunked-2048    13,549       197       782.5     8.96     8.96       1,116  ok (<10 s)
-    (beside the busy loop: 6.48, 5.72 and 9.96 CPU s: the loaded case is at the target, not under it with room)
+    (beside the busy loop: 6.48, 5.72 and 9.96 CPU s: the loaded case is at the target, not under it with
+    room)
 
 Measured 2026-12-03 (a later, faster VM: 2 cores), same code, the loaded case beside *two* busy-loop processes
 (three runnable processes on two cores; load average 1.7 -> 2.4 during the runs), three runs: 7.13 / 6.20 /
@@ -86,7 +87,9 @@ def main() -> None:
           f"{'req/wall s':>12}  target")
     for name, steps, biggest, sim_s, wall, cpu, rps in rows:
         verdict = f"ok (<{TARGET_S:.0f} s)" if cpu < TARGET_S else "SLOW"
-        print(f"{name:<21}{steps:>8,}{biggest:>10}{sim_s:>12.1f}{wall:>9.2f}{cpu:>9.2f}{rps:>12,.0f}  {verdict}")
+        print(
+            f"{name:<21}{steps:>8,}{biggest:>10}{sim_s:>12.1f}{wall:>9.2f}{cpu:>9.2f}{rps:>12,.0f}  {verdict}"
+        )
     print(f"load average (1 min): {load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end, "
           f"on {os.cpu_count()} cores")
 

@@ -158,8 +158,14 @@ def hf_static_batch(model, batch: list[dict], t0: float) -> None:
     mask = torch.tensor([[0] * (width - len(r["ids"])) + [1] * len(r["ids"]) for r in batch])
     with torch.inference_mode(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model.generate(input_ids=ids, attention_mask=mask, do_sample=False, logits_processor=LogitsProcessorList(
-            [Stamp()]), max_new_tokens=max(r["max_tokens"] for r in batch), min_new_tokens=1)
+        model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=False,
+            logits_processor=LogitsProcessorList([Stamp()]),
+            max_new_tokens=max(r["max_tokens"] for r in batch),
+            min_new_tokens=1,
+        )
     end = time.perf_counter() - t0  # tokens are only returned at the end, but they exist per step
     for r in batch:
         r["times"] = step_times[: r["max_tokens"]]
@@ -244,11 +250,18 @@ def interleaved_medians(fns, repeats: int) -> list[float]:
 def provenance(threads: int) -> dict:
     import torch
 
-    return {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="minutes"),
-            "machine": machine(),
-            "load_average_1min": os.getloadavg()[0], "torch": torch.__version__,
-            "transformers": __import__("transformers").__version__, "python": platform.python_version(),
-            "threads": threads, "dtype": "float32", "commit": git_commit() or "", "produced_by": "benchmarks/throughput.py"}
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="minutes"),
+        "machine": machine(),
+        "load_average_1min": os.getloadavg()[0],
+        "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+        "python": platform.python_version(),
+        "threads": threads,
+        "dtype": "float32",
+        "commit": git_commit() or "",
+        "produced_by": "benchmarks/throughput.py",
+    }
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -314,11 +327,17 @@ def main(argv=None) -> int:
           f"{'E2E P99':>9}")
     for name, a, b in rows:
         label = f"{name} ({args.rate:g}/s)" if name == "serving" else name
-        for eng, m in ((f"ours (chunked {args.token_budget})", a), (f"transformers (static <={args.hf_batch})", b)):
+        for eng, m in (
+            (f"ours (chunked {args.token_budget})", a),
+            (f"transformers (static <={args.hf_batch})", b),
+        ):
             print(f"{label:<13}{eng:<26}{m['throughput_tok_s']:>8.1f}{m['ttft_mean_s']:>11.2f}"
                   f"{m['ttft_p99_s']:>10.2f}{m['e2e_mean_s']:>10.2f}{m['e2e_p99_s']:>9.2f}")
             label = ""
-        print(f"{'':<13}throughput ratio ours / transformers: {a['throughput_tok_s'] / b['throughput_tok_s']:.2f}x")
+        print(
+            f"{'':<13}throughput ratio ours / transformers: "
+            f"{a['throughput_tok_s'] / b['throughput_tok_s']:.2f}x"
+        )
     if "steps" not in args.skip:
         result["per_step"] = _per_step(ours, hf, args)
     if args.record:

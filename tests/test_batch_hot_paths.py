@@ -36,9 +36,16 @@ def _world(spec, free_blocks, caching):
 
 
 def _outcome(batch, bm, others):
-    return ([(e.seq.seq_id, e.num_tokens) for e in batch.entries], [s.seq_id for s in others],
-            [s.seq_id for s in batch.preempted], batch.num_tokens, batch.num_decode_tokens, bm.num_free_blocks,
-            copy.deepcopy(bm._tables), copy.deepcopy(bm._block_of))
+    return (
+        [(e.seq.seq_id, e.num_tokens) for e in batch.entries],
+        [s.seq_id for s in others],
+        [s.seq_id for s in batch.preempted],
+        batch.num_tokens,
+        batch.num_decode_tokens,
+        bm.num_free_blocks,
+        copy.deepcopy(bm._tables),
+        copy.deepcopy(bm._block_of),
+    )
 
 
 def _one_by_one(batch, seqs):
@@ -74,7 +81,8 @@ def test_the_shortcuts_decide_what_the_general_path_decides(spec, free_blocks, b
 
 
 def test_a_batch_that_watches_add_sees_every_decode():
-    """A subclass that overrides ``add`` (the lessons' policy checks record it) sees each decode through it."""
+    """A subclass that overrides ``add`` (the lessons' policy checks record it) sees each decode through
+    it."""
     bm, seqs = _world([(8, 2, True, True), (8, 0, False, True), (8, 3, True, False)], 10, False)
     calls = []
 
@@ -101,7 +109,9 @@ def test_add_decodes_stops_at_the_budget_and_skips_preempted_sequences():
 def test_the_engine_reuses_a_decodes_entry_and_forgets_it_when_the_sequence_ends():
     from longctx.engine import ChunkedPrefillScheduler, Engine, ToyExecutor, VirtualClock
 
-    engine = Engine(ToyExecutor(), ChunkedPrefillScheduler(64), num_blocks=64, block_size=4, clock=VirtualClock())
+    engine = Engine(
+        ToyExecutor(), ChunkedPrefillScheduler(64), num_blocks=64, block_size=4, clock=VirtualClock()
+    )
     seqs = [engine.add_request([1] * 10, max_tokens=6) for _ in range(4)]
     engine.step()  # prefills all four
     engine.step()  # their first decodes

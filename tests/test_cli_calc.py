@@ -16,7 +16,12 @@ ROOT = Path(__file__).resolve().parents[1]
 def cli(*args):
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.run(
-        [sys.executable, "-m", "longctx", *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=60
+        [sys.executable, "-m", "longctx", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=60,
     )
 
 

@@ -191,8 +191,13 @@ def test_preemption_happens_and_recovers():
     m = summarize(engine.finished)
     assert m.completed == 4 and m.total_output_tokens == 48
     c = engine.counters  # what /metrics exports, counted as vLLM counts it
-    assert c.num_preemptions == sum(r.num_preempted for r in engine.history) == sum(s.num_preemptions for s in seqs)
-    assert c.num_generation_tokens == 48 and c.num_prompt_tokens == 4 * 4  # each prompt once, despite recomputes
+    assert (
+        c.num_preemptions
+        == sum(r.num_preempted for r in engine.history)
+        == sum(s.num_preemptions for s in seqs)
+    )
+    # each prompt once, despite recomputes
+    assert c.num_generation_tokens == 48 and c.num_prompt_tokens == 4 * 4
     assert c.prefix_cache_queries == c.prefix_cache_hits == 0  # no prefix caching: no lookups
 
 
@@ -228,7 +233,8 @@ def test_executor_with_its_own_pool_is_the_engines_pool():
     ex = PoolExecutor()
     engine = Engine(ex, ChunkedPrefillScheduler(8), clock=VirtualClock())
     assert engine.block_manager is ex.block_manager
-    assert Engine(ex, ChunkedPrefillScheduler(8), ex.block_manager).block_manager is ex.block_manager  # the same
+    # the same
+    assert Engine(ex, ChunkedPrefillScheduler(8), ex.block_manager).block_manager is ex.block_manager
     with pytest.raises(ValueError, match="its own KV pool"):
         Engine(ex, ChunkedPrefillScheduler(8), BlockManager(8, 4))
     with pytest.raises(ValueError, match="its own KV pool"):

@@ -124,10 +124,14 @@ def test_tokens_for_attention_share():
     assert tokens_for_attention_share(T7, 0.9) == pytest.approx(480_651, abs=1)
     for model in ("llama-3-8b", "smollm2-135m", T7):
         for kind in ("causal", "full"):
-            assert tokens_for_attention_share(model, 0.5, kind) == pytest.approx(crossover_tokens(model, kind))
+            assert tokens_for_attention_share(model, 0.5, kind) == pytest.approx(
+                crossover_tokens(model, kind)
+            )
             for share in (0.1, 0.65, 0.97):
                 t = tokens_for_attention_share(model, share, kind)
-                assert attention_share(model, int(t), kind) <= share < attention_share(model, int(t) + 1, kind)
+                assert (
+                    attention_share(model, int(t), kind) <= share < attention_share(model, int(t) + 1, kind)
+                )
     for bad in (0, 1, 1.5, -0.1, True, "0.5"):
         with pytest.raises(ValueError, match="between 0 and 1"):
             tokens_for_attention_share(T7, bad)

@@ -132,7 +132,9 @@ def test_dtype_ratios(model, t):
     assert b["fp32"] == 2 * b["fp16"] == 2 * b["bf16"] == 4 * b["fp8"] == 4 * b["int8"] == 8 * b["int4"]
 
 
-@given(models, st.integers(1, 128), st.integers(1, 32768), st.integers(0, 32768), st.sampled_from([None, 16, 32]))
+@given(
+    models, st.integers(1, 128), st.integers(1, 32768), st.integers(0, 32768), st.sampled_from([None, 16, 32])
+)
 def test_pool_monotone_and_sharing_never_costs(model, n, t, prefix, block):
     prefix = min(prefix, t)
     shared = kv_pool_bytes(model, n, t, "fp16", prefix, block)

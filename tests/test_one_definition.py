@@ -8,15 +8,18 @@ second definition appears. It scans the package's source with ``ast``:
 - KV bytes per token, ``2 * L * H_kv * (...)``: ``memory.kv_bytes_per_token``
 - Poisson (gamma) arrivals: ``arrivals.arrival_times``
 - the decode-stall scenario (its sizes, its napkin timeline, its engine run, its server requests):
-  ``lessons/stall.py`` (``StallScenario``; ``Exercise1`` is an alias); ``lessons/stall_server.py`` only sends it
+  ``lessons/stall.py`` (``StallScenario``; ``Exercise1`` is an alias); ``lessons/stall_server.py`` only sends
+  it
 - a request of a workload (arrival, prompt and output tokens): ``sim/workload.Request``; a step's record:
-  ``engine/step_records.StepRecord`` (the engine's history and every timeline; ``sim.MeasuredStep`` is a different
+  ``engine/step_records.StepRecord`` (the engine's history and every timeline; ``sim.MeasuredStep`` is a
+  different
   thing, a calibration sample: a batch's entries and its measured time)
 
 Issue 45 adds: an entry enters a batch one way (``ScheduledBatch._append``, which alone counts a decode);
 a sequence's cached K/V entries (``Sequence.num_cached_tokens``, never ``computed - evicted`` inlined); the
 attention's work in the simulator (``CostModelExecutor.attention_work``); a roofline result's fields
-(``roofline.RooflineTime``; ``sim.factors.StepBreakdown`` extends it); the pool's bytes per token with its scale
+(``roofline.RooflineTime``; ``sim.factors.StepBreakdown`` extends it); the pool's bytes per token with its
+scale
 layouts (``kv.quant.pool_bytes_per_token``; ``plan.bytes_per_token`` is the same object) and the pool's size
 (``plan.pool_blocks``; ``sim.kv_pool_blocks`` calls it); the evicted count (``memory.evicted_tokens``); the
 token-budget schedulers' constructor (``engine.scheduler.TokenBudgetScheduler``); argument checks
@@ -126,9 +129,15 @@ def _concept(node: ast.AST) -> str | None:
         return "ceil division"  # -(-a // b)
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.FloorDiv):
         left = node.left  # (a + b - 1) // b
-        if isinstance(left, ast.BinOp) and isinstance(left.op, ast.Sub) and isinstance(left.right, ast.Constant) \
-                and left.right.value == 1 and isinstance(left.left, ast.BinOp) and isinstance(left.left.op, ast.Add) \
-                and ast.dump(node.right) in (ast.dump(left.left.left), ast.dump(left.left.right)):
+        if (
+            isinstance(left, ast.BinOp)
+            and isinstance(left.op, ast.Sub)
+            and isinstance(left.right, ast.Constant)
+            and left.right.value == 1
+            and isinstance(left.left, ast.BinOp)
+            and isinstance(left.left.op, ast.Add)
+            and ast.dump(node.right) in (ast.dump(left.left.left), ast.dump(left.left.right))
+        ):
             return "ceil division"
         right = {x.lower() for x in _names(node.right)}
         if any("block" in x for x in right) and any("byte" in x or x == "bpt" for x in right):
@@ -136,14 +145,23 @@ def _concept(node: ast.AST) -> str | None:
     if isinstance(node, ast.Call):
         f = node.func
         name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
-        if name == "ceil" and node.args and isinstance(node.args[0], ast.BinOp) \
-                and isinstance(node.args[0].op, ast.Div) and any("block" in x for x in _names(node.args[0].right)):
+        if (
+            name == "ceil"
+            and node.args
+            and isinstance(node.args[0], ast.BinOp)
+            and isinstance(node.args[0].op, ast.Div)
+            and any("block" in x for x in _names(node.args[0].right))
+        ):
             return "ceil division"  # math.ceil(tokens / block_size)
         if isinstance(f, ast.Attribute) and name in ARRIVAL_DRAWS:
             return "arrival gaps"  # rng.exponential(1 / rate, n)
         if isinstance(f, ast.Attribute) and name == "percentile" and _names(f.value) & {"np", "numpy"}:
             return "percentile"  # np.percentile(values, q)
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) and {"num_layers", "num_kv_heads"} <= _names(node):
+    if (
+        isinstance(node, ast.BinOp)
+        and isinstance(node.op, ast.Mult)
+        and {"num_layers", "num_kv_heads"} <= _names(node)
+    ):
         return "KV bytes per token"  # 2 * m.num_layers * m.num_kv_heads * ...
     if isinstance(node, ast.ClassDef) and any(
             isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name) and s.target.id in LATENCY_FIELDS
@@ -164,7 +182,11 @@ def _concept_45(node: ast.AST) -> str | None:
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub) \
             and "num_evicted_tokens" in _names(node.right) and "num_computed_tokens" in _names(node.left):
         return "cached tokens"  # computed - evicted, inlined
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) and "attention_flops_per_pair" in _names(node):
+    if (
+        isinstance(node, ast.BinOp)
+        and isinstance(node.op, ast.Mult)
+        and "attention_flops_per_pair" in _names(node)
+    ):
         return "attention work"  # pairs * flops per pair
     if isinstance(node, ast.ClassDef) and {"compute_s", "memory_s"} <= _fields(node):
         return "roofline fields"  # a second roofline result
@@ -256,22 +278,32 @@ def test_aliases_and_re_exports_are_the_one_object():
 
 
 DUPLICATES = {
-    "ceil division": ["def f(n, bs):\n    return -(-n // bs)\n",
-                      "def f(n, block_size):\n    return (n + block_size - 1) // block_size\n",
-                      "import math\ndef f(n, block_size):\n    return math.ceil(n / block_size)\n"],
+    "ceil division": [
+        "def f(n, bs):\n    return -(-n // bs)\n",
+        "def f(n, block_size):\n    return (n + block_size - 1) // block_size\n",
+        "import math\ndef f(n, block_size):\n    return math.ceil(n / block_size)\n",
+    ],
     "KV bytes per token": ["def f(m):\n    return 2 * m.num_layers * m.num_kv_heads * m.head_dim * 2\n"],
-    "pool sizing": ["def f(free, block_size, bytes_per_token):\n    return int(free // (block_size * bytes_per_token))\n"],
+    "pool sizing": [
+        "def f(free, block_size, bytes_per_token):\n    return int(free // (block_size * bytes_per_token))\n"
+    ],
     "arrival gaps": ["def f(rng, rate, n):\n    return rng.exponential(1.0 / rate, size=n).cumsum()\n"],
     "percentile": ["import numpy as np\ndef f(v):\n    return {'p99': float(np.percentile(v, 99))}\n"],
     "latency fields": ["class SLOs:\n    ttft_s: float | None = None\n"],
-    "decode counted": ["def add_decode(batch, seq):\n    batch.entries.append(seq)\n    batch.num_decode_tokens += 1\n"],
+    "decode counted": [
+        "def add_decode(batch, seq):\n    batch.entries.append(seq)\n    batch.num_decode_tokens += 1\n"
+    ],
     "cached tokens": ["def f(seq):\n    return seq.num_computed_tokens - seq.num_evicted_tokens\n"],
     "attention work": ["def f(ex, pairs, peak):\n    return pairs * ex.attention_flops_per_pair / peak\n"],
     "roofline fields": ["class StepTime:\n    compute_s: float\n    memory_s: float\n"],
-    "evicted count": ["import math\ndef f(ratio, n):\n    return math.floor(ratio * n)\n",
-                      "def f(self, n):\n    return int(self.kv_compression_ratio * n)\n"],
-    "budget constructor": ["class S:\n    def __init__(self, token_budget=512, max_num_seqs=256):\n"
-                           "        self.token_budget = token_budget\n"],
+    "evicted count": [
+        "import math\ndef f(ratio, n):\n    return math.floor(ratio * n)\n",
+        "def f(self, n):\n    return int(self.kv_compression_ratio * n)\n",
+    ],
+    "budget constructor": [
+        "class S:\n    def __init__(self, token_budget=512, max_num_seqs=256):\n"
+        "        self.token_budget = token_budget\n"
+    ],
 }
 
 
@@ -280,12 +312,15 @@ def test_the_scan_catches_a_duplicate_formula(concept, source):
     _, formulas = scan("bench/elsewhere.py", ast.parse(source))
     assert [c for c, _, _ in formulas] == [concept]
     home_module, home_func = FORMULA_HOMES[concept]
-    home_source = source.replace("def f(", f"def {home_func or 'f'}(").replace("def add_decode(", f"def {home_func}(")
+    home_source = source.replace("def f(", f"def {home_func or 'f'}(").replace(
+        "def add_decode(", f"def {home_func}("
+    )
     _, at_home = scan(home_module, ast.parse(home_source))
     assert not at_home  # the same formula in its home is the one definition
 
 
 def test_the_scan_sees_every_definition():
-    source = "def blocks_for_tokens(n, bs):\n    return n\nclass SLO:\n    def met_by(self, r):\n        return True\n"
+    source = ("def blocks_for_tokens(n, bs):\n    return n\n"
+              "class SLO:\n    def met_by(self, r):\n        return True\n")
     defs, _ = scan("bench/elsewhere.py", ast.parse(source))
     assert [(n, line) for n, _, line in defs] == [("blocks_for_tokens", 1), ("SLO", 3), ("met_by", 4)]

@@ -59,7 +59,8 @@ def test_pool_bytes_equals_pool_gib():
 
 def test_llama2_fp16_no_prefix_does_not_fit():
     p = plan("llama-2-7b", "fp16", 64, 8192, pool_gib=48)
-    # 2 x 32 x 32 x 128 x 2 B = 524,288 B/token, no scales; block = 8 MiB; pool = 48 GiB / 8 MiB = 6,144 blocks
+    # 2 x 32 x 32 x 128 x 2 B = 524,288 B/token, no scales; block = 8 MiB; pool = 48 GiB / 8 MiB = 6,144
+    # blocks
     assert p.bytes_per_token == 524_288 and p.scale_bytes_per_token == 0
     assert p.pool_blocks == 6_144
     assert p.per_user_blocks == 8192 // 16 == 512
@@ -200,7 +201,12 @@ def test_cli_json_matches_plan(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out == json.loads(json.dumps(plan(**CAPSTONE).to_dict()))
     assert {"bytes_per_token", "blocks", "bytes", "fits", "max_users", "headroom_bytes"} <= out.keys()
-    assert (out["bytes_per_token"], out["blocks"], out["fits"], out["max_users"]) == (66_560, 24_704, True, 125)
+    assert (out["bytes_per_token"], out["blocks"], out["fits"], out["max_users"]) == (
+        66_560,
+        24_704,
+        True,
+        125,
+    )
 
 
 def test_cli_table(capsys):

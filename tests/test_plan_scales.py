@@ -20,8 +20,22 @@ from longctx.specs import get_model
 ROOT = Path(__file__).resolve().parents[1]
 GiB = 2**30
 CAPSTONE = dict(model="llama-3-8b", kv_dtype="fp8", users=64, context=8192, shared_prefix=2048, pool_gib=48)
-CLI = ["--model", "llama-3-8b", "--kv-dtype", "fp8", "--users", "64", "--context", "8192", "--shared-prefix", "2048",
-       "--pool-gib", "48", "--kv-scales", "per-tensor"]
+CLI = [
+    "--model",
+    "llama-3-8b",
+    "--kv-dtype",
+    "fp8",
+    "--users",
+    "64",
+    "--context",
+    "8192",
+    "--shared-prefix",
+    "2048",
+    "--pool-gib",
+    "48",
+    "--kv-scales",
+    "per-tensor",
+]
 
 
 def _cli(*args):
@@ -54,8 +68,20 @@ def test_cli_default_is_the_engines_layout():
 
 
 def test_cli_refuses_a_layout_for_a_plain_format():
-    out = _cli("--model", "llama-3-8b", "--kv-dtype", "bf16", "--users", "1", "--context", "16", "--pool-gib", "1",
-               "--kv-scales", "per-group")
+    out = _cli(
+        "--model",
+        "llama-3-8b",
+        "--kv-dtype",
+        "bf16",
+        "--users",
+        "1",
+        "--context",
+        "16",
+        "--pool-gib",
+        "1",
+        "--kv-scales",
+        "per-group",
+    )
     assert out.returncode == 2 and "no scales" in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
 
@@ -73,13 +99,24 @@ def test_default_layout_is_what_the_engine_allocates(model, kv):
     assert bytes_per_token(model, kv) == quant.pool_bytes_per_token(model, kv)
     assert plan(model, kv, 1, 16, pool_gib=1).bytes_per_token == quant.pool_bytes_per_token(model, kv)
     if model == "smollm2-135m":  # the real pool
-        assert PagedKVCache.for_model(get_model(model), 4, 16, kv_dtype=kv).nbytes == 4 * 16 * bytes_per_token(model, kv)
+        assert PagedKVCache.for_model(
+            get_model(model), 4, 16, kv_dtype=kv
+        ).nbytes == 4 * 16 * bytes_per_token(model, kv)
 
 
-@pytest.mark.parametrize("kv,layout,scales", [("fp8", "per-tensor", 0), ("fp8", "per-vector", 1), ("fp8", "per-group", 4),
-                                              ("int8", "per-tensor", 0), ("int8", "per-vector", 1),
-                                              ("int8", "per-group", 4), ("int4", "per-tensor", 0),
-                                              ("int4", "per-group", 4)])
+@pytest.mark.parametrize(
+    "kv,layout,scales",
+    [
+        ("fp8", "per-tensor", 0),
+        ("fp8", "per-vector", 1),
+        ("fp8", "per-group", 4),
+        ("int8", "per-tensor", 0),
+        ("int8", "per-vector", 1),
+        ("int8", "per-group", 4),
+        ("int4", "per-tensor", 0),
+        ("int4", "per-group", 4),
+    ],
+)
 def test_layouts_by_hand(kv, layout, scales):
     code = {"fp8": 128, "int8": 128, "int4": 64}[kv]
     assert bytes_per_token("llama-3-8b", kv, layout) == 2 * 32 * 8 * (code + 2 * scales)
@@ -91,7 +128,9 @@ def test_layouts_by_hand(kv, layout, scales):
 def test_plain_formats():
     for kv in ("fp32", "fp16", "bf16"):
         assert scale_layout(kv) is None and scale_layout(kv, "per-tensor") is None
-        assert plan("llama-3-8b", kv, 2, 64, pool_gib=1, kv_scales="per-tensor") == plan("llama-3-8b", kv, 2, 64, pool_gib=1)
+        assert plan("llama-3-8b", kv, 2, 64, pool_gib=1, kv_scales="per-tensor") == plan(
+            "llama-3-8b", kv, 2, 64, pool_gib=1
+        )
         for bad in ("per-vector", "per-group"):
             with pytest.raises(ValueError, match="no scales"):
                 plan("llama-3-8b", kv, 2, 64, pool_gib=1, kv_scales=bad)
@@ -109,9 +148,16 @@ def test_bad_layout_and_group_that_does_not_divide():
 
 def test_per_tensor_textbook_equality_when_everything_is_a_multiple_of_the_block():
     """Under per-tensor scales plan bytes == textbook bytes iff block rounding costs nothing."""
-    for prefix, context, block, equal in ((2048, 8192, 16, True), (2050, 8192, 16, False), (2048, 8200, 16, False),
-                                          (2048, 8192, 256, True), (0, 100, 16, False)):
+    for prefix, context, block, equal in (
+        (2048, 8192, 16, True),
+        (2050, 8192, 16, False),
+        (2048, 8200, 16, False),
+        (2048, 8192, 256, True),
+        (0, 100, 16, False),
+    ):
         p = plan("llama-3-8b", "fp8", 64, context, prefix, block, pool_gib=48, kv_scales="per-tensor")
         assert (p.bytes == p.naive_bytes) is equal, (prefix, context, block)
         assert p.bytes >= p.naive_bytes
-    assert memory.kv_bytes_per_token("llama-3-8b", "fp8") == bytes_per_token("llama-3-8b", "fp8", "per-tensor")
+    assert memory.kv_bytes_per_token("llama-3-8b", "fp8") == bytes_per_token(
+        "llama-3-8b", "fp8", "per-tensor"
+    )

@@ -22,8 +22,19 @@ from longctx.kv.press import make_press
 from longctx.model.llama import Llama
 from longctx.specs import ModelSpec
 
-SPEC = ModelSpec(name="tiny", num_layers=2, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8, source="test",
-                 intermediate_size=48, vocab_size=50, rope_theta=10000.0, max_context=512)
+SPEC = ModelSpec(
+    name="tiny",
+    num_layers=2,
+    d_model=32,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    source="test",
+    intermediate_size=48,
+    vocab_size=50,
+    rope_theta=10000.0,
+    max_context=512,
+)
 
 
 def test_a_blocks_hash_depends_on_every_token_before_it():
@@ -105,12 +116,16 @@ class CheckingExecutor(Executor):
                 slot, owner = self._slot(table, p), self.writer.get(self._slot(table, p))
                 if owner is not None and owner != seq.seq_id:
                     assert table[p // bs] not in self.bm.block_table(owner), (
-                        f"seq {seq.seq_id} overwrites block {table[p // bs]}, computed by seq {owner} that holds it")
+                        f"seq {seq.seq_id} overwrites block {table[p // bs]}, computed by seq {owner} that "
+                        "holds it"
+                    )
                 self.shadow[slot], self.writer[slot] = (ids[p], p), seq.seq_id
         for seq, n in batch.entries:  # 2) then attention reads every position of the sequence
             table, ids = self.bm.block_table(seq.seq_id), seq.token_ids(0, seq.num_computed_tokens + n)
             for p, token in enumerate(ids):
-                assert self.shadow.get(self._slot(table, p)) == (token, p), f"seq {seq.seq_id} reads a wrong key at {p}"
+                assert self.shadow.get(self._slot(table, p)) == (token, p), (
+                    f"seq {seq.seq_id} reads a wrong key at {p}"
+                )
             tokens.append(sum(ids) % 7)
         return ExecutionResult(duration_s=0.001 + 1e-5 * batch.num_tokens, next_token_ids=tokens)
 
@@ -177,7 +192,9 @@ def test_real_attention_over_shared_blocks_gives_identical_greedy_tokens(tiny, k
 
     def run(caching):
         bm = BlockManager(96, 4, enable_prefix_caching=caching)
-        engine = Engine(TorchExecutor(tiny, bm, kv_dtype=kv_dtype), ChunkedPrefillScheduler(16), max_model_len=512)
+        engine = Engine(
+            TorchExecutor(tiny, bm, kv_dtype=kv_dtype), ChunkedPrefillScheduler(16), max_model_len=512
+        )
         outs = []
         for p in prompts:  # one after the other: each later one finds the system prompt cached
             seq = engine.add_request(p, 6)
@@ -196,7 +213,8 @@ def test_real_attention_over_shared_blocks_gives_identical_greedy_tokens(tiny, k
 @pytest.mark.slow
 def test_smollm2_gives_the_same_greedy_tokens_from_a_cached_system_prompt():
     """The real model: a 300-token system prompt cached by the first request; the second request computes only
-    its own tokens (after 288 cached ones, 18 full blocks) and decodes exactly what it decodes without the cache."""
+    its own tokens (after 288 cached ones, 18 full blocks) and decodes exactly what it decodes without the
+    cache."""
     from model_fixtures import our_model
 
     model = our_model()
@@ -205,13 +223,17 @@ def test_smollm2_gives_the_same_greedy_tokens_from_a_cached_system_prompt():
     outs = {}
     for caching in (False, True):
         bm = BlockManager(64, 16, enable_prefix_caching=caching)
-        engine = Engine(TorchExecutor(model, bm), ChunkedPrefillScheduler(128), vocab_size=model.config.vocab_size)
+        engine = Engine(
+            TorchExecutor(model, bm), ChunkedPrefillScheduler(128), vocab_size=model.config.vocab_size
+        )
         outs[caching] = []
         for p in prompts:
             seq = engine.add_request(p, 8)
             first = engine.step()
             engine.run_until_done()
-            outs[caching].append((seq.output_token_ids, seq.num_prefix_cached_tokens, first.num_prefill_tokens))
+            outs[caching].append(
+                (seq.output_token_ids, seq.num_prefix_cached_tokens, first.num_prefill_tokens)
+            )
     assert [o for o, _, _ in outs[True]] == [o for o, _, _ in outs[False]]
     assert outs[True][1][1:] == (288, 302 - 288) and outs[False][1][1:] == (0, 128)
 

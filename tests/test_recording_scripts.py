@@ -79,9 +79,17 @@ def test_the_pruning_sweep_covers_every_point_and_the_interventions():
     for r in ratios:
         for name in kv_pruning.PRESSES:
             assert f"{name} {r:g}" in labels
-        for extra in ("snapkv {r:g} agnostic", "h2o {r:g} agnostic", "h2o_mean {r:g}", "streaming_llm {r:g} n_sink=32",
-                      "snapkv_force_needle {r:g}", "random_snapkv_needle {r:g}", "random_sink {r:g}",
-                      "random_sink_snapkv_needle {r:g}", "knorm_snapkv_needle {r:g}"):
+        for extra in (
+            "snapkv {r:g} agnostic",
+            "h2o {r:g} agnostic",
+            "h2o_mean {r:g}",
+            "streaming_llm {r:g} n_sink=32",
+            "snapkv_force_needle {r:g}",
+            "random_snapkv_needle {r:g}",
+            "random_sink {r:g}",
+            "random_sink_snapkv_needle {r:g}",
+            "knorm_snapkv_needle {r:g}",
+        ):
             assert extra.format(r=r) in labels
     needle = range(100, 127)
     force = next(c for c in configs if c.name == "snapkv_force_needle").press(seed=3, needle=needle)
@@ -111,9 +119,15 @@ def test_records_made_in_parallel_merge_into_one(tmp_path):
         niah_grid.merge_records([a, a], tmp_path / "aa.json")
 
 
-@pytest.mark.parametrize("script,argv", [("throughput", ["--record"]), ("compute_wall", ["--out", "{tmp}/cw.json"]),
-                                         ("decode_starvation", ["--json", "{tmp}/ds.json"]),
-                                         ("sim_fidelity", ["--record"])])
+@pytest.mark.parametrize(
+    "script,argv",
+    [
+        ("throughput", ["--record"]),
+        ("compute_wall", ["--out", "{tmp}/cw.json"]),
+        ("decode_starvation", ["--json", "{tmp}/ds.json"]),
+        ("sim_fidelity", ["--record"]),
+    ],
+)
 def test_every_recording_script_refuses_a_loaded_machine(script, argv, monkeypatch, tmp_path, capsys):
     import importlib
 
@@ -121,5 +135,8 @@ def test_every_recording_script_refuses_a_loaded_machine(script, argv, monkeypat
     monkeypatch.setattr(niah_grid.os, "getloadavg", lambda: (9.5, 9.0, 9.0))
     with pytest.raises(SystemExit) as stop:  # before any model is loaded or any file is written
         module.main([a.format(tmp=tmp_path) for a in argv])
-    assert stop.value.code == 3 and "refusing to record: the one-minute load average is 9.50" in capsys.readouterr().err
+    assert (
+        stop.value.code == 3
+        and "refusing to record: the one-minute load average is 9.50" in capsys.readouterr().err
+    )
     assert not list(tmp_path.iterdir())

@@ -25,14 +25,18 @@ def test_ridge_points():
 
 def test_matmul_intensity():
     # decode: one token against a 4096x4096 bf16 weight ~ 1 FLOP/byte
-    assert matmul_intensity(1, 4096, 4096, "bf16") == pytest.approx(2 * 4096 * 4096 / (2 * (4096 + 4096**2 + 4096)))
+    assert matmul_intensity(1, 4096, 4096, "bf16") == pytest.approx(
+        2 * 4096 * 4096 / (2 * (4096 + 4096**2 + 4096))
+    )
     assert matmul_intensity(4096, 4096, 4096, "bf16") == pytest.approx(4096 / 3)
     # bf16, square weight: n*d / (d + 2n): ~n for n << d, saturating below d/2 (issue 12, item 11)
     for n in (1, 16, 12_000, 10**7):
         assert matmul_intensity(n, 4096, 4096, "bf16") == pytest.approx(n * 4096 / (4096 + 2 * n))
     assert matmul_intensity(12_000, 4096, 4096) == pytest.approx(1749.43, abs=0.01)
     assert matmul_intensity(10**9, 4096, 4096) < 2048
-    assert matmul_intensity(64, 4096, 4096, "fp8") == pytest.approx(2 * matmul_intensity(64, 4096, 4096, "bf16"))
+    assert matmul_intensity(64, 4096, 4096, "fp8") == pytest.approx(
+        2 * matmul_intensity(64, 4096, 4096, "bf16")
+    )
     with pytest.raises(ValueError, match="positive integer"):
         matmul_intensity(0, 4, 4)
 

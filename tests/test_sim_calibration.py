@@ -29,7 +29,9 @@ def test_the_defaults_are_the_refit_factors():
     fit = fit_profiles().factors
     for name, value in FITTED_H100.items():
         assert getattr(fit, name) == pytest.approx(value, rel=0.02), name  # FITTED_H100 keeps two digits
-        assert getattr(CostFactors(), name) == value, f"CostFactors() does not default {name} to the fitted value"
+        assert getattr(CostFactors(), name) == value, (
+            f"CostFactors() does not default {name} to the fitted value"
+        )
 
 
 def test_errors_name_where_the_model_misses_by_more_than_15_percent():
@@ -85,14 +87,19 @@ def test_scoring_agrees_with_the_per_range_errors():
 def test_the_search_returns_the_best_point_of_its_grid():
     grid = {"compute_efficiency": (0.6, 0.8), "memory_efficiency": (0.9, 1.0), "serial_fraction": (0.0, 0.3),
             "kernel_overhead_s": (0.0, 1e-5)}
-    points = [replace(CostFactors(), compute_efficiency=c, memory_efficiency=m, serial_fraction=s, kernel_overhead_s=o)
-              for c, m, s, o in itertools.product(*grid.values())]
+    points = [
+        replace(
+            CostFactors(), compute_efficiency=c, memory_efficiency=m, serial_fraction=s, kernel_overhead_s=o
+        )
+        for c, m, s, o in itertools.product(*grid.values())
+    ]
     scores = [score_factors(f, ["phi-2", "Qwen-72B"]) for f in points]
     for objective, key in (("misses", lambda x: (x.misses, x.worst_abs_error)),
                            ("worst", lambda x: (x.worst_abs_error, x.misses))):
         best = search_factors(["phi-2", "Qwen-72B"], objective=objective, grid=grid)
         assert key(best) == pytest.approx(key(min(scores, key=key)))
-        again = score_factors(best.factors, ["phi-2", "Qwen-72B"])  # the score belongs to the factors returned
+        # the score belongs to the factors returned
+        again = score_factors(best.factors, ["phi-2", "Qwen-72B"])
         assert (again.misses, again.worst_abs_error, again.median_abs_error) == pytest.approx(
             (best.misses, best.worst_abs_error, best.median_abs_error))
 
@@ -119,7 +126,8 @@ def test_the_search_says_what_it_accepts():
 
 def test_no_factors_beat_the_monotone_floor():
     """The operator form never gets faster with more tokens, so its worst error is at least the floor; the
-    floor is under 15 % for every model: the data do not forbid the target, the form's four factors miss it."""
+    floor is under 15 % for every model: the data do not forbid the target, the form's four factors miss
+    it."""
     for name in load_profiles():
         pts = [(n, p) for n, _, p in linear_time_points(name, 1) if 64 <= n <= 4096]
         assert all(p1 <= p2 * (1 + 1e-12) for (_, p1), (_, p2) in itertools.pairwise(pts)), name

@@ -1,6 +1,9 @@
-"""benchmarks/sim_fidelity.py's record (longctx/data/recorded/sim_fidelity.json): made on a quiet machine with its
-provenance, self-consistent (each error is the prediction against the median of the real runs; the paired errors,
-their t-intervals and the verdicts follow the rule the script states), with the steadiness of the machine measured,
+"""benchmarks/sim_fidelity.py's record (longctx/data/recorded/sim_fidelity.json): made on a quiet machine with
+its
+provenance, self-consistent (each error is the prediction against the median of the real runs; the paired
+errors,
+their t-intervals and the verdicts follow the rule the script states), with the steadiness of the machine
+measured,
 on the well-conditioned workload B, and saying what the profiled GEMMs changed against the roofline ones."""
 
 from __future__ import annotations
@@ -37,8 +40,15 @@ def test_the_record_is_of_the_workload_the_script_runs():
     assert RECORD["workload_b"] == {"requests": sim_fidelity.B_REQUESTS, "rate_per_s": sim_fidelity.B_RATE,
                                     "budget": 512}
     assert len(RECORD["repeats"]) >= 6  # six pairs of runs: the t-interval has 5 degrees of freedom
-    assert RECORD["workload_a"] == {"burst": 10, "budget": sim_fidelity.A_BUDGET, "stair": {
-        "requests": sim_fidelity.STAIR_REQUESTS, "start_s": sim_fidelity.STAIR_START_S, "gap_s": sim_fidelity.STAIR_GAP_S}}
+    assert RECORD["workload_a"] == {
+        "burst": 10,
+        "budget": sim_fidelity.A_BUDGET,
+        "stair": {
+            "requests": sim_fidelity.STAIR_REQUESTS,
+            "start_s": sim_fidelity.STAIR_START_S,
+            "gap_s": sim_fidelity.STAIR_GAP_S,
+        },
+    }
     wl_a, _ = sim_fidelity.workloads()
     first = [st for st in sim_fidelity.steps_from_json(RUNS["a"][0]) if all(n == 1 for n, _ in st.sequences)]
     sizes = {len(st.sequences) for st in first}
@@ -46,7 +56,8 @@ def test_the_record_is_of_the_workload_the_script_runs():
 
 
 def test_the_staircase_covers_the_small_decode_batches():
-    """Every decode-only batch size 1-5 (what B runs most) ran in each real run of A: 10 steps or more each when
+    """Every decode-only batch size 1-5 (what B runs most) ran in each real run of A: 10 steps or more each
+    when
     simulated (the rule A was chosen by), 8 or more in every real run (the docstring says 8-24)."""
     for run in RUNS["a"]:
         counts = {}
@@ -58,7 +69,11 @@ def test_the_staircase_covers_the_small_decode_batches():
 
 def test_the_gemm_profile_is_recorded_whole():
     profile = GemmProfile.from_dict(RECORD["gemm_profile"])
-    assert set(profile.seconds) == set(GROUPS) and profile.rows[0] == 1 and profile.rows[-1] >= sim_fidelity.B_BUDGET
+    assert (
+        set(profile.seconds) == set(GROUPS)
+        and profile.rows[0] == 1
+        and profile.rows[-1] >= sim_fidelity.B_BUDGET
+    )
     assert "measured" in profile.source
 
 
@@ -98,18 +113,23 @@ def test_the_calibrations_own_spread_is_recorded():
 
 
 def test_the_targeted_metrics_are_well_conditioned():
-    # each moves by at most 3x a 3 % change of every step (the 12-request B moved 7x): its error says something
+    # each moves by at most 3x a 3 % change of every step (the 12-request B moved 7x): its error says
+    # something
     # of the cost model, not only of which arrival lands in which step
     for m in sim_fidelity_analysis.TARGETED:
         assert all(abs(c[m]) <= 0.09 for c in RECORD["conditioning"].values()), m
 
 
 def test_what_the_docstring_says_the_profile_changed():
-    """The profiled GEMMs price B's real steps better than the roofline ones (median per-step error) and follow
+    """The profiled GEMMs price B's real steps better than the roofline ones (median per-step error) and
+    follow
     the decode stair (worst decode-only batch size); the docstring's table quotes both models' errors."""
     prof, roof = RECORD, RECORD["roofline_gemms"]
     assert prof["step_error_median"] < roof["step_error_median"]
-    worst = {n: max(abs(r["error"]) for r in rec["decode_steps_by_batch"] if r["steps"] >= 100) for n, rec in MODELS.items()}
+    worst = {
+        n: max(abs(r["error"]) for r in rec["decode_steps_by_batch"] if r["steps"] >= 100)
+        for n, rec in MODELS.items()
+    }
     assert worst["profiled GEMMs"] < worst["roofline GEMMs"]
     doc = sim_fidelity.__doc__
     for name, rec in MODELS.items():
@@ -133,7 +153,9 @@ def _fitted(rec):
     from longctx.sim import CostFactors
 
     profiled, roofline = sim_fidelity.cost_models(SAVED["hardware"], SAVED["profile"])
-    return (profiled if rec is RECORD else roofline).with_factors(CostFactors(**rec["calibration"]["factors"]))
+    return (profiled if rec is RECORD else roofline).with_factors(
+        CostFactors(**rec["calibration"]["factors"])
+    )
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -1,4 +1,5 @@
-"""GemmProfile (longctx.sim.gemm_profile): interpolation, validation, and the cost model pricing GEMMs from it."""
+"""GemmProfile (longctx.sim.gemm_profile): interpolation, validation, and the cost model pricing GEMMs from
+it."""
 
 from __future__ import annotations
 
@@ -46,7 +47,9 @@ def test_a_bad_profile_is_a_clear_error(rows, seconds, match):
 
 def test_the_profiled_cost_model_prices_gemms_from_the_profile():
     k = CostFactors(gemm_tile_tokens=1)
-    ex = CostModelExecutor("smollm2-135m", CPU, k, weight_dtype="fp32", kv_dtype="fp32", gemm_profile=profile())
+    ex = CostModelExecutor(
+        "smollm2-135m", CPU, k, weight_dtype="fp32", kv_dtype="fp32", gemm_profile=profile()
+    )
     base = CostModelExecutor("smollm2-135m", CPU, k, weight_dtype="fp32", kv_dtype="fp32")
     embedding = embedding_time_s(base.model, 3, k, CPU.memory_bandwidth_bytes_per_s, 4.0)  # still modelled
     assert ex.linear_time_s(3) == pytest.approx(5 * 3e-3 + embedding)  # four GEMM groups and the small ops
@@ -54,8 +57,10 @@ def test_the_profiled_cost_model_prices_gemms_from_the_profile():
     # the stair shows in whole steps: three decodes dearer than four
     three, four = ex.step_time_s([(1, 10)] * 3), ex.step_time_s([(1, 10)] * 4)
     assert three > four
-    # a fresh chunk's attention is measured (causal_attention); a chunk after a prefix and a decode are modelled
-    fresh = k.step_overhead_s + k.per_sequence_overhead_s + ex.linear_time_s(64) + 1e-3 + 9e-3  # LM head (1 row), attention
+    # a fresh chunk's attention is measured (causal_attention); a chunk after a prefix and a decode are
+    # modelled
+    # LM head (1 row), attention
+    fresh = k.step_overhead_s + k.per_sequence_overhead_s + ex.linear_time_s(64) + 1e-3 + 9e-3
     assert ex.step_time_s([(64, 0)]) == pytest.approx(fresh)
     assert ex.step_time_s([(64, 100)]) != pytest.approx(fresh)
     assert ex.with_factors(k).gemm_profile is ex.gemm_profile
@@ -70,11 +75,20 @@ def test_the_profiled_cost_model_prices_gemms_from_the_profile():
 def test_the_fits_design_row_is_the_profiled_step_time_and_calibration_recovers_the_overheads():
     truth = CostFactors(gemm_tile_tokens=1, step_overhead_s=0.02, per_sequence_overhead_s=0.004,
                         attention_efficiency=0.4)
-    ex = CostModelExecutor("smollm2-135m", CPU, truth, weight_dtype="fp32", kv_dtype="fp32", gemm_profile=profile())
+    ex = CostModelExecutor(
+        "smollm2-135m", CPU, truth, weight_dtype="fp32", kv_dtype="fp32", gemm_profile=profile()
+    )
     k = ex.factors
     theta = np.array([k.step_overhead_s, k.per_sequence_overhead_s, 1 / k.compute_efficiency,
                       1 / k.attention_efficiency, 1 / k.memory_efficiency])
-    batches = [[(1, 100)] * 3, [(64, 0)], [(60, 200), (1, 50), (1, 900)], [(1, 30)], [(8, 8), (1, 5)], [(1, 7)] * 6]
+    batches = [
+        [(1, 100)] * 3,
+        [(64, 0)],
+        [(60, 200), (1, 50), (1, 900)],
+        [(1, 30)],
+        [(8, 8), (1, 5)],
+        [(1, 7)] * 6,
+    ]
     for seqs in batches:
         row, const = design_row(operator_terms(ex, seqs), theta, k.serial_fraction)
         assert float(row @ theta + const) == pytest.approx(ex.step_time_s(seqs), rel=1e-9), seqs
@@ -100,4 +114,6 @@ def test_the_median_of_several_profiles_and_their_spread():
     assert med.seconds == p.seconds and "median of 3" in med.source
     assert GemmProfile.spread_of([p, q, r])["qkv"] == pytest.approx(1.2 / 0.9 - 1)
     with pytest.raises(ValueError, match="same row counts"):
-        GemmProfile.median_of([p, GemmProfile("smollm2-135m", ROWS[:-1], {g: v[:-1] for g, v in SECONDS.items()})])
+        GemmProfile.median_of(
+            [p, GemmProfile("smollm2-135m", ROWS[:-1], {g: v[:-1] for g, v in SECONDS.items()})]
+        )

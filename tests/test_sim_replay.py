@@ -21,8 +21,14 @@ WORKLOAD = make_workload(12, 4.0, 300, 8, seed=3)
 
 
 def serve(executor):
-    engine = Engine(executor, ChunkedPrefillScheduler(256), num_blocks=256, block_size=16, clock=VirtualClock(),
-                    max_model_len=4096)
+    engine = Engine(
+        executor,
+        ChunkedPrefillScheduler(256),
+        num_blocks=256,
+        block_size=16,
+        clock=VirtualClock(),
+        max_model_len=4096,
+    )
     for r in WORKLOAD:
         engine.add_request([0] * r.prompt_tokens, r.output_tokens, arrival_s=r.arrival_s)
     finished = engine.run_until_done()
@@ -39,7 +45,9 @@ def test_replaying_a_recorded_run_reproduces_it_under_another_model():
     replay = ReplayExecutor(model(), tuple(rec.steps))
     again = serve(replay)
     assert replay.diverged_at is None and replay.replayed == len(rec.steps)
-    assert again.ttft.median == pytest.approx(truth.ttft.median) and again.itl.p(99) == pytest.approx(truth.itl.p(99))
+    assert again.ttft.median == pytest.approx(truth.ttft.median) and again.itl.p(99) == pytest.approx(
+        truth.itl.p(99)
+    )
     assert serve(model()).ttft.median < 0.5 * truth.ttft.median  # the inner model alone would be far off
 
 

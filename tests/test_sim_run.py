@@ -86,8 +86,13 @@ def test_recorded_capacity_and_live_curve():
     seeds = rec["workload"]["seeds"]
     assert len(seeds) >= 5 and seeds[0] == rec["workload"]["seed"] == 0
     for row in rec["rows"]:  # seed 0's capacity, every seed's beside it, and their median
-        assert len(row["capacity_qps_by_seed"]) == len(seeds) and row["capacity_qps"] == row["capacity_qps_by_seed"][0]
-        assert row["capacity_qps_median"] == pytest.approx(sorted(row["capacity_qps_by_seed"])[len(seeds) // 2])
+        assert (
+            len(row["capacity_qps_by_seed"]) == len(seeds)
+            and row["capacity_qps"] == row["capacity_qps_by_seed"][0]
+        )
+        assert row["capacity_qps_median"] == pytest.approx(
+            sorted(row["capacity_qps_by_seed"])[len(seeds) // 2]
+        )
     with pytest.raises(ValueError, match="no recorded result"):
         load_recorded("sim_nothing.json")
     curve = p99_itl_curve(rates_qps=(2.0,), num_requests=20)
@@ -128,7 +133,9 @@ def test_pool_gib_blocks_equal_the_planner(kv_dtype):
     from longctx.sim.run import build_sim_engine
 
     want = plan("llama-3-8b", kv_dtype, 64, 8192, 2048, pool_gib=48).pool_blocks
-    r = simulate(_users(2), ChunkedPrefillScheduler(512), "llama-3-8b", "h100", pool_gib=48, kv_dtype=kv_dtype)
+    r = simulate(
+        _users(2), ChunkedPrefillScheduler(512), "llama-3-8b", "h100", pool_gib=48, kv_dtype=kv_dtype
+    )
     assert r.config["num_blocks"] == want and r.config["kv_dtype"] == kv_dtype
     assert r.config["pool_bytes_per_token"] == pool_bytes_per_token("llama-3-8b", kv_dtype)
     eng = build_sim_engine(ChunkedPrefillScheduler(512), "llama-3-8b", "h100", pool_gib=48, kv_dtype=kv_dtype)
@@ -151,7 +158,9 @@ def test_kv_pool_counts_quantization_scales():
     assert fp8 < int(free // (16 * kv_bytes_per_token("llama-3-8b", "fp8")))
     assert 1.9 * bf16 < fp8 < 2 * bf16
     # the same 48 GiB holds ~2x the fp8 blocks, and the cost model moves the pool's bytes
-    a, b = (simulate(_users(2), ChunkedPrefillScheduler(512), pool_gib=48, kv_dtype=d) for d in ("bf16", "fp8"))
+    a, b = (
+        simulate(_users(2), ChunkedPrefillScheduler(512), pool_gib=48, kv_dtype=d) for d in ("bf16", "fp8")
+    )
     assert 1.9 * a.config["num_blocks"] < b.config["num_blocks"] < 2 * a.config["num_blocks"]
     from longctx.sim.cost_model import CostModelExecutor
 
@@ -164,7 +173,9 @@ def test_kv_pool_counts_quantization_scales():
 def test_kv_dtype_reaches_the_cost_model():
     """simulate passes kv_dtype on: fp8 KV reads half the bytes, so long-context decodes are faster."""
     work = _users(16, prompt=4000, output=64)
-    a, b = (simulate(work, ChunkedPrefillScheduler(512), num_blocks=8000, kv_dtype=d) for d in ("bf16", "fp8"))
+    a, b = (
+        simulate(work, ChunkedPrefillScheduler(512), num_blocks=8000, kv_dtype=d) for d in ("bf16", "fp8")
+    )
     assert b.metrics.tpot.median < a.metrics.tpot.median
 
 
@@ -172,7 +183,9 @@ def test_prefix_caching_skips_the_shared_prefix():
     work = _users(8, prompt=4000, output=16)
     kw = dict(model="llama-3-8b", hardware="h100", num_blocks=4000)
     plain = simulate(work, ChunkedPrefillScheduler(512), shared_prefix_tokens=2048, **kw)
-    cached = simulate(work, ChunkedPrefillScheduler(512), prefix_caching=True, shared_prefix_tokens=2048, **kw)
+    cached = simulate(
+        work, ChunkedPrefillScheduler(512), prefix_caching=True, shared_prefix_tokens=2048, **kw
+    )
     assert plain.num_preemptions == cached.num_preemptions == 0
     assert plain.prefix_hit_tokens == 0 and plain.prefill_tokens == 8 * 4000
     assert cached.config["prefix_caching"] and cached.config["shared_prefix_tokens"] == 2048
@@ -258,10 +271,17 @@ def test_a_scaled_executor_stretches_every_step_and_nothing_else():
     from longctx.sim import CostModelExecutor, ScaledExecutor
 
     def run(executor):
-        engine = Engine(executor, ChunkedPrefillScheduler(64), num_blocks=64, block_size=16, clock=VirtualClock(),
-                        max_model_len=1024)
+        engine = Engine(
+            executor,
+            ChunkedPrefillScheduler(64),
+            num_blocks=64,
+            block_size=16,
+            clock=VirtualClock(),
+            max_model_len=1024,
+        )
         for i in range(3):
-            engine.add_request([0] * (40 + 30 * i), 5, arrival_s=0.0)  # all at once: the schedule cannot drift
+            # all at once: the schedule cannot drift
+            engine.add_request([0] * (40 + 30 * i), 5, arrival_s=0.0)
         engine.run_until_done()
         return engine.history
 
@@ -283,8 +303,17 @@ def test_lesson_02_quotes_the_recorded_medians():
 
     nb = json.loads((Path(__file__).resolve().parents[1] / "solutions" / "02_chunked_prefill"
                      / "02_chunked_prefill.ipynb").read_text())
-    prose = " ".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown").replace("\n", " ")
-    cap = {(r["model"], r["slo_p99_itl_s"], r["scheduler"]): r["capacity_qps_median"] for r in load_recorded()["rows"]}
+    prose = " ".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown").replace(
+        "\n", " "
+    )
+    cap = {
+        (r["model"], r["slo_p99_itl_s"], r["scheduler"]): r["capacity_qps_median"]
+        for r in load_recorded()["rows"]
+    }
     budgets = ", ".join(f"{cap['llama-3-8b', 0.1, f'chunked-{b}']:.1f}" for b in (512, 1024))
     assert f"{budgets} and {cap['llama-3-8b', 0.1, 'chunked-2048']:.1f} requests/s" in " ".join(prose.split())
-    assert f"Llama-3-8B {cap['llama-3-8b', 0.5, 'monolithic']:.1f} against {cap['llama-3-8b', 0.5, 'chunked-512']:.1f}" in " ".join(prose.split())
+    assert (
+        f"Llama-3-8B {cap['llama-3-8b', 0.5, 'monolithic']:.1f} against "
+        f"{cap['llama-3-8b', 0.5, 'chunked-512']:.1f}"
+        in " ".join(prose.split())
+    )
