@@ -12,18 +12,16 @@ tokens in a 48 GiB KV pool at H100 scale in the simulator. Each section writes
                next ones (the cache hit), blocks shared, and greedy outputs with and without the cache.
 - ``sim``      the capstone's load test (``longctx.sim.loadtest``): Llama-2-7B / Llama-3-8B x bf16 / fp8 x no
                prefix cache / 2K shared prefix on a simulated H100 with a 48 GiB pool, 64 users of 7,168 +
-               1,024
-               tokens arriving within 2 s, so that all 64 are resident at once where the pool holds them: per
-               configuration the most requests running in one step (``peak_running``), peak blocks against
-               the plan, preemptions, TTFT and ITL percentiles, and the verdict; then what same-step prefix
-               sharing changes (``same_step``).
+               1,024 tokens arriving within 2 s, so that all 64 are resident at once where the pool holds
+               them: per configuration the most requests running in one step (``peak_running``), peak blocks
+               against the plan, preemptions, TTFT and ITL percentiles, and the verdict; then what same-step
+               prefix sharing changes (``same_step``).
 
 The model sections (``quality``, ``niah``, ``prefix``) refuse to start when the one-minute load average
-exceeds
-the ``--threads`` they use (``niah_grid.load_gate``); ``--force`` records anyway, marked unusable. ``bytes``
-and ``sim`` are exempt (``UNGATED``): they time nothing on this machine (``bytes`` counts allocated bytes,
-``sim`` runs on the simulator's virtual clock), so their results do not depend on the load; their records
-still carry the load average at the start (``load_average_1min_start``) and say why no gate applied
+exceeds the ``--threads`` they use (``niah_grid.load_gate``); ``--force`` records anyway, marked unusable.
+``bytes`` and ``sim`` are exempt (``UNGATED``): they time nothing on this machine (``bytes`` counts allocated
+bytes, ``sim`` runs on the simulator's virtual clock), so their results do not depend on the load; their
+records still carry the load average at the start (``load_average_1min_start``) and say why no gate applied
 (``load_gate``).
 
 Usage::
@@ -149,6 +147,7 @@ def run_prefix(out, meta, model, tok, system_tokens=2048, max_tokens=16, **_):
     from longctx.engine.torch_executor import TorchExecutor
     from longctx.evals.haystack import natural_text
     from longctx.kv.block_manager import BlockManager
+    from longctx.memory import blocks_for_tokens
 
     system = tok.encode(natural_text())[:system_tokens]
     questions = ["\nQuestion: who wrote this? Answer:", "\nQuestion: what is the main idea? Answer:",
@@ -156,9 +155,8 @@ def run_prefix(out, meta, model, tok, system_tokens=2048, max_tokens=16, **_):
     prompts = [system + tok.encode(q) for q in questions]
 
     def engine(kv, caching):
-        bm = BlockManager(
-            sum(-(-(len(p) + max_tokens) // 16) for p in prompts), 16, enable_prefix_caching=caching
-        )
+        num_blocks = sum(blocks_for_tokens(len(p) + max_tokens, 16) for p in prompts)
+        bm = BlockManager(num_blocks, 16, enable_prefix_caching=caching)
         return Engine(TorchExecutor(model, bm, kv_dtype=kv), ChunkedPrefillScheduler(CHUNK),
                       vocab_size=model.config.vocab_size), bm
 
@@ -191,20 +189,12 @@ def run_prefix(out, meta, model, tok, system_tokens=2048, max_tokens=16, **_):
         used_before = bm.num_used_blocks
         eng.step()  # both admitted in this step: each takes the 128 cached blocks
         table = bm.block_table(pair[0].seq_id)
-        rows.append(
-            {
-                "kv_dtype": kv,
-                "mode": "together",
-                "prefix_caching": True,
-                "request": 1,
-                "prompt_tokens": len(prompts[1]),
-                "prefix_cached_tokens": pair[1].num_prefix_cached_tokens,
-                "blocks_from_cache": pair[1].num_prefix_cached_tokens // 16,
-                "blocks_shared_by_both": sum(1 for b in table if bm.ref_count(b) == 2),
-                "blocks_held_by_both": bm.num_used_blocks - used_before,
-                "ttft_s": None,
-            }
-        )
+        rows.append({
+            "kv_dtype": kv, "mode": "together", "prefix_caching": True, "request": 1,
+            "prompt_tokens": len(prompts[1]), "prefix_cached_tokens": pair[1].num_prefix_cached_tokens,
+            "blocks_from_cache": pair[1].num_prefix_cached_tokens // 16,
+            "blocks_shared_by_both": sum(1 for b in table if bm.ref_count(b) == 2),
+            "blocks_held_by_both": bm.num_used_blocks - used_before, "ttft_s": None})
         eng.run_until_done()
     return _write(out, {"meta": meta, "rows": rows})
 
@@ -219,8 +209,7 @@ def _same_step_tests() -> dict:
     from longctx.sim.loadtest import CAPSTONE
 
     return {
-        "capstone": CAPSTONE,
-        "capstone_at_t0": replace(CAPSTONE, arrival_window_s=0.0),
+        "capstone": CAPSTONE, "capstone_at_t0": replace(CAPSTONE, arrival_window_s=0.0),
         "chat_at_t0": replace(CAPSTONE, prompt_tokens=2_048 + 128, output_tokens=256, arrival_window_s=0.0),
     }
 
@@ -262,11 +251,7 @@ def run_sim(out, meta, **_):
 
 
 SECTIONS = {
-    "bytes": run_bytes,
-    "quality": run_quality,
-    "niah": run_niah,
-    "prefix": run_prefix,
-    "sim": run_sim,
+    "bytes": run_bytes, "quality": run_quality, "niah": run_niah, "prefix": run_prefix, "sim": run_sim,
 }
 
 

@@ -78,11 +78,8 @@ def predicted(tokens: int) -> dict:
     causal = flops.attention_flops(m, tokens, "causal")
     full = flops.attention_flops(m, tokens, "full")
     return {
-        "linear_flops": linear,
-        "attention_flops_causal": causal,
-        "attention_flops_full": full,
-        "attention_share_causal": causal / (causal + linear),
-        "attention_share_full": full / (full + linear),
+        "linear_flops": linear, "attention_flops_causal": causal, "attention_flops_full": full,
+        "attention_share_causal": causal / (causal + linear), "attention_share_full": full / (full + linear),
     }
 
 
@@ -136,12 +133,8 @@ def measure(lengths: list[int], repeats: int, threads: int, seed: int = 0) -> di
         "last-row logits only",
         "clock": "cpu",
         "provenance": {
-            "cpu": cpu_name(),
-            "cpu_count": os.cpu_count(),
-            "torch_threads": threads,
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "platform": platform.platform(),
+            "cpu": cpu_name(), "cpu_count": os.cpu_count(), "torch_threads": threads,
+            "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
             "load_average_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
             "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         },

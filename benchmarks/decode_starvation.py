@@ -38,18 +38,9 @@ from pathlib import Path
 from longctx.provenance import load_gate
 
 STREAM_TOPICS = [
-    "the water cycle",
-    "how bees make honey",
-    "why the sky is blue",
-    "the history of chess",
-    "how a bicycle stays upright",
-    "what causes the seasons",
-    "how vaccines work",
-    "the life of a star",
-    "how rainbows form",
-    "the rules of football",
-    "how computers add numbers",
-    "why leaves change colour",
+    "the water cycle", "how bees make honey", "why the sky is blue", "the history of chess",
+    "how a bicycle stays upright", "what causes the seasons", "how vaccines work", "the life of a star",
+    "how rainbows form", "the rules of football", "how computers add numbers", "why leaves change colour",
 ]
 
 
@@ -135,10 +126,8 @@ def run_one(model, tokenizer, scheduler, args) -> dict:
         "num_stream_gaps": len(gaps),
         "timeline": [
             {
-                "start_s": round(r.start_s - arrival_s, 5),
-                "duration_s": round(r.duration_s, 5),
-                "prefill_tokens": r.num_prefill_tokens,
-                "decode_tokens": r.num_decode_tokens,
+                "start_s": round(r.start_s - arrival_s, 5), "duration_s": round(r.duration_s, 5),
+                "prefill_tokens": r.num_prefill_tokens, "decode_tokens": r.num_decode_tokens,
             }
             for r in engine.history
         ],
@@ -153,13 +142,9 @@ def _write_json(args, best, rows: list[dict], torch_version: str) -> None:
         "recommended_token_budget": best,
         "rows": rows,
         "provenance": {
-            "date": datetime.date.today().isoformat(),
-            "torch": torch_version,
-            "python": platform.python_version(),
-            "machine": platform.machine(),
-            "processor": platform.processor() or platform.machine(),
-            "threads": args.threads,
-            "device": "cpu",
+            "date": datetime.date.today().isoformat(), "torch": torch_version,
+            "python": platform.python_version(), "machine": platform.machine(),
+            "processor": platform.processor() or platform.machine(), "threads": args.threads, "device": "cpu",
         },
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -249,17 +249,9 @@ def run_ppl(out, model, tok, meta, presses, ratios, length, threads, force, offs
         for (c, s), nll in zip(cfgs, nlls, strict=True):
             data["rows"].append(
                 {
-                    "press_config": c.label,
-                    "press_name": c.name,
-                    "ratio": c.ratio,
-                    "offset": off,
-                    "seed": s,
-                    "context_tokens": len(ctx),
-                    "continuation_tokens": len(cont),
-                    "nll": nll,
-                    "seconds": secs / len(cfgs),
-                    "load_1min": load,
-                    "usable": meta["usable"],
+                    "press_config": c.label, "press_name": c.name, "ratio": c.ratio, "offset": off, "seed": s,
+                    "context_tokens": len(ctx), "continuation_tokens": len(cont), "nll": nll,
+                    "seconds": secs / len(cfgs), "load_1min": load, "usable": meta["usable"],
                     "n_sink": c.options.get("n_sink", 4) if c.name == "streaming_llm" else None,
                 }
             )
@@ -307,16 +299,9 @@ def run_random_sink(out, model, tok, meta, ratios, length, threads, force, offse
         for (r, v, s), nll, ev in zip(todo, nlls, evicted, strict=True):
             data["rows"].append(
                 {
-                    "offset": off,
-                    "ratio": r,
-                    "variant": v,
-                    "seed": s,
-                    "nll": nll,
-                    "nll_full_cache": base,
-                    "sink_evicted_layer_heads": ev,
-                    "layer_heads": snap.num_layers * snap.keys[0].shape[0],
-                    "load_1min": load,
-                    "usable": meta["usable"],
+                    "offset": off, "ratio": r, "variant": v, "seed": s, "nll": nll, "nll_full_cache": base,
+                    "sink_evicted_layer_heads": ev, "layer_heads": snap.num_layers * snap.keys[0].shape[0],
+                    "load_1min": load, "usable": meta["usable"],
                 }
             )
         write_record(out, data)
@@ -446,13 +431,7 @@ def main(argv=None) -> int:
         elif section == "random-sink":
             print_random_sink(
                 run_random_sink(
-                    out,
-                    model,
-                    tok,
-                    meta,
-                    [r for r in ratios if r <= 0.68],
-                    args.length,
-                    *gate,
+                    out, model, tok, meta, [r for r in ratios if r <= 0.68], args.length, *gate,
                     seeds=args.seeds or 10,
                 )
             )

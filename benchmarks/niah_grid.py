@@ -29,8 +29,7 @@ between trials while the load from other work (the load minus its own threads) e
 records anyway but marks the file and its rows ``usable: false`` (dry runs only; tests refuse such files).
 ``--verdicts-only`` (grid sections) records without the gate for what does not depend on load (a trial's
 verdict, output and log-probabilities: greedy decoding on one CPU thread is deterministic) and marks that
-run's
-timings ``timings_usable: false``.
+run's timings ``timings_usable: false``.
 
 Usage (one CPU thread, in the background; resumable)::
 
@@ -58,15 +57,11 @@ DEPTHS = "0,0.25,0.5,0.75,1"
 FACTOR = 2.0
 TRAINED = 8192
 NEEDLE_RECORDS = (
-    "niah_grid_passkey.json",
-    "niah_grid_multikey.json",
-    "niah_beyond.json",
-    "kv_pruning_niah.json",
+    "niah_grid_passkey.json", "niah_grid_multikey.json", "niah_beyond.json", "kv_pruning_niah.json",
     "capstone_niah.json",
 )
 VARIANTS = {
-    "none": None,
-    "linear": {"rope_type": "linear", "factor": FACTOR},
+    "none": None, "linear": {"rope_type": "linear", "factor": FACTOR},
     "ntk": {"rope_type": "ntk", "factor": FACTOR},
     "yarn": {"rope_type": "yarn", "factor": FACTOR, "original_max_position_embeddings": TRAINED},
 }
@@ -129,14 +124,10 @@ def open_record(path: Path, meta: dict) -> dict:
 
 def trial_key(row: dict) -> tuple:
     """What makes a recorded row one trial: its haystack, RoPE variant (or depth-1 variant), length, depth and
-    seed
-    (fields a section does not have are None). A rerun skips, and ``merge`` refuses a second copy of, a
+    seed (fields a section does not have are None). A rerun skips, and ``merge`` refuses a second copy of, a
     key."""
     return (
-        row.get("haystack"),
-        row.get("rope", row.get("variant")),
-        row["length"],
-        row.get("depth"),
+        row.get("haystack"), row.get("rope", row.get("variant")), row["length"], row.get("depth"),
         row["seed"],
     )
 
@@ -281,14 +272,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "section",
         choices=[
-            "grid-passkey",
-            "grid-multikey",
-            "beyond",
-            "depth1",
-            "perplexity",
-            "entropy",
-            "rescore",
-            "merge",
+            "grid-passkey", "grid-multikey", "beyond", "depth1", "perplexity", "entropy", "rescore", "merge",
         ],
     )
     ap.add_argument("inputs", nargs="*", type=Path, help="merge: the records to join (with --out)")
@@ -329,9 +313,7 @@ def _run_perplexity(out: Path, model, tok, meta: dict, lengths: list[int], varia
         nll = token_nll(model, ids, chunk_size=1024)
         buckets = perplexity_by_bucket(nll, 1024)
         data["variants"][v] = {
-            "rope_scaling": VARIANTS[v],
-            "tokens": len(ids),
-            "seconds": time.perf_counter() - t0,
+            "rope_scaling": VARIANTS[v], "tokens": len(ids), "seconds": time.perf_counter() - t0,
             "buckets": [{"start": a, "stop": b, "perplexity": p} for a, b, p in buckets],
         }
         data["meta"]["finished"] = now()

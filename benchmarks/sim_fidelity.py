@@ -11,15 +11,14 @@
    sent at once (the burst: prompt chunks fresh and after a prefix, decode batches of up to 10), then a
    staircase of 5 short-prompt requests 1 s apart with 48 outputs each from 14 s (decode-only batches of 1
    to 5 sequences, 14-19 steps of each when simulated, 8-24 in the record's real runs), chunked prefill with a
-   256-token budget,
-   ``--repeats`` times, each run followed by a run of B (so a slow drift of a shared machine's speed reaches
-   calibration and test alike); every step's composition and time is recorded and ``calibrate`` fits the
-   cost model's factors on all of A's steps. Why the staircase: until the third measurement A was the burst
+   256-token budget, ``--repeats`` times, each run followed by a run of B (so a slow drift of a shared
+   machine's speed reaches calibration and test alike); every step's composition and time is recorded and
+   ``calibrate`` fits the cost model's factors on all of A's steps. Why the staircase: until the third
+   measurement A was the burst
    alone, 16 decode-only steps per run over all batch sizes (simulated: one each of 1 and 2 sequences), while
-   B ran 104
-   single-sequence decodes per run (627 in six); the second measurement priced those +23 % (the step and
-   per-sequence overheads' split, which A pinned poorly). The staircase was added for that coverage alone (a
-   rule: every decode batch size B runs most,
+   B ran 104 single-sequence decodes per run (627 in six); the second measurement priced those +23 % (the step
+   and per-sequence overheads' split, which A pinned poorly). The staircase was added for that coverage alone
+   (a rule: every decode batch size B runs most,
    1-5, held for 10 steps or more, checked in the simulator), before any real run of it; B is unchanged.
 3. Workload B (prediction, different lengths, arrivals and budget): 48 requests, Poisson arrivals at 0.5
    req/s, lognormal prompts, chunked prefill with a 512-token budget. Simulated once (calibrated cost model,
@@ -59,17 +58,15 @@ share a step), and identical real runs spread 1.03-1.40 s. At 48 requests and 0.
 about as much as the steps do in every calibration, median TTFT by up to 2.7 times as much (-8.0 % for steps
 3 % faster in the first measurement: a faster step lets queued arrivals start sooner), median ITL sometimes by
 far more (-16.7 % in the record of 2026-12-03: it sat on the decode stair, see "Why a profile"). Step 5 prints
-each, so a 5 % error can
-be told from schedule luck. The workload was chosen on the simulator's conditioning alone, before any real
-run.
+each, so a 5 % error can be told from schedule luck. The workload was chosen on the simulator's conditioning
+alone, before any real run.
 
 Target: median TTFT and P99 ITL within 5 % (issue 26). **Not shown**: on the machines this ran on, the
 machine's own speed moves by more than the target while it is measured.
 
 The record (2026-12-04, the third of three six-pair measurements that day, the first with A's staircase,
-decided
-beforehand to be the record whatever it showed; 2-core AMD EPYC VM, quiet by load average) against the median
-of
+decided beforehand to be the record whatever it showed; 2-core AMD EPYC VM, quiet by load average) against the
+median of
 B's six runs, and step 6's paired mean with its 95 % t-interval:
 
     median TTFT (profiled GEMMs)  -10.3 %   paired -2.9 % [-16.5, +10.7]
@@ -82,23 +79,19 @@ B's six runs, and step 6's paired mean with its 95 % t-interval:
     median E2E (roofline GEMMs)    -9.9 %   paired -8.6 % [-25.5, +8.4]
 
 The verdict by step 7's rule is "cannot be judged": the speed probe spread 11 % over the measurement
-(9.69-10.75
-ms), and the six GEMM profiles taken before the six repeats differed by 27-37 % per GEMM group (median over
-row
+(9.69-10.75 ms), and the six GEMM profiles taken before the six repeats differed by 27-37 % per GEMM group
+(median over row
 counts of max / min - 1; small ops 136 %, fresh-chunk attention 72 %); A's six runs ran at 0.93-1.20 times the
 pooled calibration's step times. Run by run, the errors of the same simulation against six real runs of the
 identical B spread -16.3 ... +6.9 % (median TTFT) and -21.9 ... -5.1 % (P99 ITL, profiled). Outside the rule,
 the served metrics missed the target too: the profiled model priced B's prompt steps of 257+ tokens 7-8 % fast
 (measured / priced 1.07-1.08) while its decodes were right (1.01), and a faster step lets queued arrivals
-start
-sooner (median TTFT moved -4.1 % for steps 3 % faster). Step 6's pairing with A's speed narrowed the means but
-widened the intervals.
+start sooner (median TTFT moved -4.1 % for steps 3 % faster). Step 6's pairing with A's speed narrowed the
+means but widened the intervals.
 
 The two earlier six-pair measurements of the day, with A the burst alone: the first (commit 68e6a9a, probe 15
-%,
-profiles 20-30 %): profiled GEMMs median TTFT -7.9 %, P99 ITL -8.2 % (run by run -26.5 ... +2.6 % and -15.9
-...
-+0.7 %), roofline -5.4 %, -8.4 %; the second (the record at commit 9da02c2, probe 20 %, profiles 27-38 %):
+%, profiles 20-30 %): profiled GEMMs median TTFT -7.9 %, P99 ITL -8.2 % (run by run -26.5 ... +2.6 % and -15.9
+... +0.7 %), roofline -5.4 %, -8.4 %; the second (the record at commit 9da02c2, probe 20 %, profiles 27-38 %):
 profiled +5.1 %, +14.1 % (run by run -3.8 ... +32.3 % and +4.7 ... +21.7 %), roofline +5.0 %, +0.9 %. So on
 the served metrics neither model is shown closer: the three measurements disagree by more than the two models
 do. A fixed GEMM timed in 5-second windows on that VM took 10.6-13.9 ms within two minutes (31 %).
@@ -113,17 +106,15 @@ GEMMs
   alone, median TTFT -5.9 % (roofline -10.3 %), P99 ITL +0.1 % (-4.9 %); with the small ops profiled too but
   one profile taken at the start, +20.7 % (-0.9 %) and +8.4 % (-1.5 %). Re-priced on those same runs with a
   fresh-chunk attention profile (``causal_attention``, taken later): +4.4 % and +3.1 %. That diagnosis came
-  from
-  the printed steps by new tokens: the profiled model priced B's 401+-token steps 13 % too slow (measured /
-  priced 0.883), because its one
+  from the printed steps by new tokens: the profiled model priced B's 401+-token steps 13 % too slow (measured
+  / priced 0.883), because its one
   attention efficiency was fitted on A's chunks, nearly all after a cached prefix (masked attention in query
   tiles), while B's 512-token chunks are mostly fresh prompts (one fused causal call).
 
 Why a profile. A roofline prices a GEMM by its FLOPs and bytes; a CPU BLAS picks its kernel by the row count,
 differently on each CPU. On the Intel VM ``torch.nn.functional.linear`` through SmolLM2's 576 x 3,072 gate+up
-took
-319, 325, 322 us for 1-3 rows, 582-594 for 4-6, 859-863 for 7-9 and 766 us at 16 rows (the weights streamed
-once
+took 319, 325, 322 us for 1-3 rows, 582-594 for 4-6, 859-863 for 7-9 and 766 us at 16 rows (the weights
+streamed once
 per 3 rows below 16); on the AMD VM the LM head took 9.9, 22.6, 36.7, 18.1 ms for 1-4 rows (1-3 rows as
 matrix-vector products, 4 as one blocked kernel). Decode-only steps of 1-5 sequences on the AMD VM took 66.1,
 105.7, 136.8, 105.8, 122.2 ms in the first measurement, 71.9, 113.9, 145.4, 117.9, 132.6 ms in the second and
@@ -138,28 +129,24 @@ decodes and of chunks after a prefix) is what A's steps can pin.
 
 What the replay shows (step 8; added after the first two measurements and run on their saved runs too, which
 are not shipped; the record's analysis was redone from its shipped runs, measurement and provenance
-unchanged).
-The engine spends a median 0.120 ms of its own per step (``HOST_GAP_DEFINITION``; one run of A, 115 steps, P90
-0.192 ms), about 0.1 % of a step, which the virtual clock does not count (the record's own 0.077 ms was
-measured
+unchanged). The engine spends a median 0.120 ms of its own per step (``HOST_GAP_DEFINITION``; one run of A,
+115 steps, P90 0.192 ms), about 0.1 % of a step, which the virtual clock does not count (the record's own
+0.077 ms was measured
 as the next start minus this end, which left out the engine's work inside a step). Replayed with the measured
 step times alone, 2 of 6 runs never part in each of the three measurements, and in those six runs every metric
 is within 0.9 % of the real run (median TTFT -0.9 ... -0.6 %, P99 ITL -0.01 %). With each step 0.120 ms
-longer, 5
-of 6 never part in each measurement, and in those fifteen runs every metric is within 0.16 % (the record: 0.10
-%). So the schedule, the metrics' bookkeeping and the virtual clock are the engine's to a fifth of a per cent,
-given its step times, and a tenth of a millisecond per step decides which step an arrival joins: the served
-metrics' errors above are the steps' prices (the cost model and the machine's speed), not the simulated
-schedule. A run that parts is priced by the model after that step: the record's one, -4.1 % median TTFT after
-parting at step 49 of 342; in the second measurement +8.8 % after step 44 of 394 (profiled; roofline +17.7 %).
+longer, 5 of 6 never part in each measurement, and in those fifteen runs every metric is within 0.16 % (the
+record: 0.10 %). So the schedule, the metrics' bookkeeping and the virtual clock are the engine's to a fifth
+of a per cent, given its step times, and a tenth of a millisecond per step decides which step an arrival
+joins: the served metrics' errors above are the steps' prices (the cost model and the machine's speed), not
+the simulated schedule. A run that parts is priced by the model after that step: the record's one, -4.1 %
+median TTFT after parting at step 49 of 342; in the second measurement +8.8 % after step 44 of 394 (profiled;
+roofline +17.7 %).
 
 So: per step the profiled model is the better one in all three measurements (it follows the AMD VM's stair;
-the
-Intel VM's was never profiled), and the simulated schedule is the engine's (step 8). Whether the served
-metrics
-are within 5 % needs a machine steadier than 10 % over a quarter of an hour (the rule), which no AMD
-measurement
-had (the Intel VM was not probed). ``--repeats``
+the Intel VM's was never profiled), and the simulated schedule is the engine's (step 8). Whether the served
+metrics are within 5 % needs a machine steadier than 10 % over a quarter of an hour (the rule), which no AMD
+measurement had (the Intel VM was not probed). ``--repeats``
 more pairs narrow the intervals only as the square root.
 """
 
@@ -240,8 +227,7 @@ HOST_GAP_DEFINITION = "median over A's steps of the next step's start - this ste
 HOST_GAP_S = 1.20e-4
 HOST_GAP_MEASURED = "115 steps of workload A (burst and staircase), AMD EPYC VM, 2026-12-04; P90 0.192 ms"
 WORKLOAD_A = {
-    "burst": 10,
-    "stair": {"requests": STAIR_REQUESTS, "start_s": STAIR_START_S, "gap_s": STAIR_GAP_S},
+    "burst": 10, "stair": {"requests": STAIR_REQUESTS, "start_s": STAIR_START_S, "gap_s": STAIR_GAP_S},
     "budget": A_BUDGET,
 }
 STEADY_SPREAD = 0.10  # the speed probe's largest / smallest - 1 over a measurement (module docstring)
@@ -288,16 +274,9 @@ def measure(threads: int, repeats: int, force: bool) -> dict:
         )
     print(f"measured in {time.perf_counter() - t0:.0f} s")
     return {
-        "hardware": hw,
-        "profile": GemmProfile.median_of(profiles),
-        "profiles": profiles,
-        "runs_a": runs_a,
-        "real_runs": real_runs,
-        "probes": probes,
-        "host_gap_s": float(np.median(gaps)),
-        "host_gap_definition": HOST_GAP_DEFINITION,
-        "threads": threads,
-        "workload_a": WORKLOAD_A,
+        "hardware": hw, "profile": GemmProfile.median_of(profiles), "profiles": profiles, "runs_a": runs_a,
+        "real_runs": real_runs, "probes": probes, "host_gap_s": float(np.median(gaps)),
+        "host_gap_definition": HOST_GAP_DEFINITION, "threads": threads, "workload_a": WORKLOAD_A,
     }
 
 
@@ -326,10 +305,7 @@ def load_saved(path: pathlib.Path) -> dict:
     cpu = rec["cpu"]
     saved = {
         "hardware": HardwareSpec(
-            "cpu-measured",
-            cpu["peak_flops_per_s"],
-            cpu["bandwidth_bytes_per_s"],
-            8e9,
+            "cpu-measured", cpu["peak_flops_per_s"], cpu["bandwidth_bytes_per_s"], 8e9,
             source=f"{RECORD.name} (measured on that machine)",
         ),
         "profile": GemmProfile.from_dict(rec["gemm_profile"]),
@@ -386,9 +362,7 @@ def _provenance(args, analysis: dict, probes, gate_load: float) -> dict:
             )
         provenance = {k: v for k, v in old.items() if k not in analysis and k != "reanalysed"}
         provenance["reanalysed"] = {
-            "date": datetime.date.today().isoformat(),
-            "commit": git_commit(),
-            "commit_dirty": git_dirty(),
+            "date": datetime.date.today().isoformat(), "commit": git_commit(), "commit_dirty": git_dirty(),
             "from": f"the measurement's saved runs ({args.from_runs.name})",
         }
     else:
@@ -426,19 +400,8 @@ def _args(argv):
     return args
 
 
-def main(argv=None) -> None:
-    args = _args(argv)
-    threads = int(os.environ["OMP_NUM_THREADS"])
-    if args.from_runs:
-        saved = load_saved(args.from_runs)
-        gate_load = os.getloadavg()[0]
-    else:
-        gate_load = load_gate(threads, args.force) if args.record else os.getloadavg()[0]
-        saved = measure(threads, args.repeats, args.force)
-    hw, profile, profiles = saved["hardware"], saved["profile"], saved["profiles"]
-    runs_a, real_runs, probes = saved["runs_a"], saved["real_runs"], saved["probes"]
-    _, wl_b = workloads()
-    profile_spread = GemmProfile.spread_of(profiles) if profiles else saved["profile_spread"]
+def _print_inputs(profile, profiles, profile_spread, num_runs_a: int, probes) -> tuple[float, bool]:
+    """Print the GEMM profile, its spread and the speed probes; returns the probes' spread and steadiness."""
     print(
         "GEMM profile (ms, all layers; the LM head once), rows: "
         + "; ".join(
@@ -451,11 +414,10 @@ def main(argv=None) -> None:
     )
     print(
         "  spread of the "
-        + str(len(profiles) if profiles else len(runs_a))
+        + str(len(profiles) if profiles else num_runs_a)
         + " profiles (median over rows of max / min - 1): "
         + ", ".join(f"{g} {100 * v:.0f} %" for g, v in profile_spread.items())
     )
-    profiled, roofline = cost_models(hw, profile)
     spread = max(probes) / min(probes) - 1
     steady = spread <= STEADY_SPREAD
     print(
@@ -464,33 +426,15 @@ def main(argv=None) -> None:
         + ("steady" if steady else f"UNSTEADY (> {100 * STEADY_SPREAD:.0f} %): no 5 % claim can be judged"),
         flush=True,
     )
-    if args.save_runs:  # everything evaluate() reads, for a re-analysis without re-measuring
-        args.save_runs.write_bytes(pickle.dumps(saved))
-    measured_gap = saved.get("host_gap_definition") == HOST_GAP_DEFINITION
-    # saved without it (or as defined before): HOST_GAP_S
-    gap = saved["host_gap_s"] if measured_gap else HOST_GAP_S
-    result = evaluate(
-        "GEMMs from this machine's profile (the record's model)",
-        profiled,
-        runs_a,
-        real_runs,
-        wl_b,
-        steady,
-        gap,
-    )
-    without = evaluate(
-        "GEMMs on their rooflines (for comparison)", roofline, runs_a, real_runs, wl_b, steady, gap
-    )
-    if not args.record:
-        return
-    if saved.get("workload_a") is None or "threads" not in saved:
-        raise SystemExit(
-            f"{args.from_runs} was saved without its workload A and thread count: it cannot be recorded"
-        )
+    return spread, steady
+
+
+def _record_files(saved, profile, profile_spread, spread, steady, gap, measured_gap, result, without):
+    """The record's analysis and its runs file (``RECORD``, ``RUNS``)."""
+    hw, probes, runs_a, real_runs = saved["hardware"], saved["probes"], saved["runs_a"], saved["real_runs"]
     analysis = {
         "cpu": {
-            "peak_flops_per_s": hw.peak_flops_per_s,
-            "bandwidth_bytes_per_s": hw.memory_bandwidth_bytes_per_s,
+            "peak_flops_per_s": hw.peak_flops_per_s, "bandwidth_bytes_per_s": hw.memory_bandwidth_bytes_per_s,
             "torch_threads": saved["threads"],
         },
         "workload_a": saved["workload_a"],
@@ -518,15 +462,50 @@ def main(argv=None) -> None:
         "a": [steps_to_json(run) for run in runs_a],
         "b": [
             {
-                "repeat": rep,
-                "load_1min_start": load,
-                "wall_s": wall,
-                "measured_s": measured,
+                "repeat": rep, "load_1min_start": load, "wall_s": wall, "measured_s": measured,
                 "steps": steps_to_json(steps),
             }
             for rep, load, wall, measured, steps in real_runs
         ],
     }
+    return analysis, runs_file
+
+
+def main(argv=None) -> None:
+    args = _args(argv)
+    threads = int(os.environ["OMP_NUM_THREADS"])
+    if args.from_runs:
+        saved = load_saved(args.from_runs)
+        gate_load = os.getloadavg()[0]
+    else:
+        gate_load = load_gate(threads, args.force) if args.record else os.getloadavg()[0]
+        saved = measure(threads, args.repeats, args.force)
+    hw, profile, profiles = saved["hardware"], saved["profile"], saved["profiles"]
+    runs_a, real_runs, probes = saved["runs_a"], saved["real_runs"], saved["probes"]
+    _, wl_b = workloads()
+    profile_spread = GemmProfile.spread_of(profiles) if profiles else saved["profile_spread"]
+    profiled, roofline = cost_models(hw, profile)
+    spread, steady = _print_inputs(profile, profiles, profile_spread, len(runs_a), probes)
+    if args.save_runs:  # everything evaluate() reads, for a re-analysis without re-measuring
+        args.save_runs.write_bytes(pickle.dumps(saved))
+    measured_gap = saved.get("host_gap_definition") == HOST_GAP_DEFINITION
+    # saved without it (or as defined before): HOST_GAP_S
+    gap = saved["host_gap_s"] if measured_gap else HOST_GAP_S
+    result = evaluate(
+        "GEMMs from this machine's profile (the record's model)", profiled, runs_a, real_runs, wl_b, steady,
+        gap,
+    )
+    without = evaluate(
+        "GEMMs on their rooflines (for comparison)", roofline, runs_a, real_runs, wl_b, steady, gap
+    )
+    if not args.record:
+        return
+    if saved.get("workload_a") is None or "threads" not in saved:
+        raise SystemExit(
+            f"{args.from_runs} was saved without its workload A and thread count: it cannot be recorded"
+        )
+    analysis, runs_file = _record_files(saved, profile, profile_spread, spread, steady, gap, measured_gap,
+                                        result, without)
     provenance = _provenance(args, analysis, probes, gate_load)
     RECORD.write_text(json.dumps({**provenance, **analysis}, indent=1) + "\n")
     header = {k: provenance[k] for k in ("commit", "commit_note", "date") if k in provenance}

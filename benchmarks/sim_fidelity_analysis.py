@@ -1,7 +1,6 @@
 """The analysis of ``benchmarks/sim_fidelity.py`` (its steps 2-8, module docstring there): calibrate a cost
-model
-on workload A's measured steps, predict workload B, compare with B's real runs (per run, at each run's speed
-of
+model on workload A's measured steps, predict workload B, compare with B's real runs (per run, at each run's
+speed of
 A, step by step, decode-only steps by batch size), replay each real run with its own step times, and print it
 all; ``evaluate`` returns the record's fields. Measuring lives in ``sim_fidelity.py``."""
 
@@ -75,9 +74,7 @@ def steps_by_tokens(fitted, steps_a, steps_b) -> list[dict]:
             )
         out += [
             {
-                "workload": name,
-                "tokens": label,
-                "steps": len(bands[label]),
+                "workload": name, "tokens": label, "steps": len(bands[label]),
                 "ratio": float(np.median(bands[label])),
             }
             for label in ("decode-only", *(lb for _, lb in TOKEN_BANDS))
@@ -111,8 +108,7 @@ def replay_errors(fitted, real_runs, wl_b, host_gap_s: float = 0.0) -> dict:
     """Step 8: each run of B simulated with its own measured step times (``ReplayExecutor``; ``fitted``
     prices the steps after the schedules part, at its price alone), each replayed step ``host_gap_s`` longer
     (the engine's own time per step): per run, the steps replayed and each metric's error; over the runs that
-    never parted, the
-    largest |error| per metric (module docstring)."""
+    never parted, the largest |error| per metric (module docstring)."""
     runs = []
     for rep, _load, _wall, measured, steps_b in real_runs:
         steps = tuple(MeasuredStep(st.sequences, st.duration_s + host_gap_s) for st in steps_b)
@@ -123,9 +119,7 @@ def replay_errors(fitted, real_runs, wl_b, host_gap_s: float = 0.0) -> dict:
     aligned = [r for r in runs if r["parted_at"] is None]
     worst = {m: max(abs(r["error"][m]) for r in aligned) if aligned else None for m in METRICS}
     return {
-        "host_gap_s": host_gap_s,
-        "runs": runs,
-        "aligned_runs": len(aligned),
+        "host_gap_s": host_gap_s, "runs": runs, "aligned_runs": len(aligned),
         "aligned_worst_abs_error": worst,
     }
 
@@ -285,8 +279,7 @@ def evaluate(label: str, ex, runs_a, real_runs, wl_b, steady: bool = True, host_
     return {
         "steps_by_tokens": by_tokens,
         "calibration": {
-            "factors": vars(cal.factors),
-            "num_steps": cal.num_steps,
+            "factors": vars(cal.factors), "num_steps": cal.num_steps,
             "median_abs_rel_error": cal.median_abs_rel_error,
         },
         "conditioning": {str(sc): v for sc, v in conditioning.items()},

@@ -1,9 +1,8 @@
 """The simulator's per-operator cost model against Vidur's published H100 profiles (issue 26).
 
 Prints, per shipped profiled model and TP degree, measured vs predicted linear time (weight operators and
-small
-per-token ops, no attention) at a few token counts, then per token range the median and worst error of the
-default (fitted) factors, the token counts where the error exceeds 15 %, and the leave-one-model-out error
+small per-token ops, no attention) at a few token counts, then per token range the median and worst error of
+the default (fitted) factors, the token counts where the error exceeds 15 %, and the leave-one-model-out error
 (the factors fitted on the other models, tested on this one), and per TP degree how many points of
 64-4,096 tokens are within 15 % and which are not; the floor no monotone model can beat; and whether the form
 or the fit is the limit: the four GEMM factors searched over a grid (``search_factors`` below)
@@ -140,20 +139,14 @@ def search_factors(models: Sequence[str] | None = None, tp: int = 1, low_tokens:
 
 
 def score_factors(
-    factors: CostFactors,
-    models: Sequence[str] | None = None,
-    tp: int = 1,
-    low_tokens: int = 64,
-    high_tokens: int = 4096,
-    threshold: float = 0.15,
-    hardware: HardwareSpec | str = "h100",
+    factors: CostFactors, models: Sequence[str] | None = None, tp: int = 1, low_tokens: int = 64,
+    high_tokens: int = 4096, threshold: float = 0.15, hardware: HardwareSpec | str = "h100",
 ) -> FactorScore:
     """``factors`` scored as ``search_factors`` scores a grid point (its small ops included)."""
     names = profiled_names(models)
     grid = {
         "compute_efficiency": (factors.compute_efficiency,),
-        "memory_efficiency": (factors.memory_efficiency,),
-        "serial_fraction": (factors.serial_fraction,),
+        "memory_efficiency": (factors.memory_efficiency,), "serial_fraction": (factors.serial_fraction,),
         "kernel_overhead_s": (factors.kernel_overhead_s,),
     }
     parts = _linear_parts(names, tp, low_tokens, high_tokens, factors, hardware)
@@ -248,15 +241,7 @@ def print_search(table) -> None:
     print(_line("smallest worst error", search_factors(objective="worst")))
     other = []
     for tile, sms in (
-        (1, 132),
-        (64, 114),
-        (64, 132),
-        (64, 144),
-        (128, 114),
-        (128, 144),
-        (256, 114),
-        (256, 132),
-        (256, 144),
+        (1, 132), (64, 114), (64, 132), (64, 144), (128, 114), (128, 144), (256, 114), (256, 132), (256, 144),
     ):
         best = search_factors(
             objective="worst", base=replace(CostFactors(), gemm_tile_tokens=tile, gemm_wave_sms=sms)

@@ -159,12 +159,9 @@ def hf_static_batch(model, batch: list[dict], t0: float) -> None:
     with torch.inference_mode(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            do_sample=False,
+            input_ids=ids, attention_mask=mask, do_sample=False,
             logits_processor=LogitsProcessorList([Stamp()]),
-            max_new_tokens=max(r["max_tokens"] for r in batch),
-            min_new_tokens=1,
+            max_new_tokens=max(r["max_tokens"] for r in batch), min_new_tokens=1,
         )
     end = time.perf_counter() - t0  # tokens are only returned at the end, but they exist per step
     for r in batch:
@@ -251,15 +248,10 @@ def provenance(threads: int) -> dict:
     import torch
 
     return {
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="minutes"),
-        "machine": machine(),
-        "load_average_1min": os.getloadavg()[0],
-        "torch": torch.__version__,
-        "transformers": __import__("transformers").__version__,
-        "python": platform.python_version(),
-        "threads": threads,
-        "dtype": "float32",
-        "commit": git_commit() or "",
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="minutes"), "machine": machine(),
+        "load_average_1min": os.getloadavg()[0], "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__, "python": platform.python_version(),
+        "threads": threads, "dtype": "float32", "commit": git_commit() or "",
         "produced_by": "benchmarks/throughput.py",
     }
 

@@ -144,12 +144,8 @@ class FlopCount:
 
 
 def chunk_flops(
-    model: ModelSpec | str,
-    chunk_tokens: int,
-    cached_tokens: int = 0,
-    attention: str = "causal",
-    params: str = "matmul",
-    logit_tokens: int | None = None,
+    model: ModelSpec | str, chunk_tokens: int, cached_tokens: int = 0, attention: str = "causal",
+    params: str = "matmul", logit_tokens: int | None = None,
 ) -> FlopCount:
     """FLOPs of a prefill chunk of ``chunk_tokens`` tokens after ``cached_tokens`` cached tokens.
 
@@ -275,12 +271,8 @@ class StepCost:
 
 
 def step_cost(
-    model: ModelSpec | str,
-    sequences: Iterable[tuple[int, int]],
-    attention: str = "causal",
-    params: str = "matmul",
-    weight_dtype: str = "bf16",
-    kv_dtype: str = "bf16",
+    model: ModelSpec | str, sequences: Iterable[tuple[int, int]], attention: str = "causal",
+    params: str = "matmul", weight_dtype: str = "bf16", kv_dtype: str = "bf16",
 ) -> StepCost:
     """Cost of one step over ``sequences``: pairs ``(new_tokens, cached_tokens)`` (decode: ``(1, S)``).
 

@@ -140,12 +140,8 @@ def split_prefix(tokens: int, shared_prefix_tokens: int, block_size: int | None)
 
 
 def kv_pool(
-    model: ModelSpec | str,
-    num_requests: int,
-    tokens_per_request: int,
-    dtype: str = "fp16",
-    shared_prefix_tokens: int = 0,
-    block_size: int | None = None,
+    model: ModelSpec | str, num_requests: int, tokens_per_request: int, dtype: str = "fp16",
+    shared_prefix_tokens: int = 0, block_size: int | None = None,
 ) -> KVPool:
     """KV memory of a pool of equal-length requests, with an optional prefix stored once."""
     num_requests = check_token_count("num_requests", num_requests)
@@ -157,12 +153,8 @@ def kv_pool(
 
 
 def kv_pool_bytes(
-    model: ModelSpec | str,
-    num_requests: int,
-    tokens_per_request: int,
-    dtype: str = "fp16",
-    shared_prefix_tokens: int = 0,
-    block_size: int | None = None,
+    model: ModelSpec | str, num_requests: int, tokens_per_request: int, dtype: str = "fp16",
+    shared_prefix_tokens: int = 0, block_size: int | None = None,
 ) -> int:
     """Total bytes of :func:`kv_pool`. Capstone: 64 x 8K Llama-3-8B fp8 with a 2K prefix = 24.125 GiB."""
     return kv_pool(
@@ -171,12 +163,8 @@ def kv_pool_bytes(
 
 
 def max_concurrent_requests(
-    model: ModelSpec | str,
-    budget_bytes: float,
-    tokens_per_request: int,
-    dtype: str = "fp16",
-    shared_prefix_tokens: int = 0,
-    block_size: int | None = None,
+    model: ModelSpec | str, budget_bytes: float, tokens_per_request: int, dtype: str = "fp16",
+    shared_prefix_tokens: int = 0, block_size: int | None = None,
 ) -> int:
     """Most requests of ``tokens_per_request`` tokens whose KV fits in ``budget_bytes``.
 
@@ -197,10 +185,7 @@ def max_concurrent_requests(
 
 
 def max_context_tokens(
-    model: ModelSpec | str,
-    budget_bytes: float,
-    dtype: str = "fp16",
-    num_requests: int = 1,
+    model: ModelSpec | str, budget_bytes: float, dtype: str = "fp16", num_requests: int = 1,
     block_size: int | None = None,
 ) -> int:
     """Longest context per request such that ``num_requests`` requests fit ``budget_bytes``.

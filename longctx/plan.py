@@ -25,8 +25,7 @@ Scale layouts (``kv_scales``; only quantized formats have scales, fp16 numbers o
   which ``PagedKVCache`` allocates).
 
 Capstone (Llama-3-8B, fp8 KV, 64 users x 8,192 tokens, 2,048-token shared prefix, 48 GiB pool, 16-token
-blocks,
-our per-vector scales):
+blocks, our per-vector scales):
 
 - bytes/token = 2 x 32 layers x 8 KV heads x (128 codes + 2 scale bytes) = 66,560 B (65 KiB: 1,024 B of
   scales on top of the textbook 65,536); block = 16 x 66,560 = 1,064,960 B.
@@ -168,14 +167,8 @@ def pool_blocks(model: ModelSpec | str, kv_dtype: str, block_size: int = 16, poo
 
 
 def plan(
-    model: ModelSpec | str,
-    kv_dtype: str,
-    users: int,
-    context: int,
-    shared_prefix: int = 0,
-    block_size: int = 16,
-    pool_gib: float | None = None,
-    pool_bytes: float | None = None,
+    model: ModelSpec | str, kv_dtype: str, users: int, context: int, shared_prefix: int = 0,
+    block_size: int = 16, pool_gib: float | None = None, pool_bytes: float | None = None,
     kv_scales: str | None = None,
 ) -> Plan:
     """Plan a paged KV pool for ``users`` requests of ``context`` KV tokens each (prompt + output), the
@@ -206,24 +199,11 @@ def plan(
     total = blocks * block_bytes
     max_users = max(0, (pool_blocks - shared_blocks) // per_user_blocks)
     return Plan(
-        model=m.name,
-        kv_dtype=fmt.name,
-        kv_scales=layout,
-        users=users,
-        context=context,
-        shared_prefix=shared_prefix,
-        block_size=block_size,
-        pool_bytes=pool,
-        bytes_per_token=bpt,
-        scale_bytes_per_token=bpt - memory.kv_bytes_per_token(m, fmt.name),
-        block_bytes=block_bytes,
-        pool_blocks=pool_blocks,
-        shared_blocks=shared_blocks,
-        per_user_blocks=per_user_blocks,
-        blocks=blocks,
-        bytes=total,
-        fits=blocks <= pool_blocks,
-        headroom_bytes=pool_blocks * block_bytes - total,
+        model=m.name, kv_dtype=fmt.name, kv_scales=layout, users=users, context=context,
+        shared_prefix=shared_prefix, block_size=block_size, pool_bytes=pool, bytes_per_token=bpt,
+        scale_bytes_per_token=bpt - memory.kv_bytes_per_token(m, fmt.name), block_bytes=block_bytes,
+        pool_blocks=pool_blocks, shared_blocks=shared_blocks, per_user_blocks=per_user_blocks, blocks=blocks,
+        bytes=total, fits=blocks <= pool_blocks, headroom_bytes=pool_blocks * block_bytes - total,
         max_users=max_users,
         naive_bytes=memory.kv_pool_bytes(m, users, context, fmt.name, shared_prefix, block_size=None),
     )

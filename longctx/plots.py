@@ -4,8 +4,7 @@ on, labels axes with units, and never calls ``plt.show()``.
 matplotlib is imported inside the functions so that ``import longctx.plots`` stays cheap.
 
 A timeline is a list of ``longctx.engine.step_records.StepRecord``: the engine's ``history``, lesson 01's
-napkin
-model (``longctx.lessons.stall``) or a recorded run (``StepRecord.at``).
+napkin model (``longctx.lessons.stall``) or a recorded run (``StepRecord.at``).
 """
 
 from __future__ import annotations
@@ -27,10 +26,7 @@ def _axes(ax):
 
 
 def plot_roofline(
-    peak_flops_per_s: float,
-    bandwidth_bytes_per_s: float,
-    points: Sequence[tuple[str, float]] = (),
-    ax=None,
+    peak_flops_per_s: float, bandwidth_bytes_per_s: float, points: Sequence[tuple[str, float]] = (), ax=None,
     title: str | None = None,
 ):
     """Log-log roofline: attainable FLOP/s = min(peak, intensity × bandwidth).
@@ -160,13 +156,9 @@ def plot_stacked_bars(labels: Sequence[str], parts: dict[str, Sequence[float]], 
         values = [float(v) for v in values]
         colour = (colours or {}).get(name)
         ax.bar(
-            list(labels),
-            [v * (100 if percent else 1) for v in values],
-            bottom=[b * (100 if percent else 1) for b in bottoms],
-            label=name,
-            color=colour,
-            edgecolor="white",
-            width=0.6,
+            list(labels), [v * (100 if percent else 1) for v in values],
+            bottom=[b * (100 if percent else 1) for b in bottoms], label=name, color=colour,
+            edgecolor="white", width=0.6,
         )
         if percent:
             for i, v in enumerate(values):

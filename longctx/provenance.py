@@ -41,10 +41,7 @@ def git_dirty() -> bool | None:
     if first_line(["git", "rev-parse", "HEAD"]) is None:
         return None
     out = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"],
-        capture_output=True,
-        text=True,
-        timeout=20,
+        ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=20,
         cwd=_HERE,
     )
     return bool(out.stdout.strip())
@@ -114,9 +111,7 @@ def device_provenance(device) -> dict:
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
         info.update(
-            name=p.name,
-            memory_bytes=int(p.total_memory),
-            multiprocessors=int(p.multi_processor_count),
+            name=p.name, memory_bytes=int(p.total_memory), multiprocessors=int(p.multi_processor_count),
             capability=f"{p.major}.{p.minor}",
             driver=first_line(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]),
         )

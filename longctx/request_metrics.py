@@ -50,13 +50,8 @@ class RequestMetrics:
 
     @classmethod
     def from_timestamps(
-        cls,
-        arrival_s: float,
-        token_times_s: Sequence[float],
-        num_prompt_tokens: int = 0,
-        request_id: int = 0,
-        end_s: float | None = None,
-        num_output_tokens: int | None = None,
+        cls, arrival_s: float, token_times_s: Sequence[float], num_prompt_tokens: int = 0,
+        request_id: int = 0, end_s: float | None = None, num_output_tokens: int | None = None,
     ) -> RequestMetrics:
         """Build from the arrival (or send) time and the time of each output token (at least one).
 
@@ -101,9 +96,7 @@ class SLO:
     def met_by(self, r: RequestMetrics) -> bool:
         """Whether every given bound holds (a value equal to its bound meets it)."""
         checks = (
-            (self.ttft_s, r.ttft_s),
-            (self.tpot_s, r.tpot_s),
-            (self.itl_s, max(r.itl_s, default=0.0)),
+            (self.ttft_s, r.ttft_s), (self.tpot_s, r.tpot_s), (self.itl_s, max(r.itl_s, default=0.0)),
             (self.e2e_s, r.e2e_s),
         )
         return not any(bound is not None and value is not None and value > bound for bound, value in checks)
@@ -174,12 +167,8 @@ class RunMetrics:
 
     @classmethod
     def of(
-        cls,
-        requests: Sequence[RequestMetrics],
-        duration_s: float,
-        slo: SLO | None = None,
-        percentiles: Sequence[float] = DEFAULT_PERCENTILES,
-        unit: str = "s",
+        cls, requests: Sequence[RequestMetrics], duration_s: float, slo: SLO | None = None,
+        percentiles: Sequence[float] = DEFAULT_PERCENTILES, unit: str = "s",
     ) -> RunMetrics:
         """The aggregate of ``requests`` over ``duration_s`` as given (NaN rates for NaN; no checks: see
         ``summarize``). The benchmark client calls it for the requests that have latencies."""
@@ -188,19 +177,14 @@ class RunMetrics:
         n_out = sum(r.num_output_tokens for r in rs)
         good = None if slo is None else sum(slo.met_by(r) for r in rs)
         return cls(
-            completed=len(rs),
-            duration_s=float(duration_s),
-            total_prompt_tokens=n_prompt,
-            total_output_tokens=n_out,
-            request_throughput=len(rs) / duration_s,
-            output_throughput=n_out / duration_s,
-            total_token_throughput=(n_prompt + n_out) / duration_s,
+            completed=len(rs), duration_s=float(duration_s), total_prompt_tokens=n_prompt,
+            total_output_tokens=n_out, request_throughput=len(rs) / duration_s,
+            output_throughput=n_out / duration_s, total_token_throughput=(n_prompt + n_out) / duration_s,
             goodput=None if good is None else good / duration_s,
             ttft=Distribution.of((r.ttft_s for r in rs), percentiles, unit),
             tpot=Distribution.of((r.tpot_s for r in rs if r.tpot_s is not None), percentiles, unit),
             itl=Distribution.of((g for r in rs for g in r.itl_s), percentiles, unit),
-            e2e=Distribution.of((r.e2e_s for r in rs), percentiles, unit),
-            num_good=good,
+            e2e=Distribution.of((r.e2e_s for r in rs), percentiles, unit), num_good=good,
         )
 
 
@@ -213,11 +197,8 @@ def percentile(values: Iterable[float], q: float) -> float:
 
 
 def summarize(
-    requests: Iterable,
-    duration_s: float | None = None,
-    slo: SLO | None = None,
-    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
-    unit: str = "s",
+    requests: Iterable, duration_s: float | None = None, slo: SLO | None = None,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES, unit: str = "s",
 ) -> RunMetrics:
     """Aggregate metrics of finished requests (``RequestMetrics`` or finished ``Sequence`` objects); raises
     ``ValueError`` when there are none or the duration is not positive."""

@@ -72,12 +72,8 @@ class RooflineTime:
 
 
 def roofline_time(
-    flops: float,
-    num_bytes: float,
-    hardware: HardwareSpec | str,
-    compute_efficiency: float = 1.0,
-    memory_efficiency: float = 1.0,
-    peak_flops_per_s: float | None = None,
+    flops: float, num_bytes: float, hardware: HardwareSpec | str, compute_efficiency: float = 1.0,
+    memory_efficiency: float = 1.0, peak_flops_per_s: float | None = None,
 ) -> RooflineTime:
     """Roofline time of ``flops`` FLOPs moving ``num_bytes`` bytes on ``hardware``.
 
@@ -96,10 +92,7 @@ def roofline_time(
 
 
 def step_time_s(
-    flops: float,
-    num_bytes: float,
-    hardware: HardwareSpec | str,
-    compute_efficiency: float = 1.0,
+    flops: float, num_bytes: float, hardware: HardwareSpec | str, compute_efficiency: float = 1.0,
     memory_efficiency: float = 1.0,
 ) -> float:
     """``max(flops / (peak * ce), bytes / (bandwidth * me))`` in seconds."""

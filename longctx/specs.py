@@ -25,12 +25,7 @@ from longctx.checks import positive_int
 
 # Bytes per stored element. int4 packs two values per byte (scales and zero points not counted).
 DTYPE_BYTES: dict[str, float] = {
-    "fp32": 4.0,
-    "fp16": 2.0,
-    "bf16": 2.0,
-    "fp8": 1.0,
-    "int8": 1.0,
-    "int4": 0.5,
+    "fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5,
 }
 
 

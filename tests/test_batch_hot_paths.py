@@ -37,14 +37,9 @@ def _world(spec, free_blocks, caching):
 
 def _outcome(batch, bm, others):
     return (
-        [(e.seq.seq_id, e.num_tokens) for e in batch.entries],
-        [s.seq_id for s in others],
-        [s.seq_id for s in batch.preempted],
-        batch.num_tokens,
-        batch.num_decode_tokens,
-        bm.num_free_blocks,
-        copy.deepcopy(bm._tables),
-        copy.deepcopy(bm._block_of),
+        [(e.seq.seq_id, e.num_tokens) for e in batch.entries], [s.seq_id for s in others],
+        [s.seq_id for s in batch.preempted], batch.num_tokens, batch.num_decode_tokens, bm.num_free_blocks,
+        copy.deepcopy(bm._tables), copy.deepcopy(bm._block_of),
     )
 
 

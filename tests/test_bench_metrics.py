@@ -44,16 +44,8 @@ def test_bad_timestamps_raise():
 
 def _rec(i, start, times, n=None, error=None, expected=None, text=""):
     return RequestRecord(
-        i,
-        start,
-        list(times),
-        times[-1] if times else None,
-        n or len(times),
-        10,
-        text,
-        error,
-        200 if error is None else 503,
-        expected,
+        i, start, list(times), times[-1] if times else None, n or len(times), 10, text, error,
+        200 if error is None else 503, expected,
     )
 
 
@@ -132,11 +124,7 @@ def test_client_times_a_scripted_stream(monkeypatch):
     lines = _sse_lines(
         [
             {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]},
-            _chunk("The"),
-            _chunk(" sky"),
-            _chunk(" is"),
-            _chunk(" blue"),
-            _chunk("", "stop"),
+            _chunk("The"), _chunk(" sky"), _chunk(" is"), _chunk(" blue"), _chunk("", "stop"),
             {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 5, "total_tokens": 14}},
         ]
     )

@@ -16,11 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def cli(*args):
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.run(
-        [sys.executable, "-m", "longctx", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
+        [sys.executable, "-m", "longctx", *args], capture_output=True, text=True, cwd=ROOT, env=env,
         timeout=60,
     )
 
@@ -71,13 +67,10 @@ def test_flops_table():
 @pytest.mark.parametrize(
     "args",
     [
-        ("kv", "--model", "gpt-9", "--tokens", "10"),
-        ("kv", "--model", "llama-3-8b", "--tokens", "-5"),
+        ("kv", "--model", "gpt-9", "--tokens", "10"), ("kv", "--model", "llama-3-8b", "--tokens", "-5"),
         ("kv", "--model", "llama-3-8b", "--tokens", "10", "--dtype", "fp7"),
-        ("kv", "--model", "llama-3-8b", "--tokens", "ten"),
-        ("kv", "--model", "llama-3-8b"),
-        ("flops", "--model", "llama-3-8b", "--tokens", "-1"),
-        ("flops", "--model", "nope", "--tokens", "1"),
+        ("kv", "--model", "llama-3-8b", "--tokens", "ten"), ("kv", "--model", "llama-3-8b"),
+        ("flops", "--model", "llama-3-8b", "--tokens", "-1"), ("flops", "--model", "nope", "--tokens", "1"),
         ("flops", "--model", "llama-3-8b", "--tokens", "1", "--attention", "sparse"),
     ],
 )

@@ -70,11 +70,8 @@ def toy_engine(scheduler=None, num_blocks=64):
 @pytest.mark.parametrize(
     ("prompt", "max_tokens", "message"),
     [
-        ([], 4, "empty"),
-        ([1] * 8193, 4, "more than max_model_len=8192"),
-        ([1] * 10, 0, "max_tokens"),
-        ([1] * 10, -3, "max_tokens"),
-        ([1] * 2000, 100, "pool has only 64"),
+        ([], 4, "empty"), ([1] * 8193, 4, "more than max_model_len=8192"), ([1] * 10, 0, "max_tokens"),
+        ([1] * 10, -3, "max_tokens"), ([1] * 2000, 100, "pool has only 64"),
     ],
 )
 def test_bad_requests_raise_value_error_at_admission(prompt, max_tokens, message):
@@ -93,10 +90,8 @@ def test_token_ids_outside_the_vocabulary_are_refused():
 
 def test_timestamps_and_dummy_tokens_with_a_virtual_clock():
     engine = Engine(
-        ToyExecutor(step_s=0.01, prefill_token_s=0.001, decode_token_s=0.0),
-        MonolithicScheduler(),
-        num_blocks=16,
-        clock=VirtualClock(),
+        ToyExecutor(step_s=0.01, prefill_token_s=0.001, decode_token_s=0.0), MonolithicScheduler(),
+        num_blocks=16, clock=VirtualClock(),
     )
     seq = engine.add_request([1] * 50, max_tokens=3, arrival_s=1.0)
     done = engine.run_until_done()
@@ -136,11 +131,8 @@ workloads = st.lists(
 
 @settings(max_examples=60, deadline=None)
 @given(
-    workload=workloads,
-    num_blocks=st.integers(6, 24),
-    block_size=st.sampled_from([1, 4, 16]),
-    budget=st.sampled_from([None, 1, 7, 32]),
-    prefill_first=st.booleans(),
+    workload=workloads, num_blocks=st.integers(6, 24), block_size=st.sampled_from([1, 4, 16]),
+    budget=st.sampled_from([None, 1, 7, 32]), prefill_first=st.booleans(),
 )
 def test_random_workloads_conserve_tokens_and_free_every_block(
     workload, num_blocks, block_size, budget, prefill_first

@@ -12,17 +12,15 @@ second definition appears. It scans the package's source with ``ast``:
   it
 - a request of a workload (arrival, prompt and output tokens): ``sim/workload.Request``; a step's record:
   ``engine/step_records.StepRecord`` (the engine's history and every timeline; ``sim.MeasuredStep`` is a
-  different
-  thing, a calibration sample: a batch's entries and its measured time)
+  different thing, a calibration sample: a batch's entries and its measured time)
 
 Issue 45 adds: an entry enters a batch one way (``ScheduledBatch._append``, which alone counts a decode);
 a sequence's cached K/V entries (``Sequence.num_cached_tokens``, never ``computed - evicted`` inlined); the
 attention's work in the simulator (``CostModelExecutor.attention_work``); a roofline result's fields
 (``roofline.RooflineTime``; ``sim.factors.StepBreakdown`` extends it); the pool's bytes per token with its
-scale
-layouts (``kv.quant.pool_bytes_per_token``; ``plan.bytes_per_token`` is the same object) and the pool's size
-(``plan.pool_blocks``; ``sim.kv_pool_blocks`` calls it); the evicted count (``memory.evicted_tokens``); the
-token-budget schedulers' constructor (``engine.scheduler.TokenBudgetScheduler``); argument checks
+scale layouts (``kv.quant.pool_bytes_per_token``; ``plan.bytes_per_token`` is the same object) and the pool's
+size (``plan.pool_blocks``; ``sim.kv_pool_blocks`` calls it); the evicted count (``memory.evicted_tokens``);
+the token-budget schedulers' constructor (``engine.scheduler.TokenBudgetScheduler``); argument checks
 (``longctx/checks.py``); the model's shape (``specs.ModelSpec``; the simulator's ``LayerShape`` retired).
 
 Two checks: a ``def`` / ``class`` of each canonical name exists in its home module only, and the formula

@@ -163,27 +163,15 @@ def _odd_head_dim_model():
 
 
 @pytest.mark.parametrize("change, word", [
-    (dict(model="gpt-9"), "unknown model"),
-    (dict(kv_dtype="fp7"), "kv_dtype"),
-    (dict(users=0), "users"),
-    (dict(users=-1), "users"),
-    (dict(users=1.5), "users"),
-    (dict(users=True), "users"),
-    (dict(context=0), "context"),
-    (dict(context=-3), "context"),
-    (dict(context=8192.0), "context"),
-    (dict(shared_prefix=-1), "shared_prefix"),
-    (dict(shared_prefix=8193), "shared_prefix"),
-    (dict(shared_prefix=8192), "shared_prefix"),
-    (dict(block_size=0), "block_size"),
-    (dict(pool_gib=None), "pool_gib or pool_bytes"),
-    (dict(pool_bytes=48 * GiB), "pool_gib or pool_bytes"),
-    (dict(pool_gib=0), "pool_gib"),
-    (dict(pool_gib=-1), "pool_gib"),
-    (dict(pool_gib=float("nan")), "pool_gib"),
-    (dict(pool_gib=float("inf")), "pool_gib"),
-    (dict(pool_gib=None, pool_bytes=0), "pool_bytes"),
-    (dict(pool_gib=None, pool_bytes="1G"), "pool_bytes"),
+    (dict(model="gpt-9"), "unknown model"), (dict(kv_dtype="fp7"), "kv_dtype"), (dict(users=0), "users"),
+    (dict(users=-1), "users"), (dict(users=1.5), "users"), (dict(users=True), "users"),
+    (dict(context=0), "context"), (dict(context=-3), "context"), (dict(context=8192.0), "context"),
+    (dict(shared_prefix=-1), "shared_prefix"), (dict(shared_prefix=8193), "shared_prefix"),
+    (dict(shared_prefix=8192), "shared_prefix"), (dict(block_size=0), "block_size"),
+    (dict(pool_gib=None), "pool_gib or pool_bytes"), (dict(pool_bytes=48 * GiB), "pool_gib or pool_bytes"),
+    (dict(pool_gib=0), "pool_gib"), (dict(pool_gib=-1), "pool_gib"),
+    (dict(pool_gib=float("nan")), "pool_gib"), (dict(pool_gib=float("inf")), "pool_gib"),
+    (dict(pool_gib=None, pool_bytes=0), "pool_bytes"), (dict(pool_gib=None, pool_bytes="1G"), "pool_bytes"),
     (dict(pool_gib=None, pool_bytes=1_000_000), "holds no block of 16 tokens"),
     (dict(model=_odd_head_dim_model(), kv_dtype="int8"), "head_dim"),
 ])
@@ -202,10 +190,7 @@ def test_cli_json_matches_plan(capsys):
     assert out == json.loads(json.dumps(plan(**CAPSTONE).to_dict()))
     assert {"bytes_per_token", "blocks", "bytes", "fits", "max_users", "headroom_bytes"} <= out.keys()
     assert (out["bytes_per_token"], out["blocks"], out["fits"], out["max_users"]) == (
-        66_560,
-        24_704,
-        True,
-        125,
+        66_560, 24_704, True, 125,
     )
 
 

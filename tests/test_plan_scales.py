@@ -21,20 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 GiB = 2**30
 CAPSTONE = dict(model="llama-3-8b", kv_dtype="fp8", users=64, context=8192, shared_prefix=2048, pool_gib=48)
 CLI = [
-    "--model",
-    "llama-3-8b",
-    "--kv-dtype",
-    "fp8",
-    "--users",
-    "64",
-    "--context",
-    "8192",
-    "--shared-prefix",
-    "2048",
-    "--pool-gib",
-    "48",
-    "--kv-scales",
-    "per-tensor",
+    "--model", "llama-3-8b", "--kv-dtype", "fp8", "--users", "64", "--context", "8192", "--shared-prefix",
+    "2048", "--pool-gib", "48", "--kv-scales", "per-tensor",
 ]
 
 
@@ -69,18 +57,8 @@ def test_cli_default_is_the_engines_layout():
 
 def test_cli_refuses_a_layout_for_a_plain_format():
     out = _cli(
-        "--model",
-        "llama-3-8b",
-        "--kv-dtype",
-        "bf16",
-        "--users",
-        "1",
-        "--context",
-        "16",
-        "--pool-gib",
-        "1",
-        "--kv-scales",
-        "per-group",
+        "--model", "llama-3-8b", "--kv-dtype", "bf16", "--users", "1", "--context", "16", "--pool-gib", "1",
+        "--kv-scales", "per-group",
     )
     assert out.returncode == 2 and "no scales" in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
@@ -107,14 +85,9 @@ def test_default_layout_is_what_the_engine_allocates(model, kv):
 @pytest.mark.parametrize(
     "kv,layout,scales",
     [
-        ("fp8", "per-tensor", 0),
-        ("fp8", "per-vector", 1),
-        ("fp8", "per-group", 4),
-        ("int8", "per-tensor", 0),
-        ("int8", "per-vector", 1),
-        ("int8", "per-group", 4),
-        ("int4", "per-tensor", 0),
-        ("int4", "per-group", 4),
+        ("fp8", "per-tensor", 0), ("fp8", "per-vector", 1), ("fp8", "per-group", 4),
+        ("int8", "per-tensor", 0), ("int8", "per-vector", 1), ("int8", "per-group", 4),
+        ("int4", "per-tensor", 0), ("int4", "per-group", 4),
     ],
 )
 def test_layouts_by_hand(kv, layout, scales):
@@ -149,10 +122,7 @@ def test_bad_layout_and_group_that_does_not_divide():
 def test_per_tensor_textbook_equality_when_everything_is_a_multiple_of_the_block():
     """Under per-tensor scales plan bytes == textbook bytes iff block rounding costs nothing."""
     for prefix, context, block, equal in (
-        (2048, 8192, 16, True),
-        (2050, 8192, 16, False),
-        (2048, 8200, 16, False),
-        (2048, 8192, 256, True),
+        (2048, 8192, 16, True), (2050, 8192, 16, False), (2048, 8200, 16, False), (2048, 8192, 256, True),
         (0, 100, 16, False),
     ):
         p = plan("llama-3-8b", "fp8", 64, context, prefix, block, pool_gib=48, kv_scales="per-tensor")

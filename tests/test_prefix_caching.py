@@ -23,17 +23,8 @@ from longctx.model.llama import Llama
 from longctx.specs import ModelSpec
 
 SPEC = ModelSpec(
-    name="tiny",
-    num_layers=2,
-    d_model=32,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    source="test",
-    intermediate_size=48,
-    vocab_size=50,
-    rope_theta=10000.0,
-    max_context=512,
+    name="tiny", num_layers=2, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8, source="test",
+    intermediate_size=48, vocab_size=50, rope_theta=10000.0, max_context=512,
 )
 
 

@@ -80,15 +80,9 @@ def test_the_pruning_sweep_covers_every_point_and_the_interventions():
         for name in kv_pruning.PRESSES:
             assert f"{name} {r:g}" in labels
         for extra in (
-            "snapkv {r:g} agnostic",
-            "h2o {r:g} agnostic",
-            "h2o_mean {r:g}",
-            "streaming_llm {r:g} n_sink=32",
-            "snapkv_force_needle {r:g}",
-            "random_snapkv_needle {r:g}",
-            "random_sink {r:g}",
-            "random_sink_snapkv_needle {r:g}",
-            "knorm_snapkv_needle {r:g}",
+            "snapkv {r:g} agnostic", "h2o {r:g} agnostic", "h2o_mean {r:g}", "streaming_llm {r:g} n_sink=32",
+            "snapkv_force_needle {r:g}", "random_snapkv_needle {r:g}", "random_sink {r:g}",
+            "random_sink_snapkv_needle {r:g}", "knorm_snapkv_needle {r:g}",
         ):
             assert extra.format(r=r) in labels
     needle = range(100, 127)
@@ -122,10 +116,8 @@ def test_records_made_in_parallel_merge_into_one(tmp_path):
 @pytest.mark.parametrize(
     "script,argv",
     [
-        ("throughput", ["--record"]),
-        ("compute_wall", ["--out", "{tmp}/cw.json"]),
-        ("decode_starvation", ["--json", "{tmp}/ds.json"]),
-        ("sim_fidelity", ["--record"]),
+        ("throughput", ["--record"]), ("compute_wall", ["--out", "{tmp}/cw.json"]),
+        ("decode_starvation", ["--json", "{tmp}/ds.json"]), ("sim_fidelity", ["--record"]),
     ],
 )
 def test_every_recording_script_refuses_a_loaded_machine(script, argv, monkeypatch, tmp_path, capsys):

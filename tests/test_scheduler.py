@@ -138,8 +138,7 @@ class LazyScheduler(Scheduler):
 @pytest.mark.parametrize(
     ("scheduler", "error", "message"),
     [
-        (ForgetfulScheduler(), ValueError, "batch.add"),
-        (GreedyScheduler(), ValueError, "over token_budget"),
+        (ForgetfulScheduler(), ValueError, "batch.add"), (GreedyScheduler(), ValueError, "over token_budget"),
         (LazyScheduler(), RuntimeError, "empty"),
     ],
 )

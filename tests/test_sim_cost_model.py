@@ -14,11 +14,8 @@ from longctx.specs import HARDWARE, MODELS, get_hardware
 
 entries = st.lists(st.tuples(st.integers(1, 4096), st.integers(0, 32768)), min_size=1, max_size=40)
 factors = st.builds(
-    CostFactors,
-    compute_efficiency=st.floats(0.05, 1.0),
-    attention_efficiency=st.floats(0.05, 1.0),
-    memory_efficiency=st.floats(0.05, 1.0),
-    step_overhead_s=st.floats(0.0, 0.01),
+    CostFactors, compute_efficiency=st.floats(0.05, 1.0), attention_efficiency=st.floats(0.05, 1.0),
+    memory_efficiency=st.floats(0.05, 1.0), step_overhead_s=st.floats(0.0, 0.01),
     per_sequence_overhead_s=st.floats(0.0, 1e-4),
 )
 gpu_model = st.tuples(st.sampled_from(sorted(MODELS)), st.sampled_from(sorted(HARDWARE)))

@@ -1,9 +1,7 @@
 """benchmarks/sim_fidelity.py's record (longctx/data/recorded/sim_fidelity.json): made on a quiet machine with
-its
-provenance, self-consistent (each error is the prediction against the median of the real runs; the paired
-errors,
-their t-intervals and the verdicts follow the rule the script states), with the steadiness of the machine
-measured,
+its provenance, self-consistent (each error is the prediction against the median of the real runs; the paired
+errors, their t-intervals and the verdicts follow the rule the script states), with the steadiness of the
+machine measured,
 on the well-conditioned workload B, and saying what the profiled GEMMs changed against the roofline ones."""
 
 from __future__ import annotations
@@ -44,8 +42,7 @@ def test_the_record_is_of_the_workload_the_script_runs():
         "burst": 10,
         "budget": sim_fidelity.A_BUDGET,
         "stair": {
-            "requests": sim_fidelity.STAIR_REQUESTS,
-            "start_s": sim_fidelity.STAIR_START_S,
+            "requests": sim_fidelity.STAIR_REQUESTS, "start_s": sim_fidelity.STAIR_START_S,
             "gap_s": sim_fidelity.STAIR_GAP_S,
         },
     }

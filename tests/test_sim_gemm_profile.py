@@ -82,12 +82,7 @@ def test_the_fits_design_row_is_the_profiled_step_time_and_calibration_recovers_
     theta = np.array([k.step_overhead_s, k.per_sequence_overhead_s, 1 / k.compute_efficiency,
                       1 / k.attention_efficiency, 1 / k.memory_efficiency])
     batches = [
-        [(1, 100)] * 3,
-        [(64, 0)],
-        [(60, 200), (1, 50), (1, 900)],
-        [(1, 30)],
-        [(8, 8), (1, 5)],
-        [(1, 7)] * 6,
+        [(1, 100)] * 3, [(64, 0)], [(60, 200), (1, 50), (1, 900)], [(1, 30)], [(8, 8), (1, 5)], [(1, 7)] * 6,
     ]
     for seqs in batches:
         row, const = design_row(operator_terms(ex, seqs), theta, k.serial_fraction)

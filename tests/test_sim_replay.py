@@ -22,11 +22,7 @@ WORKLOAD = make_workload(12, 4.0, 300, 8, seed=3)
 
 def serve(executor):
     engine = Engine(
-        executor,
-        ChunkedPrefillScheduler(256),
-        num_blocks=256,
-        block_size=16,
-        clock=VirtualClock(),
+        executor, ChunkedPrefillScheduler(256), num_blocks=256, block_size=16, clock=VirtualClock(),
         max_model_len=4096,
     )
     for r in WORKLOAD:

@@ -272,11 +272,7 @@ def test_a_scaled_executor_stretches_every_step_and_nothing_else():
 
     def run(executor):
         engine = Engine(
-            executor,
-            ChunkedPrefillScheduler(64),
-            num_blocks=64,
-            block_size=16,
-            clock=VirtualClock(),
+            executor, ChunkedPrefillScheduler(64), num_blocks=64, block_size=16, clock=VirtualClock(),
             max_model_len=1024,
         )
         for i in range(3):

@@ -44,13 +44,9 @@ def test_length_distributions():
 
 
 @pytest.mark.parametrize("bad", [
-    lambda: make_workload(0, 1.0, 10, 10),
-    lambda: make_workload(10, 0.0, 10, 10),
-    lambda: make_workload(10, 1.0, 10, 10, arrival="uniform"),
-    lambda: Uniform(5, 2),
-    lambda: Fixed(0),
-    lambda: Trace(()),
-    lambda: LogNormal(-1.0),
+    lambda: make_workload(0, 1.0, 10, 10), lambda: make_workload(10, 0.0, 10, 10),
+    lambda: make_workload(10, 1.0, 10, 10, arrival="uniform"), lambda: Uniform(5, 2), lambda: Fixed(0),
+    lambda: Trace(()), lambda: LogNormal(-1.0),
 ])
 def test_bad_parameters_raise_value_error(bad):
     with pytest.raises(ValueError):

@@ -20,12 +20,8 @@ from longctx.specs import (
 @pytest.mark.parametrize(
     "name, expected, rel",
     [
-        ("llama-2-7b", 6.74e9, 1e-3),
-        ("llama-3-8b", 8.03e9, 1e-3),
-        ("llama-3.1-70b", 70.6e9, 1e-3),
-        ("mistral-7b", 7.24e9, 1e-3),
-        ("smollm2-135m", 134.5e6, 1e-3),
-        ("teaching-7b-mha", 7e9, 0),
+        ("llama-2-7b", 6.74e9, 1e-3), ("llama-3-8b", 8.03e9, 1e-3), ("llama-3.1-70b", 70.6e9, 1e-3),
+        ("mistral-7b", 7.24e9, 1e-3), ("smollm2-135m", 134.5e6, 1e-3), ("teaching-7b-mha", 7e9, 0),
     ],
 )
 def test_param_counts_match_published(name, expected, rel):
@@ -42,12 +38,9 @@ def test_exact_counts_from_shapes():
 @pytest.mark.parametrize(
     "name, L, hq, hkv, dh, dm",
     [
-        ("llama-2-7b", 32, 32, 32, 128, 4096),
-        ("llama-3-8b", 32, 32, 8, 128, 4096),
-        ("llama-3.1-70b", 80, 64, 8, 128, 8192),
-        ("mistral-7b", 32, 32, 8, 128, 4096),
-        ("smollm2-135m", 30, 9, 3, 64, 576),
-        ("teaching-7b-mha", 32, 32, 32, 128, 4096),
+        ("llama-2-7b", 32, 32, 32, 128, 4096), ("llama-3-8b", 32, 32, 8, 128, 4096),
+        ("llama-3.1-70b", 80, 64, 8, 128, 8192), ("mistral-7b", 32, 32, 8, 128, 4096),
+        ("smollm2-135m", 30, 9, 3, 64, 576), ("teaching-7b-mha", 32, 32, 32, 128, 4096),
     ],
 )
 def test_shapes(name, L, hq, hkv, dh, dm):

@@ -33,10 +33,8 @@ DEFAULT_TIMEOUT_S = 600.0
 def _payload(req: dict, model: str) -> tuple[str, dict]:
     """(path, body) of a workload request: ``{"messages"| "prompt", "max_tokens", ...}``."""
     body = {
-        "model": model,
-        "max_tokens": int(req["max_tokens"]),
-        "temperature": float(req.get("temperature", 0.0)),
-        "stream": True,
+        "model": model, "max_tokens": int(req["max_tokens"]),
+        "temperature": float(req.get("temperature", 0.0)), "stream": True,
         "stream_options": {"include_usage": True},
     }
     if req.get("ignore_eos"):
@@ -60,10 +58,7 @@ async def stream_request(
     """Send one workload request and record its timeline. Never raises for a server-side failure."""
     path, body = _payload(req, model)
     rec = RequestRecord(
-        request_id,
-        time.perf_counter(),
-        expected=req.get("expected"),
-        kind=req.get("kind", ""),
+        request_id, time.perf_counter(), expected=req.get("expected"), kind=req.get("kind", ""),
         prompt_tokens=req.get("prompt_tokens"),
     )
     try:
@@ -114,14 +109,8 @@ def arrival_offsets_s(num_requests: int, rate: float, seed: int = 0) -> list[flo
 
 
 async def run_requests(
-    base_url: str,
-    model: str,
-    requests: list[dict],
-    rate: float = math.inf,
-    concurrency: int | None = None,
-    seed: int = 0,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    offsets_s: list[float] | None = None,
+    base_url: str, model: str, requests: list[dict], rate: float = math.inf, concurrency: int | None = None,
+    seed: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S, offsets_s: list[float] | None = None,
 ) -> tuple[list[RequestRecord], float]:
     """Run ``requests``; returns ``(records in request order, duration_s)``.
 

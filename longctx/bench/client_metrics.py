@@ -26,8 +26,7 @@ to the ITL list under this rule; ``RequestRecord.text_times_s`` gives the text-o
 chunks="text")``) so the difference can be measured rather than guessed.
 The definitions (per-request latencies, the SLO, the distributions and the run aggregate) are
 ``longctx.request_metrics``', the ones the engine and the simulator use; this module adds what only a client
-has
-(``RequestRecord``, failures, answer checks, the table) and renders the summary in milliseconds.
+has (``RequestRecord``, failures, answer checks, the table) and renders the summary in milliseconds.
 Percentiles are numpy's linear interpolation (``np.percentile``), as vLLM prints them; the median is the
 50th of them. Pure Python + numpy.
 """
@@ -99,15 +98,11 @@ SLOs = SLO
 
 
 def summarize(
-    records: list[RequestRecord],
-    duration_s: float | None = None,
-    slos: SLO | None = None,
-    percentiles=DEFAULT_PERCENTILES,
-    chunks: str = "choices",
+    records: list[RequestRecord], duration_s: float | None = None, slos: SLO | None = None,
+    percentiles=DEFAULT_PERCENTILES, chunks: str = "choices",
 ) -> dict:
     """Benchmark summary (plain data, JSON-ready) of a run's records: ``longctx.request_metrics.RunMetrics``
-    of the
-    completed requests in milliseconds, plus the failures, the answer checks and the SLOs.
+    of the completed requests in milliseconds, plus the failures, the answer checks and the SLOs.
 
     ``chunks``: which arrivals are timed: ``"choices"`` (every chunk with choices: vLLM's rule, the default)
     or ``"text"`` (only chunks that carried text; a completed request without any has no latencies then).

@@ -136,13 +136,8 @@ def shared_prefix_workload(num_prompts: int, tokenizer, prefix_tokens: int, max_
 
 
 def build_workload(
-    name: str,
-    num_prompts: int,
-    tokenizer,
-    prompt_tokens: int | None = None,
-    max_tokens: int | None = None,
-    seed: int = 0,
-    prefix_tokens: int | None = None,
+    name: str, num_prompts: int, tokenizer, prompt_tokens: int | None = None, max_tokens: int | None = None,
+    seed: int = 0, prefix_tokens: int | None = None,
 ) -> list[dict]:
     """``num_prompts`` requests of workload ``name`` (one of ``WORKLOADS``), seeded. ``prefix_tokens`` sizes
     the common system prompt of ``shared-prefix`` (only there; its questions are short, so no

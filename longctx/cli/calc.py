@@ -50,23 +50,15 @@ def run_kv(args: argparse.Namespace) -> int:
     bpt = mem.kv_bytes_per_token(model, args.dtype)
     pool = mem.kv_pool(model, args.requests, args.tokens, args.dtype, args.shared_prefix, args.block_size)
     result = {
-        "model": model.name,
-        "dtype": args.dtype.lower(),
-        "tokens": args.tokens,
-        "requests": args.requests,
-        "shared_prefix_tokens": args.shared_prefix,
-        "block_size": args.block_size,
-        "bytes_per_token": bpt,
-        "bytes": pool.total_bytes,
-        "gib": pool.total_bytes / mem.GiB,
+        "model": model.name, "dtype": args.dtype.lower(), "tokens": args.tokens, "requests": args.requests,
+        "shared_prefix_tokens": args.shared_prefix, "block_size": args.block_size, "bytes_per_token": bpt,
+        "bytes": pool.total_bytes, "gib": pool.total_bytes / mem.GiB,
     }
     if args.json:
         print(json.dumps(result))
         return 0
     rows = [
-        ("model", model.name),
-        ("dtype", result["dtype"]),
-        ("tokens per request", f"{args.tokens:,}"),
+        ("model", model.name), ("dtype", result["dtype"]), ("tokens per request", f"{args.tokens:,}"),
         ("requests", f"{args.requests:,}"),
     ]
     if args.shared_prefix:
@@ -86,16 +78,10 @@ def run_flops(args: argparse.Namespace) -> int:
     model = get_model(args.model)
     count = fl.chunk_flops(model, args.tokens, args.cached, args.attention, args.params)
     result = {
-        "model": model.name,
-        "tokens": args.tokens,
-        "cached_tokens": args.cached,
-        "attention": args.attention,
-        "params": args.params,
-        "num_params": fl.linear_params(model, args.params),
-        "linear_flops": count.linear_flops,
-        "attention_flops": count.attention_flops,
-        "total_flops": count.total_flops,
-        "attention_share": count.attention_share,
+        "model": model.name, "tokens": args.tokens, "cached_tokens": args.cached, "attention": args.attention,
+        "params": args.params, "num_params": fl.linear_params(model, args.params),
+        "linear_flops": count.linear_flops, "attention_flops": count.attention_flops,
+        "total_flops": count.total_flops, "attention_share": count.attention_share,
         "crossover_tokens": fl.crossover_tokens(model, args.attention, args.params),
     }
     if args.json:
@@ -105,8 +91,7 @@ def run_flops(args: argparse.Namespace) -> int:
     rows = [
         ("model", f"{model.name}  (N = {result['num_params']:,} params, {args.params})"),
         ("new tokens", f"{args.tokens:,}" + (f" after {args.cached:,} cached" if args.cached else "")),
-        ("attention", args.attention),
-        ("linear (2*T*N)", f"{count.linear_flops / tf:,.3f} TFLOPs"),
+        ("attention", args.attention), ("linear (2*T*N)", f"{count.linear_flops / tf:,.3f} TFLOPs"),
         ("attention (QK^T, AV)", f"{count.attention_flops / tf:,.3f} TFLOPs"),
         ("total", f"{count.total_flops / tf:,.3f} TFLOPs"),
         ("attention share", f"{100 * count.attention_share:.1f} %"),

@@ -87,9 +87,7 @@ def run_checks() -> list[Check]:
         version = _version(package)
         checks.append(
             Check(
-                package,
-                version is not None,
-                version or "missing",
+                package, version is not None, version or "missing",
                 "run `make lab` (it installs requirements.txt)",
             )
         )

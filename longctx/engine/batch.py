@@ -52,13 +52,8 @@ class ScheduledBatch:
     """
 
     def __init__(
-        self,
-        block_manager: BlockManager,
-        running: list[Sequence] = (),
-        *,
-        token_budget: int | None = None,
-        max_num_seqs: int | None = None,
-        decode_chunks: dict[int, ScheduledChunk] | None = None,
+        self, block_manager: BlockManager, running: list[Sequence] = (), *, token_budget: int | None = None,
+        max_num_seqs: int | None = None, decode_chunks: dict[int, ScheduledChunk] | None = None,
     ) -> None:
         self.block_manager = block_manager
         self.running = running
@@ -130,8 +125,8 @@ class ScheduledBatch:
 
     def add_decodes(self, seqs) -> list[Sequence]:
         """``add(seq, 1)`` for each decode of ``seqs`` (``Sequence.is_decode``) in order, while the token
-        budget
-        lasts (no budget: all); returns the others (prefills), in order. A stall-free policy's first loop."""
+        budget lasts (no budget: all); returns the others (prefills), in order. A stall-free policy's first
+        loop."""
         others, budget = [], self.token_budget
         for seq in seqs:
             if not seq.is_decode:

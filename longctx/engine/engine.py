@@ -53,16 +53,9 @@ class Engine:
     """
 
     def __init__(
-        self,
-        executor: Executor,
-        scheduler: Scheduler,
-        block_manager: BlockManager | None = None,
-        *,
-        num_blocks: int | None = None,
-        block_size: int = 16,
-        clock: Clock | None = None,
-        max_model_len: int = DEFAULT_MAX_MODEL_LEN,
-        eos_token_id: int | None = None,
+        self, executor: Executor, scheduler: Scheduler, block_manager: BlockManager | None = None, *,
+        num_blocks: int | None = None, block_size: int = 16, clock: Clock | None = None,
+        max_model_len: int = DEFAULT_MAX_MODEL_LEN, eos_token_id: int | None = None,
         vocab_size: int | None = None,
     ) -> None:
         if not isinstance(executor, Executor):
@@ -110,12 +103,8 @@ class Engine:
 
     # ---- requests ----
     def add_request(
-        self,
-        prompt_token_ids: list[int],
-        max_tokens: int,
-        arrival_s: float | None = None,
-        eos_token_id: int | None = None,
-        sampling: SamplingParams | None = None,
+        self, prompt_token_ids: list[int], max_tokens: int, arrival_s: float | None = None,
+        eos_token_id: int | None = None, sampling: SamplingParams | None = None,
     ) -> Sequence:
         """Admit a request; returns its ``Sequence`` (timestamps fill in as it runs).
 
@@ -133,12 +122,9 @@ class Engine:
         check_fits_pool(self.block_manager, len(ids), max_tokens)
         now = self.clock.now()
         seq = Sequence(
-            seq_id=self._next_id,
-            prompt_token_ids=ids,
-            max_tokens=max_tokens,
+            seq_id=self._next_id, prompt_token_ids=ids, max_tokens=max_tokens,
             arrival_s=now if arrival_s is None else float(arrival_s),
-            eos_token_id=self.eos_token_id if eos_token_id is None else eos_token_id,
-            sampling=sampling,
+            eos_token_id=self.eos_token_id if eos_token_id is None else eos_token_id, sampling=sampling,
         )
         self._next_id += 1
         if seq.arrival_s <= now:
@@ -229,15 +215,10 @@ class Engine:
         self._update(batch, result.next_token_ids, end_s, result.evicted_tokens)
         entries = batch.entries
         record = StepRecord(
-            start_s=start_s,
-            end_s=end_s,
-            duration_s=float(result.duration_s),
-            num_prefill_tokens=batch.num_prefill_tokens,
-            num_decode_tokens=batch.num_decode_tokens,
-            seq_ids=tuple(map(_SEQ_ID, entries)),
-            chunk_tokens=tuple(map(_NUM_TOKENS, entries)),
-            num_preempted=len(batch.preempted),
-            num_free_blocks=self.block_manager.num_free_blocks,
+            start_s=start_s, end_s=end_s, duration_s=float(result.duration_s),
+            num_prefill_tokens=batch.num_prefill_tokens, num_decode_tokens=batch.num_decode_tokens,
+            seq_ids=tuple(map(_SEQ_ID, entries)), chunk_tokens=tuple(map(_NUM_TOKENS, entries)),
+            num_preempted=len(batch.preempted), num_free_blocks=self.block_manager.num_free_blocks,
             num_used_blocks=held,
         )
         self.history.append(record)

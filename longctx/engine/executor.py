@@ -29,8 +29,7 @@ class ExecutionResult:
 
     ``next_token_ids``: one token id per batch entry, in ``batch.entries`` order; only the entries that
     reach the end of their sequence (all its tokens computed) use theirs. ``None`` when the executor produces
-    no
-    real tokens (a cost model): the engine then appends a dummy token and stops by ``max_tokens`` only.
+    no real tokens (a cost model): the engine then appends a dummy token and stops by ``max_tokens`` only.
 
     ``evicted_tokens``: for KV pruning, the entries each sequence's cache lost this step (per KV head,
     compacted to the front of its slots): the engine shrinks its block table accordingly.

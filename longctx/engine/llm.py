@@ -12,17 +12,9 @@ DEFAULT_NUM_BLOCKS = 256  # 4096 tokens of 16; for SmolLM2 in fp32: 4096 x 46 KB
 
 
 def build_engine(
-    scheduler: Scheduler | None = None,
-    num_blocks: int = DEFAULT_NUM_BLOCKS,
-    block_size: int = 16,
-    device="cpu",
-    dtype=None,
-    clock: Clock | None = None,
-    model=None,
-    kv_dtype: str | None = None,
-    enable_prefix_caching: bool = False,
-    press=None,
-    attention_backend: str | None = None,
+    scheduler: Scheduler | None = None, num_blocks: int = DEFAULT_NUM_BLOCKS, block_size: int = 16,
+    device="cpu", dtype=None, clock: Clock | None = None, model=None, kv_dtype: str | None = None,
+    enable_prefix_caching: bool = False, press=None, attention_backend: str | None = None,
 ):
     """An ``Engine`` running SmolLM2-135M-Instruct on ``device``; returns ``(engine, tokenizer)``.
 
@@ -51,14 +43,8 @@ def build_engine(
 
 
 def generate(
-    model,
-    prompt_token_ids: list[int],
-    max_tokens: int,
-    chunk_size: int | None = None,
-    eos_token_id: int | None = None,
-    block_size: int = 16,
-    press=None,
-    attention_backend: str | None = None,
+    model, prompt_token_ids: list[int], max_tokens: int, chunk_size: int | None = None,
+    eos_token_id: int | None = None, block_size: int = 16, press=None, attention_backend: str | None = None,
 ) -> list[int]:
     """Greedy completion of one prompt; prefill in chunks of ``chunk_size`` (None: all at once); ``press``
     (a ``longctx.kv.press.Press``) prunes the prompt's KV cache when its prefill ends; ``attention_backend``

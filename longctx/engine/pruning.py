@@ -124,10 +124,8 @@ class PressRecorder:
         """What the press would see for ``layer`` of sequence ``seq_id`` now (its first ``num_tokens``
         cached tokens and what was collected so far): to look at a press's choice without pruning."""
         return self._input(
-            cache,
-            _slots_of(cache, table, num_tokens),
-            self._state.get(seq_id, {"queries": {}, "attention": {}}),
-            layer,
+            cache, _slots_of(cache, table, num_tokens),
+            self._state.get(seq_id, {"queries": {}, "attention": {}}), layer,
         )
 
     @staticmethod

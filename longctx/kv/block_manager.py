@@ -128,8 +128,7 @@ class BlockManager:
 
     def has_room(self, seq_id: int, num_tokens: int) -> bool:
         """Whether the blocks ``seq_id`` holds already have slots for ``num_tokens`` tokens in total (a
-        decode's
-        usual case: no block to take; ``extra_blocks_needed == 0`` without counting)."""
+        decode's usual case: no block to take; ``extra_blocks_needed == 0`` without counting)."""
         table = self._tables.get(seq_id)
         return table is not None and num_tokens <= len(table) * self.block_size
 

@@ -18,8 +18,7 @@ machine
   of the form's best factors over a grid lives in ``benchmarks/sim_profiles.py``, its one user.
 - ``recording``: ``RecordingExecutor`` keeps a real engine's steps as ``MeasuredStep``\\ s.
 - ``workload``: ``make_workload`` with Poisson / gamma arrivals; ``Fixed``, ``Uniform``, ``LogNormal``,
-``Trace``.
-- ``run``: ``simulate`` -> ``SimResult``; ``build_sim_engine``; ``kv_pool_blocks``.
+``Trace``. - ``run``: ``simulate`` -> ``SimResult``; ``build_sim_engine``; ``kv_pool_blocks``.
 - ``scenarios``: ``capacity`` (highest rate under an ITL SLO), rate sweeps.
 """
 
@@ -30,24 +29,7 @@ from longctx.sim.run import SimResult, build_sim_engine, kv_pool_blocks, simulat
 from longctx.sim.workload import Fixed, LogNormal, Request, Trace, Uniform, arrival_times, make_workload
 
 __all__ = [
-    "COST_FORMS",
-    "Calibration",
-    "CostFactors",
-    "CostModelExecutor",
-    "Fixed",
-    "LogNormal",
-    "MeasuredStep",
-    "RecordingExecutor",
-    "ReplayExecutor",
-    "ScaledExecutor",
-    "Request",
-    "SimResult",
-    "Trace",
-    "Uniform",
-    "arrival_times",
-    "build_sim_engine",
-    "calibrate",
-    "kv_pool_blocks",
-    "make_workload",
-    "simulate",
+    "COST_FORMS", "Calibration", "CostFactors", "CostModelExecutor", "Fixed", "LogNormal", "MeasuredStep",
+    "RecordingExecutor", "ReplayExecutor", "ScaledExecutor", "Request", "SimResult", "Trace", "Uniform",
+    "arrival_times", "build_sim_engine", "calibrate", "kv_pool_blocks", "make_workload", "simulate",
 ]

@@ -180,15 +180,9 @@ def fit_profiles(models: Sequence[str] | None = None, hardware: HardwareSpec | s
     sx = np.c_[np.ones_like(bts), bts / hw.memory_bandwidth_bytes_per_s] / ys[:, None]
     s_theta = bounded_lstsq(sx, np.ones_like(ys), np.array([0.0, 1.0]), {})
     factors = replace(
-        CostFactors(),
-        compute_efficiency=_sig(1 / theta[1]),
-        memory_efficiency=_sig(1 / theta[2]),
-        serial_fraction=serial,
-        kernel_overhead_s=_sig(theta[0]),
-        elementwise_efficiency=_sig(1 / s_theta[1]),
-        elementwise_overhead_s=_sig(s_theta[0]),
-        gemm_tile_tokens=tile_tokens,
-        gemm_wave_sms=wave_sms,
+        CostFactors(), compute_efficiency=_sig(1 / theta[1]), memory_efficiency=_sig(1 / theta[2]),
+        serial_fraction=serial, kernel_overhead_s=_sig(theta[0]), elementwise_efficiency=_sig(1 / s_theta[1]),
+        elementwise_overhead_s=_sig(s_theta[0]), gemm_tile_tokens=tile_tokens, gemm_wave_sms=wave_sms,
     )
     clipped = tuple(name for name, v in (("compute_efficiency", theta[1]), ("memory_efficiency", theta[2]),
                                          ("elementwise_efficiency", s_theta[1])) if v <= 1 + 1e-12)
@@ -253,14 +247,7 @@ def profile_errors(factors: CostFactors | None = None, models: Sequence[str] | N
                 w = int(np.argmax(np.abs(errs)))
                 out.append(
                     ProfileError(
-                        name,
-                        tp,
-                        lo,
-                        hi,
-                        len(sel),
-                        float(np.median(np.abs(errs))),
-                        float(errs[w]),
-                        sel[w][0],
+                        name, tp, lo, hi, len(sel), float(np.median(np.abs(errs))), float(errs[w]), sel[w][0],
                         tuple(n for n, e in sel if abs(e) > 0.15),
                     )
                 )
@@ -272,14 +259,13 @@ def monotone_error_bound(
 ) -> tuple[float, int, int]:
     """The smallest worst-case relative error that *any* model whose time never falls as tokens are added can
     reach on ``model``'s measured linear time over ``low_tokens ... high_tokens``, and the pair of token
-    counts
-    ``(a, b)``, ``a < b``, that forces it: ``(t_a - t_b) / (t_a + t_b)`` for the measured ``t_a > t_b``.
+    counts ``(a, b)``, ``a < b``, that forces it: ``(t_a - t_b) / (t_a + t_b)`` for the measured ``t_a >
+    t_b``.
 
     A non-decreasing ``f`` within ``e`` of both needs ``t_a (1 - e) <= f(a) <= f(b) <= t_b (1 + e)``; the
     largest such pair sets the bound, and it is reached (isotonic minimax). The operator form is
-    non-decreasing
-    in the token count, so no choice of its factors beats this; ``(0.0, 0, 0)`` when the measurement never
-    falls.
+    non-decreasing in the token count, so no choice of its factors beats this; ``(0.0, 0, 0)`` when the
+    measurement never falls.
     """
     pm = _profiled(model)
     if tp not in pm.num_tokens:
@@ -308,15 +294,6 @@ def leave_one_model_out(
 
 
 __all__ = [
-    "Calibration",
-    "ProfileError",
-    "ProfileFit",
-    "TOKEN_RANGES",
-    "calibrate",
-    "fit_profiles",
-    "leave_one_model_out",
-    "linear_time_points",
-    "monotone_error_bound",
-    "profile_errors",
-    "profiled_names",
+    "Calibration", "ProfileError", "ProfileFit", "TOKEN_RANGES", "calibrate", "fit_profiles",
+    "leave_one_model_out", "linear_time_points", "monotone_error_bound", "profile_errors", "profiled_names",
 ]

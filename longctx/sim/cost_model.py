@@ -11,8 +11,7 @@ logit row per entry), and the attention of each entry::
 
     linear_s    = L * (sum of the 4 GEMMs over T tokens + small ops) + embedding + LM head (E rows)
     attention_s = max(attention_flops / (peak * attention_efficiency), KV bytes / (bandwidth *
-    memory_efficiency))
-    step_s      = step_overhead_s + per_sequence_overhead_s * E + linear_s + attention_s
+    memory_efficiency)) step_s      = step_overhead_s + per_sequence_overhead_s * E + linear_s + attention_s
 
   ``linear_time_s(n, tp)`` is ``linear_s`` without the LM head: what Vidur's H100 profiles measure. The
   attention term is the course's FLOPs and KV bytes on a roofline, *not* measured by those profiles.
@@ -84,23 +83,14 @@ class CostModelExecutor(Executor):
         form: ``"operator"`` (default) or ``"batch"`` (module docstring).
         gemm_profile: a ``GemmProfile`` of ``model`` measured on the machine being modelled
             (``longctx.sim.gemm_profile``): the operator form then prices the GEMMs, the small ops, the LM
-            head
-            and a fresh prompt chunk's attention from it (measured seconds, tensor parallelism 1) instead of
-            from their rooflines.
+            head and a fresh prompt chunk's attention from it (measured seconds, tensor parallelism 1) instead
+            of from their rooflines.
     """
 
     def __init__(
-        self,
-        model: ModelSpec | str,
-        hardware: HardwareSpec | str,
-        factors: CostFactors | None = None,
-        weight_dtype: str = "bf16",
-        kv_dtype: str = "bf16",
-        attention: str = "causal",
-        params: str = "matmul",
-        kv_compression_ratio: float = 0.0,
-        form: str = "operator",
-        gemm_profile: GemmProfile | None = None,
+        self, model: ModelSpec | str, hardware: HardwareSpec | str, factors: CostFactors | None = None,
+        weight_dtype: str = "bf16", kv_dtype: str = "bf16", attention: str = "causal", params: str = "matmul",
+        kv_compression_ratio: float = 0.0, form: str = "operator", gemm_profile: GemmProfile | None = None,
     ) -> None:
         if not 0.0 <= float(kv_compression_ratio) < 1.0:
             raise ValueError(f"kv_compression_ratio must be in [0, 1), got {kv_compression_ratio!r}")
@@ -124,10 +114,7 @@ class CostModelExecutor(Executor):
             factors = CostFactors() if form == "operator" else CostFactors.assumed()
         self.factors = factors
         self.weight_dtype, self.kv_dtype, self.attention, self.params = (
-            weight_dtype,
-            kv_dtype,
-            attention,
-            params,
+            weight_dtype, kv_dtype, attention, params,
         )
         self.weight_elem_bytes = dtype_bytes(weight_dtype)
         self.act_elem_bytes = 4.0 if str(weight_dtype).lower() == "fp32" else 2.0
@@ -162,14 +149,8 @@ class CostModelExecutor(Executor):
         if t is None:
             hw = self.hardware
             t = self._layers_cache[key] = layers_time_s(
-                self.model,
-                n,
-                self.factors,
-                hw.peak_flops_per_s,
-                hw.memory_bandwidth_bytes_per_s,
-                self.weight_elem_bytes,
-                self.act_elem_bytes,
-                tp,
+                self.model, n, self.factors, hw.peak_flops_per_s, hw.memory_bandwidth_bytes_per_s,
+                self.weight_elem_bytes, self.act_elem_bytes, tp,
             )
         return t
 
@@ -224,8 +205,7 @@ class CostModelExecutor(Executor):
         return StepFeatures(
             linear_s=(tokens * self._linear_flops_per_token + n * self._linear_flops_per_entry) / peak,
             attention_s=attention_flops / peak,
-            memory_s=num_bytes / self.hardware.memory_bandwidth_bytes_per_s,
-            num_sequences=n,
+            memory_s=num_bytes / self.hardware.memory_bandwidth_bytes_per_s, num_sequences=n,
         )
 
     def breakdown(self, sequences: Iterable[tuple[int, int]]) -> StepBreakdown:
@@ -310,16 +290,8 @@ class CostModelExecutor(Executor):
 
     def with_factors(self, factors: CostFactors) -> CostModelExecutor:
         return CostModelExecutor(
-            self.model,
-            self.hardware,
-            factors,
-            self.weight_dtype,
-            self.kv_dtype,
-            self.attention,
-            self.params,
-            self.kv_compression_ratio,
-            self.form,
-            self.gemm_profile,
+            self.model, self.hardware, factors, self.weight_dtype, self.kv_dtype, self.attention, self.params,
+            self.kv_compression_ratio, self.form, self.gemm_profile,
         )
 
     def __repr__(self) -> str:

@@ -29,10 +29,7 @@ ASSUMED = {"attention_efficiency": 0.5, "step_overhead_s": 1e-3, "per_sequence_o
 ASSUMED_BATCH = {"compute_efficiency": 0.6, "memory_efficiency": 0.8, **ASSUMED}
 
 FACTOR_NAMES = (
-    "step_overhead_s",
-    "per_sequence_overhead_s",
-    "compute_efficiency",
-    "attention_efficiency",
+    "step_overhead_s", "per_sequence_overhead_s", "compute_efficiency", "attention_efficiency",
     "memory_efficiency",
 )
 EFFICIENCIES = ("compute_efficiency", "attention_efficiency", "memory_efficiency", "elementwise_efficiency")

@@ -124,10 +124,8 @@ class GemmProfile:
 
     def to_dict(self) -> dict:
         return {
-            "model": self.model,
-            "rows": list(self.rows),
-            "seconds": {g: list(v) for g, v in self.seconds.items()},
-            "source": self.source,
+            "model": self.model, "rows": list(self.rows),
+            "seconds": {g: list(v) for g, v in self.seconds.items()}, "source": self.source,
         }
 
     @classmethod

@@ -141,11 +141,8 @@ def run_load_test(model: str, kv_dtype: str, prefix_caching: bool, test: LoadTes
     cls = BlockManager if same_step_sharing or not prefix_caching else RegisterAfterStep
     bm = cls(num_blocks, 16, enable_prefix_caching=prefix_caching)
     engine = Engine(
-        CostModelExecutor(m, hw, None, "bf16", kv_dtype),
-        ChunkedPrefillScheduler(test.token_budget),
-        block_manager=bm,
-        clock=VirtualClock(),
-        max_model_len=test.context_tokens,
+        CostModelExecutor(m, hw, None, "bf16", kv_dtype), ChunkedPrefillScheduler(test.token_budget),
+        block_manager=bm, clock=VirtualClock(), max_model_len=test.context_tokens,
     )
     for i, r in enumerate(test.workload()):
         engine.add_request(sim_prompt_ids(i, r.prompt_tokens, prefix), r.output_tokens, arrival_s=r.arrival_s)
@@ -159,27 +156,17 @@ def run_load_test(model: str, kv_dtype: str, prefix_caching: bool, test: LoadTes
     steps = engine.history
     peak_running = max(len(s.seq_ids) for s in steps)
     row = {
-        "model": m.name,
-        "kv_dtype": kv_dtype,
-        "prefix_caching": bool(prefix_caching),
-        "same_step_sharing": bool(same_step_sharing),
-        "kv_bytes_per_token": p.bytes_per_token,
-        "pool_blocks": num_blocks,
-        "planned_blocks": p.blocks,
-        "plan_fits": p.fits,
-        "plan_max_users": p.max_users,
-        "plan_gib": p.gib,
-        "peak_running": peak_running,
+        "model": m.name, "kv_dtype": kv_dtype, "prefix_caching": bool(prefix_caching),
+        "same_step_sharing": bool(same_step_sharing), "kv_bytes_per_token": p.bytes_per_token,
+        "pool_blocks": num_blocks, "planned_blocks": p.blocks, "plan_fits": p.fits,
+        "plan_max_users": p.max_users, "plan_gib": p.gib, "peak_running": peak_running,
         "seconds_all_running": sum(s.duration_s for s in steps if len(s.seq_ids) >= test.users),
         "peak_used_blocks": max(s.num_used_blocks for s in steps),
         "preemptions": sum(s.num_preemptions for s in seqs),
         "prefill_tokens": sum(s.num_prefill_tokens for s in steps),
-        "prefix_hit_tokens": sum(s.num_prefix_cached_tokens for s in seqs),
-        "ttft_s": _dist(metrics.ttft),
-        "itl_ms": _dist(metrics.itl, 1e3),
-        "tpot_p99_ms": float(metrics.tpot.p(99)) * 1e3,
-        "output_tok_s": float(metrics.output_throughput),
-        "duration_s": float(metrics.duration_s),
+        "prefix_hit_tokens": sum(s.num_prefix_cached_tokens for s in seqs), "ttft_s": _dist(metrics.ttft),
+        "itl_ms": _dist(metrics.itl, 1e3), "tpot_p99_ms": float(metrics.tpot.p(99)) * 1e3,
+        "output_tok_s": float(metrics.output_throughput), "duration_s": float(metrics.duration_s),
         "completed": metrics.completed,
     }
     failures = _failures(row, test)

@@ -43,8 +43,7 @@ _HF = "https://huggingface.co/{}/blob/main/config.json"
 MODEL_SOURCES = {
     "CodeLlama-34b-Instruct-hf": (48, _HF.format("codellama/CodeLlama-34b-Instruct-hf")),
     "Llama-2-70b-hf": (80, _HF.format("meta-llama/Llama-2-70b-hf")),
-    "Qwen-72B": (80, _HF.format("Qwen/Qwen-72B")),
-    "internlm-20b": (60, _HF.format("internlm/internlm-20b")),
+    "Qwen-72B": (80, _HF.format("Qwen/Qwen-72B")), "internlm-20b": (60, _HF.format("internlm/internlm-20b")),
     "phi-2": (32, _HF.format("microsoft/phi-2")),
 }
 
@@ -89,17 +88,10 @@ def _shape(name: str, meta: dict, source: str) -> ModelSpec:
     """A profiled model's shapes as a ``ModelSpec`` (its MLP kind and norms per layer as Vidur profiled
     them)."""
     return ModelSpec(
-        name=name,
-        source=source,
-        num_layers=meta["num_layers"],
-        d_model=meta["n_embd"],
-        num_heads=meta["n_head"],
-        num_kv_heads=meta["n_kv_head"],
-        head_dim=meta["n_embd"] // meta["n_head"],
-        intermediate_size=meta["n_expanded_embd"],
-        gated_mlp=meta["use_gated_mlp"],
-        vocab_size=meta["vocab_size"],
-        norms_per_layer=meta["norms_per_layer"],
+        name=name, source=source, num_layers=meta["num_layers"], d_model=meta["n_embd"],
+        num_heads=meta["n_head"], num_kv_heads=meta["n_kv_head"], head_dim=meta["n_embd"] // meta["n_head"],
+        intermediate_size=meta["n_expanded_embd"], gated_mlp=meta["use_gated_mlp"],
+        vocab_size=meta["vocab_size"], norms_per_layer=meta["norms_per_layer"],
     )
 
 
@@ -167,13 +159,9 @@ def table_from_vidur_csvs(folder: str | pathlib.Path, commit: str, licence_text:
         "what": "median GPU time (ms) of each operator of one transformer layer on an NVIDIA H100, per "
         "tensor-parallel degree and token count; layer counts from each model's config.json",
         "source": {
-            "project": "Vidur (microsoft/vidur)",
-            "url": "https://github.com/microsoft/vidur",
-            "files": "data/profiling/compute/h100/<model>/mlp.csv",
-            "commit": commit,
-            "licence": "MIT",
-            "copyright": "Copyright (c) Microsoft Corporation.",
-            "licence_text": licence_text,
+            "project": "Vidur (microsoft/vidur)", "url": "https://github.com/microsoft/vidur",
+            "files": "data/profiling/compute/h100/<model>/mlp.csv", "commit": commit, "licence": "MIT",
+            "copyright": "Copyright (c) Microsoft Corporation.", "licence_text": licence_text,
         },
         "derived_by": "longctx.sim.profiles.table_from_vidur_csvs: the median over the rows of each "
         "(TP, tokens) point of each operator's time_stats.<op>.median, 5 significant digits",

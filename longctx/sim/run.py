@@ -40,12 +40,8 @@ LATENCY_KEYS = ("p50", "p90", "p95", "p99", "mean")  # what to_dict reports of e
 
 
 def kv_pool_blocks(
-    model: ModelSpec | str,
-    hardware: HardwareSpec | str,
-    block_size: int = 16,
-    gpu_memory_utilization: float = 0.9,
-    weight_dtype: str = "bf16",
-    kv_dtype: str = "bf16",
+    model: ModelSpec | str, hardware: HardwareSpec | str, block_size: int = 16,
+    gpu_memory_utilization: float = 0.9, weight_dtype: str = "bf16", kv_dtype: str = "bf16",
 ) -> int:
     """KV blocks that fit what the GPU leaves: ``plan.pool_blocks`` of ``utilization * memory - weight bytes``
     (KV bytes per token from ``quant.pool_bytes_per_token``, scales included)."""
@@ -105,24 +101,14 @@ class SimResult:
             return d.to_dict(LATENCY_KEYS, empty=None)
 
         return {
-            "config": self.config,
-            "completed": m.completed,
-            "duration_s": m.duration_s,
-            "ttft_s": dist(m.ttft),
-            "tpot_s": dist(m.tpot),
-            "itl_s": dist(m.itl),
-            "e2e_s": dist(m.e2e),
-            "throughput_tok_s": m.output_throughput,
-            "total_throughput_tok_s": m.total_token_throughput,
-            "request_throughput_req_s": m.request_throughput,
-            "goodput_req_s": m.goodput,
+            "config": self.config, "completed": m.completed, "duration_s": m.duration_s,
+            "ttft_s": dist(m.ttft), "tpot_s": dist(m.tpot), "itl_s": dist(m.itl), "e2e_s": dist(m.e2e),
+            "throughput_tok_s": m.output_throughput, "total_throughput_tok_s": m.total_token_throughput,
+            "request_throughput_req_s": m.request_throughput, "goodput_req_s": m.goodput,
             "scheduling_delay_s": {"p50": _num(np.median(self.scheduling_delay_s))},
-            "num_steps": len(self.steps),
-            "num_preemptions": self.num_preemptions,
-            "prefill_tokens": self.prefill_tokens,
-            "prefix_hit_tokens": self.prefix_hit_tokens,
-            "num_evictions": self.num_evictions,
-            "peak_used_blocks": self.peak_used_blocks,
+            "num_steps": len(self.steps), "num_preemptions": self.num_preemptions,
+            "prefill_tokens": self.prefill_tokens, "prefix_hit_tokens": self.prefix_hit_tokens,
+            "num_evictions": self.num_evictions, "peak_used_blocks": self.peak_used_blocks,
         }
 
 
@@ -132,18 +118,10 @@ def _num(x: float) -> float | None:
 
 
 def build_sim_engine(
-    scheduler: Scheduler,
-    model: ModelSpec | str = "llama-3-8b",
-    hardware: HardwareSpec | str = "h100",
-    factors: CostFactors | None = None,
-    block_size: int = 16,
-    num_blocks: int | None = None,
-    gpu_memory_utilization: float = 0.9,
-    max_model_len: int | None = None,
-    weight_dtype: str = "bf16",
-    kv_dtype: str = "bf16",
-    kv_compression_ratio: float = 0.0,
-    prefix_caching: bool = False,
+    scheduler: Scheduler, model: ModelSpec | str = "llama-3-8b", hardware: HardwareSpec | str = "h100",
+    factors: CostFactors | None = None, block_size: int = 16, num_blocks: int | None = None,
+    gpu_memory_utilization: float = 0.9, max_model_len: int | None = None, weight_dtype: str = "bf16",
+    kv_dtype: str = "bf16", kv_compression_ratio: float = 0.0, prefix_caching: bool = False,
     pool_gib: float | None = None,
 ) -> Engine:
     """An ``Engine`` with a ``CostModelExecutor`` and a ``VirtualClock``; KV pool sized from the GPU, or
@@ -211,43 +189,24 @@ def _config(engine: Engine, scheduler: Scheduler, model, hardware, num_requests:
     """What a simulation ran (``SimResult.config``)."""
     m, hw = get_model(model), get_hardware(hardware)
     return {
-        "model": m.name,
-        "gpu": hw.name,
-        "scheduler": repr(scheduler),
-        "token_budget": getattr(scheduler, "token_budget", None),
-        "num_requests": num_requests,
-        "num_blocks": engine.block_manager.num_blocks,
-        "block_size": block_size,
-        "kv_compression_ratio": kv_compression_ratio,
-        "weight_dtype": weight_dtype,
-        "kv_dtype": kv_dtype,
-        "pool_bytes_per_token": pool_bytes_per_token(m, kv_dtype),
-        "pool_gib": pool_gib,
-        "prefix_caching": bool(prefix_caching),
-        "shared_prefix_tokens": shared_prefix_tokens,
+        "model": m.name, "gpu": hw.name, "scheduler": repr(scheduler),
+        "token_budget": getattr(scheduler, "token_budget", None), "num_requests": num_requests,
+        "num_blocks": engine.block_manager.num_blocks, "block_size": block_size,
+        "kv_compression_ratio": kv_compression_ratio, "weight_dtype": weight_dtype, "kv_dtype": kv_dtype,
+        "pool_bytes_per_token": pool_bytes_per_token(m, kv_dtype), "pool_gib": pool_gib,
+        "prefix_caching": bool(prefix_caching), "shared_prefix_tokens": shared_prefix_tokens,
         "factors": vars(engine.executor.factors),
     }
 
 
 @collector_paused()  # (a context manager is also a decorator: each call of simulate runs inside one)
 def simulate(
-    workload: list[Request],
-    scheduler: Scheduler,
-    model: ModelSpec | str = "llama-3-8b",
-    hardware: HardwareSpec | str = "h100",
-    factors: CostFactors | None = None,
-    slo: SLO | None = None,
-    block_size: int = 16,
-    num_blocks: int | None = None,
-    gpu_memory_utilization: float = 0.9,
-    max_model_len: int | None = None,
-    progress: bool = False,
-    kv_compression_ratio: float = 0.0,
-    weight_dtype: str = "bf16",
-    kv_dtype: str = "bf16",
-    pool_gib: float | None = None,
-    prefix_caching: bool = False,
-    shared_prefix_tokens: int = 0,
+    workload: list[Request], scheduler: Scheduler, model: ModelSpec | str = "llama-3-8b",
+    hardware: HardwareSpec | str = "h100", factors: CostFactors | None = None, slo: SLO | None = None,
+    block_size: int = 16, num_blocks: int | None = None, gpu_memory_utilization: float = 0.9,
+    max_model_len: int | None = None, progress: bool = False, kv_compression_ratio: float = 0.0,
+    weight_dtype: str = "bf16", kv_dtype: str = "bf16", pool_gib: float | None = None,
+    prefix_caching: bool = False, shared_prefix_tokens: int = 0,
 ) -> SimResult:
     """Run ``workload`` through the engine with modelled step times; returns a ``SimResult``.
 
@@ -277,13 +236,9 @@ def simulate(
     config = _config(engine, scheduler, model, hardware, len(workload), block_size, kv_compression_ratio,
                      weight_dtype, kv_dtype, pool_gib, prefix_caching, shared_prefix_tokens)
     return SimResult(
-        config=config,
-        requests=reqs,
-        metrics=summarize(reqs, slo=slo),
-        steps=engine.history,
+        config=config, requests=reqs, metrics=summarize(reqs, slo=slo), steps=engine.history,
         scheduling_delay_s=[s.first_scheduled_s - s.arrival_s for s in seqs],
-        num_preemptions=sum(s.num_preemptions for s in seqs),
-        wall_s=time.perf_counter() - t0,
+        num_preemptions=sum(s.num_preemptions for s in seqs), wall_s=time.perf_counter() - t0,
         prefix_hit_tokens=sum(s.num_prefix_cached_tokens for s in seqs),
         num_evictions=engine.block_manager.num_evictions,
     )

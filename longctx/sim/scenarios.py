@@ -58,15 +58,9 @@ class RatePoint:
 
 
 def run_rate(
-    scheduler_factory: Callable[[], Scheduler],
-    rate_qps: float,
-    model: str = "llama-3-8b",
-    hardware: str = "h100",
-    num_requests: int = 300,
-    prompt_tokens=CAPACITY_PROMPT,
-    output_tokens=CAPACITY_OUTPUT,
-    seed: int = 0,
-    factors: CostFactors | None = None,
+    scheduler_factory: Callable[[], Scheduler], rate_qps: float, model: str = "llama-3-8b",
+    hardware: str = "h100", num_requests: int = 300, prompt_tokens=CAPACITY_PROMPT,
+    output_tokens=CAPACITY_OUTPUT, seed: int = 0, factors: CostFactors | None = None,
 ) -> RatePoint:
     """Simulate one load. The same seed gives the same requests, arrivals scaled by 1/rate."""
     wl = make_workload(num_requests, rate_qps, prompt_tokens, output_tokens, seed=seed)
@@ -85,9 +79,7 @@ def sweep_rates(
 
 def p99_itl_curve(
     rates_qps: Sequence[float] = (1, 2, 4, 8, 16),
-    schedulers: dict[str, Callable[[], Scheduler]] | None = None,
-    num_requests: int = 150,
-    **kwargs,
+    schedulers: dict[str, Callable[[], Scheduler]] | None = None, num_requests: int = 150, **kwargs,
 ) -> dict[str, list[RatePoint]]:
     """Lesson 02's live curve: P99 ITL (and scheduling delay) versus load for each scheduler.
 
@@ -100,14 +92,9 @@ def p99_itl_curve(
 
 
 def capacity(
-    scheduler_factory: Callable[[], Scheduler],
-    slo_p99_itl_s: float,
-    low_qps: float = 0.25,
-    high_qps: float = 64.0,
-    iterations: int = 9,
-    max_delay_s: float = MAX_MEDIAN_SCHEDULING_DELAY_S,
-    cache: dict[float, RatePoint] | None = None,
-    **kwargs,
+    scheduler_factory: Callable[[], Scheduler], slo_p99_itl_s: float, low_qps: float = 0.25,
+    high_qps: float = 64.0, iterations: int = 9, max_delay_s: float = MAX_MEDIAN_SCHEDULING_DELAY_S,
+    cache: dict[float, RatePoint] | None = None, **kwargs,
 ) -> float:
     """Highest rate (QPS) meeting the SLO: double from ``low_qps`` to the first failing rate, then bisect
     on a log scale ``iterations`` times between the last passing and the first failing rate.
@@ -139,11 +126,8 @@ def capacity(
 
 
 def capacity_table(
-    models: Sequence[str] = ("llama-3-8b", "mistral-7b"),
-    slos_s: Sequence[float] = (0.1, 0.5),
-    schedulers: dict[str, Callable[[], Scheduler]] | None = None,
-    hardware: str = "h100",
-    **kwargs,
+    models: Sequence[str] = ("llama-3-8b", "mistral-7b"), slos_s: Sequence[float] = (0.1, 0.5),
+    schedulers: dict[str, Callable[[], Scheduler]] | None = None, hardware: str = "h100", **kwargs,
 ) -> list[dict]:
     """Rows ``{model, gpu, scheduler, slo_p99_itl_s, capacity_qps}`` for every combination."""
     schedulers = schedulers or default_schedulers()

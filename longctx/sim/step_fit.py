@@ -115,9 +115,7 @@ def _alternate(design: _Design, y, start, theta0, fixed, iterations) -> tuple[np
 
 
 def calibrate(
-    executor: CostModelExecutor,
-    steps: Sequence[MeasuredStep],
-    fit: Iterable[str] = FACTOR_NAMES,
+    executor: CostModelExecutor, steps: Sequence[MeasuredStep], fit: Iterable[str] = FACTOR_NAMES,
     iterations: int = 30,
 ) -> Calibration:
     """Fit ``executor``'s five step factors to measured steps, in the executor's form (module docstring);

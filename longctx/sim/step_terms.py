@@ -56,10 +56,8 @@ def operator_terms(ex, sequences: Iterable[tuple[int, int]]) -> OperatorTerms:
                                   ex.act_elem_bytes, k.gemm_wave_sms)) for rows, kk, mm, reps in parts]
     return OperatorTerms(
         gemm_compute_s=np.array([r * c for r, c, _ in ideal]),
-        gemm_memory_s=np.array([r * m for r, _, m in ideal]),
-        attention_compute_s=attention_flops / peak,
-        attention_memory_s=kv_bytes / bw,
-        fixed_s=fixed + k.kernel_overhead_s * sum(r for r, _, _ in ideal),
+        gemm_memory_s=np.array([r * m for r, _, m in ideal]), attention_compute_s=attention_flops / peak,
+        attention_memory_s=kv_bytes / bw, fixed_s=fixed + k.kernel_overhead_s * sum(r for r, _, _ in ideal),
         num_sequences=n,
     )
 

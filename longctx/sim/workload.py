@@ -131,12 +131,8 @@ def _lengths(spec: int | Fixed | Uniform | LogNormal | Trace):
 
 
 def make_workload(
-    num_requests: int,
-    rate_qps: float,
-    prompt_tokens: int | Fixed | Uniform | LogNormal | Trace,
-    output_tokens: int | Fixed | Uniform | LogNormal | Trace,
-    seed: int = 0,
-    arrival: str = "poisson",
+    num_requests: int, rate_qps: float, prompt_tokens: int | Fixed | Uniform | LogNormal | Trace,
+    output_tokens: int | Fixed | Uniform | LogNormal | Trace, seed: int = 0, arrival: str = "poisson",
     burstiness: float = 1.0,
 ) -> list[Request]:
     """A seeded list of ``Request`` sorted by arrival.
