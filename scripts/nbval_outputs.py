@@ -56,6 +56,17 @@ def checks_output(cell) -> bool:
     return bool(options.get("check", False))
 
 
+def ends_quietly(source: str) -> bool:
+    """Does the cell end with an expression silenced by ';' (``ax.set_title("...");``)?
+
+    nbval runs cells with store_history=False, and IPython then ignores the ';': the value is shown under
+    nbval and not in Jupyter, so the recorded output could never match. Such a cell cannot be marked.
+    """
+    lines = [line.split("#", 1)[0].rstrip() for line in source.splitlines()]
+    lines = [line for line in lines if line]
+    return bool(lines) and lines[-1].endswith(";")
+
+
 def notebook_path(lesson: str, root: Path = ROOT) -> Path:
     path = root / "solutions" / lesson / f"{lesson}.ipynb"
     if not path.is_file():
@@ -112,6 +123,9 @@ def merge_outputs(current, executed) -> tuple[list[str], list[str]]:
             if cell.get("outputs") or cell.get("execution_count") is not None:
                 cell.outputs, cell.execution_count = [], None
                 changes.append(f"{where}: outputs cleared (not marked {MARK})")
+            continue
+        if ends_quietly(cell.source):
+            refusals.append(f"{where}: ends with ';' (nbval shows the value it hides): assign it instead")
             continue
         done = ran.get(cell.get("id"))
         if done is None or done.source != cell.source:

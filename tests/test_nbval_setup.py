@@ -179,6 +179,7 @@ def test_merge_writes_only_marked_outputs_by_cell_id():
         _cell("# NBVAL_CHECK_OUTPUT\nprint(43)", "edited"),        # edited while the copy ran
         _cell("# NBVAL_CHECK_OUTPUT\nprint(44)", "added"),         # added while the copy ran
         _cell("# NBVAL_CHECK_OUTPUT\nplot()", "figure"),
+        _cell("# NBVAL_CHECK_OUTPUT\nax.set_title('t');  # hidden in Jupyter, shown under nbval", "quiet"),
         _cell("print('unmarked')", "plain", outputs=printed, execution_count=7),
     ])
     executed = _toy_notebook([
@@ -186,7 +187,9 @@ def test_merge_writes_only_marked_outputs_by_cell_id():
         _cell("# NBVAL_CHECK_OUTPUT\nprint(42)", "kept", outputs=printed, execution_count=1),
         _cell("# NBVAL_CHECK_OUTPUT\nprint(41)", "edited", outputs=printed, execution_count=2),
         _cell("# NBVAL_CHECK_OUTPUT\nplot()", "figure", outputs=figure, execution_count=3),
-        _cell("print('unmarked')", "plain", outputs=printed, execution_count=4),
+        _cell("# NBVAL_CHECK_OUTPUT\nax.set_title('t');  # hidden in Jupyter, shown under nbval", "quiet",
+              execution_count=4),
+        _cell("print('unmarked')", "plain", outputs=printed, execution_count=5),
     ])
     changes, refusals = nbval_outputs.merge_outputs(current, executed)
     cells = {cell.id: cell for cell in current.cells}
@@ -194,7 +197,9 @@ def test_merge_writes_only_marked_outputs_by_cell_id():
     assert cells["edited"].outputs == [] and cells["added"].outputs == []
     assert cells["figure"].outputs[0]["data"] == {"text/plain": "<Figure>"}
     assert cells["plain"].outputs == [] and cells["plain"].execution_count is None
-    assert len(changes) == 3 and len(refusals) == 2
+    assert cells["quiet"].outputs == []
+    assert len(changes) == 3 and len(refusals) == 3
+    assert any("quiet" in r and "ends with ';'" in r for r in refusals)
     assert any("edited" in r and "source changed" in r for r in refusals)
     assert any("added" in r and "not in the executed copy" in r for r in refusals)
     assert nbval_outputs.merge_outputs(current, executed) == ([], refusals)  # a second merge changes nothing
