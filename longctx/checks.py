@@ -64,10 +64,11 @@ def nonnegative_number(name: str, value: object) -> float:
     return float(value)
 
 
-def positive_number(name: str, value: object) -> float:
-    """``value`` as a float when it is a finite real number > 0."""
+def positive_number(name: str, value: object, *, what: str = "a finite number > 0") -> float:
+    """``value`` as a float when it is a finite real number > 0; else ``ValueError("<name> must be <what>,
+    got <value!r>")``."""
     if not _real(value) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        raise ValueError(f"{name} must be {what}, got {value!r}")
     return float(value)
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from longctx.checks import positive_int
+from longctx.checks import positive_int, positive_number
 
 # Bytes per stored element. int4 packs two values per byte (scales and zero points not counted).
 DTYPE_BYTES: dict[str, float] = {
@@ -36,11 +36,6 @@ def dtype_bytes(name: str) -> float:
     if key not in DTYPE_BYTES:
         raise ValueError(f"unknown dtype {name!r}; allowed: {', '.join(DTYPE_BYTES)}")
     return DTYPE_BYTES[key]
-
-
-def _positive_number(owner: str, name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{owner}: {name} must be a positive number, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -85,8 +80,8 @@ class ModelSpec:
             if getattr(self, name) is not None:
                 positive_int(f"{owner}: {name}", getattr(self, name), floats=False)
         if self.rope_theta is not None:
-            _positive_number(owner, "rope_theta", self.rope_theta)
-        _positive_number(owner, "rms_norm_eps", self.rms_norm_eps)
+            positive_number(f"{owner}: rope_theta", self.rope_theta, what="a positive number")
+        positive_number(f"{owner}: rms_norm_eps", self.rms_norm_eps, what="a positive number")
         if self.norms_per_layer not in (1, 2):
             raise ValueError(f"{owner}: norms_per_layer must be 1 or 2, got {self.norms_per_layer!r}")
         if self.num_heads % self.num_kv_heads:
@@ -159,12 +154,11 @@ class HardwareSpec:
         owner = f"HardwareSpec {self.name!r}"
         if not self.source:
             raise ValueError(f"{owner}: source must name the datasheet the numbers come from")
-        for name in ("peak_flops_per_s", "memory_bandwidth_bytes_per_s", "memory_bytes"):
-            _positive_number(owner, name, getattr(self, name))
-        if self.peak_fp8_flops_per_s is not None:
-            _positive_number(owner, "peak_fp8_flops_per_s", self.peak_fp8_flops_per_s)
+        optional = ("peak_fp8_flops_per_s", "usable_memory_bytes")  # None: not known
+        for name in ("peak_flops_per_s", "memory_bandwidth_bytes_per_s", "memory_bytes", *optional):
+            if name not in optional or getattr(self, name) is not None:
+                positive_number(f"{owner}: {name}", getattr(self, name), what="a positive number")
         if self.usable_memory_bytes is not None:
-            _positive_number(owner, "usable_memory_bytes", self.usable_memory_bytes)
             if not self.usable_memory_source:
                 raise ValueError(f"{owner}: usable_memory_source must say where usable_memory_bytes was read")
 
