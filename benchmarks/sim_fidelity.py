@@ -66,8 +66,7 @@ machine's own speed moves by more than the target while it is measured.
 
 The record (2026-12-04, the third of three six-pair measurements that day, the first with A's staircase,
 decided beforehand to be the record whatever it showed; 2-core AMD EPYC VM, quiet by load average) against the
-median of
-B's six runs, and step 6's paired mean with its 95 % t-interval:
+median of B's six runs, and step 6's paired mean with its 95 % t-interval:
 
     median TTFT (profiled GEMMs)  -10.3 %   paired -2.9 % [-16.5, +10.7]
     P99 ITL (profiled GEMMs)      -14.2 %   paired -5.5 % [-20.2, +9.2]
@@ -80,14 +79,13 @@ B's six runs, and step 6's paired mean with its 95 % t-interval:
 
 The verdict by step 7's rule is "cannot be judged": the speed probe spread 11 % over the measurement
 (9.69-10.75 ms), and the six GEMM profiles taken before the six repeats differed by 27-37 % per GEMM group
-(median over row
-counts of max / min - 1; small ops 136 %, fresh-chunk attention 72 %); A's six runs ran at 0.93-1.20 times the
-pooled calibration's step times. Run by run, the errors of the same simulation against six real runs of the
-identical B spread -16.3 ... +6.9 % (median TTFT) and -21.9 ... -5.1 % (P99 ITL, profiled). Outside the rule,
-the served metrics missed the target too: the profiled model priced B's prompt steps of 257+ tokens 7-8 % fast
-(measured / priced 1.07-1.08) while its decodes were right (1.01), and a faster step lets queued arrivals
-start sooner (median TTFT moved -4.1 % for steps 3 % faster). Step 6's pairing with A's speed narrowed the
-means but widened the intervals.
+(median over row counts of max / min - 1; small ops 136 %, fresh-chunk attention 72 %); A's six runs ran at
+0.93-1.20 times the pooled calibration's step times. Run by run, the errors of the same simulation against six
+real runs of the identical B spread -16.3 ... +6.9 % (median TTFT) and -21.9 ... -5.1 % (P99 ITL, profiled).
+Outside the rule, the served metrics missed the target too: the profiled model priced B's prompt steps of 257+
+tokens 7-8 % fast (measured / priced 1.07-1.08) while its decodes were right (1.01), and a faster step lets
+queued arrivals start sooner (median TTFT moved -4.1 % for steps 3 % faster). Step 6's pairing with A's speed
+narrowed the means but widened the intervals.
 
 The two earlier six-pair measurements of the day, with A the burst alone: the first (commit 68e6a9a, probe 15
 %, profiles 20-30 %): profiled GEMMs median TTFT -7.9 %, P99 ITL -8.2 % (run by run -26.5 ... +2.6 % and -15.9
@@ -114,16 +112,15 @@ GEMMs
 Why a profile. A roofline prices a GEMM by its FLOPs and bytes; a CPU BLAS picks its kernel by the row count,
 differently on each CPU. On the Intel VM ``torch.nn.functional.linear`` through SmolLM2's 576 x 3,072 gate+up
 took 319, 325, 322 us for 1-3 rows, 582-594 for 4-6, 859-863 for 7-9 and 766 us at 16 rows (the weights
-streamed once
-per 3 rows below 16); on the AMD VM the LM head took 9.9, 22.6, 36.7, 18.1 ms for 1-4 rows (1-3 rows as
-matrix-vector products, 4 as one blocked kernel). Decode-only steps of 1-5 sequences on the AMD VM took 66.1,
-105.7, 136.8, 105.8, 122.2 ms in the first measurement, 71.9, 113.9, 145.4, 117.9, 132.6 ms in the second and
-66.0, 105.7, 142.2, 115.9, 124.7 ms in the record. A step time linear in the batch cannot follow that: the
-roofline model priced them +32, -11, -26, +2, -6 %, +41, -4, -18, +8, +2 % and +13, -19, -32, -7, -5 %; the
-profiled model +3, +0, -3, -2, -3 %, +23, +6, +3, +2, +1 % and +4, +3, -5, -3, -6 % (the second's +23 %, a
-single sequence, was the step overheads' split, which the burst alone pinned poorly: A's staircase took it to
-+4 %). Over all of B's real steps the median |error| was 10.3, 11.6 and 10.0 % profiled against 17.3, 17.4 and
-15.3 % roofline. The profile measures
+streamed once per 3 rows below 16); on the AMD VM the LM head took 9.9, 22.6, 36.7, 18.1 ms for 1-4 rows (1-3
+rows as matrix-vector products, 4 as one blocked kernel). Decode-only steps of 1-5 sequences on the AMD VM
+took 66.1, 105.7, 136.8, 105.8, 122.2 ms in the first measurement, 71.9, 113.9, 145.4, 117.9, 132.6 ms in the
+second and 66.0, 105.7, 142.2, 115.9, 124.7 ms in the record. A step time linear in the batch cannot follow
+that: the roofline model priced them +32, -11, -26, +2, -6 %, +41, -4, -18, +8, +2 % and +13, -19, -32, -7, -5
+%; the profiled model +3, +0, -3, -2, -3 %, +23, +6, +3, +2, +1 % and +4, +3, -5, -3, -6 % (the second's +23
+%, a single sequence, was the step overheads' split, which the burst alone pinned poorly: A's staircase took
+it to +4 %). Over all of B's real steps the median |error| was 10.3, 11.6 and 10.0 % profiled against 17.3,
+17.4 and 15.3 % roofline. The profile measures
 the engine's own ops as it runs them; what remains fitted (step and per-sequence overheads, the attention of
 decodes and of chunks after a prefix) is what A's steps can pin.
 
@@ -131,8 +128,8 @@ What the replay shows (step 8; added after the first two measurements and run on
 are not shipped; the record's analysis was redone from its shipped runs, measurement and provenance
 unchanged). The engine spends a median 0.120 ms of its own per step (``HOST_GAP_DEFINITION``; one run of A,
 115 steps, P90 0.192 ms), about 0.1 % of a step, which the virtual clock does not count (the record's own
-0.077 ms was measured
-as the next start minus this end, which left out the engine's work inside a step). Replayed with the measured
+0.077 ms was measured as the next start minus this end, which left out the engine's work inside a step).
+Replayed with the measured
 step times alone, 2 of 6 runs never part in each of the three measurements, and in those six runs every metric
 is within 0.9 % of the real run (median TTFT -0.9 ... -0.6 %, P99 ITL -0.01 %). With each step 0.120 ms
 longer, 5 of 6 never part in each measurement, and in those fifteen runs every metric is within 0.16 % (the
@@ -197,7 +194,8 @@ RECORD = pathlib.Path(__file__).resolve().parents[1] / "longctx" / "data" / "rec
 RUNS = RECORD.with_name(RUNS_FILE)  # the record's raw measured runs (compact)
 __all__ = ["A_BUDGET", "B_BUDGET", "B_RATE", "B_REQUESTS", "METRICS", "RECORD", "RUNS", "STAIR_GAP_S",
            "STAIR_REQUESTS", "STAIR_START_S", "STEADY_SPREAD", "cost_models", "load_saved", "main", "measure",
-           "steps_from_json", "steps_to_json", "workloads"]  # the script's names, its parts' included (tests read them)
+           # the script's names, its parts' included (tests read them)
+           "steps_from_json", "steps_to_json", "workloads"]
 STEADY_SPREAD = 0.10  # the speed probe's largest / smallest - 1 over a measurement (module docstring)
 
 

@@ -77,7 +77,9 @@ def test_single_request_hand_worked():
 @given(seed=st.integers(0, 10_000), block_size=st.sampled_from([1, 8, 16, 64]),
        max_new=st.sampled_from([None, 512, 1024]))
 def test_every_slot_is_in_exactly_one_category(seed, block_size, max_new):
-    requests = mixed_workload(40, seed=seed, max_model_len=4096, max_new_tokens=1024 if max_new is None else max_new)
+    requests = mixed_workload(
+        40, seed=seed, max_model_len=4096, max_new_tokens=1024 if max_new is None else max_new
+    )
     for res in compare(requests, 16 * 4096, 4096, max_new, block_size).values():
         assert sum(res.slot_steps.values()) == res.capacity_tokens * res.steps
         assert sum(res.backlog_slot_steps.values()) == res.capacity_tokens * res.backlog_steps
@@ -101,7 +103,9 @@ def test_paged_wastes_less_and_serves_more():
 
 def test_block_size_trades_internal_waste():
     requests = mixed_workload(100, seed=1)
-    wastes = [simulate_allocation(requests, PagedAllocator(64 * 1024, bs)).waste_fraction for bs in (1, 16, 256)]
+    wastes = [
+        simulate_allocation(requests, PagedAllocator(64 * 1024, bs)).waste_fraction for bs in (1, 16, 256)
+    ]
     assert wastes[0] == 0.0 < wastes[1] < wastes[2]
 
 

@@ -1,7 +1,7 @@
-"""Lesson 07's recorded load test (longctx/data/recorded/capstone_sim.json, written by benchmarks/capstone.py sim):
-it fills the pool (every configuration the plan fits ran all 64 users in one step, with no preemption and
-within the SLA), the configurations the plan does not fit visibly fail, the record has its provenance, it is
-what the code computes today, and the recording script refuses a loaded machine for the sections that time
+"""Lesson 07's recorded load test (longctx/data/recorded/capstone_sim.json, written by benchmarks/capstone.py
+sim): it fills the pool (every configuration the plan fits ran all 64 users in one step, with no preemption
+and within the SLA), the configurations the plan does not fit visibly fail, the record has its provenance, it
+is what the code computes today, and the recording script refuses a loaded machine for the sections that time
 something (the simulated section does not: it runs on a virtual clock, so it records whatever the load)."""
 
 from __future__ import annotations
@@ -30,17 +30,26 @@ def test_provenance():
         assert meta.get(key) is not None, key
     assert meta["usable"] is True and meta["load_gate"] == capstone.UNGATED["sim"], "simulated: no load gate"
     assert meta["n"] == len(ROWS) == 8
-    assert meta["load_test"]["users"] == 64 and meta["load_test"]["prompt_tokens"] + meta["load_test"]["output_tokens"] == 8192
+    assert (
+        meta["load_test"]["users"] == 64
+        and meta["load_test"]["prompt_tokens"] + meta["load_test"]["output_tokens"] == 8192
+    )
 
 
 def test_every_configuration_once():
     assert sorted((r["model"], r["kv_dtype"], r["prefix_caching"]) for r in ROWS) == sorted(capstone.CONFIGS)
 
 
-@pytest.mark.parametrize("row", ROWS, ids=lambda r: f"{r['model']}-{r['kv_dtype']}-{'prefix' if r['prefix_caching'] else 'none'}")
+@pytest.mark.parametrize(
+    "row", ROWS, ids=lambda r: f"{r['model']}-{r['kv_dtype']}-{'prefix' if r['prefix_caching'] else 'none'}"
+)
 def test_fitting_configurations_hold_64_users_and_the_others_fail(row):
     p = plan(row["model"], row["kv_dtype"], 64, 8192, 2048 if row["prefix_caching"] else 0, pool_gib=48)
-    assert row["plan_fits"] is p.fits and row["planned_blocks"] == p.blocks and row["pool_blocks"] == p.pool_blocks
+    assert (
+        row["plan_fits"] is p.fits
+        and row["planned_blocks"] == p.blocks
+        and row["pool_blocks"] == p.pool_blocks
+    )
     assert row["peak_used_blocks"] <= row["pool_blocks"]
     if p.fits:
         assert row["peak_running"] >= 64, "a configuration that fits must hold all 64 users at once"
@@ -53,7 +62,9 @@ def test_fitting_configurations_hold_64_users_and_the_others_fail(row):
 
 
 def test_the_record_is_what_the_code_computes():
-    rec = next(r for r in ROWS if (r["model"], r["kv_dtype"], r["prefix_caching"]) == ("llama-3-8b", "fp8", True))
+    rec = next(
+        r for r in ROWS if (r["model"], r["kv_dtype"], r["prefix_caching"]) == ("llama-3-8b", "fp8", True)
+    )
     now = run_load_test("llama-3-8b", "fp8", True)
     assert {k: v for k, v in now.items() if k != "wall_s"} == {k: v for k, v in rec.items() if k != "wall_s"}
 
@@ -64,7 +75,9 @@ def test_same_step_sharing_saves_prefill_for_simultaneous_arrivals():
     assert on["prefill_tokens"] < off["prefill_tokens"] and on["ttft_s"]["p50"] < off["ttft_s"]["p50"]
     assert on["peak_used_blocks"] < off["peak_used_blocks"]
     spread_on, spread_off = by[("capstone", True)], by[("capstone", False)]
-    assert spread_on["prefill_tokens"] == spread_off["prefill_tokens"], "arrivals 31 ms apart never share a step"
+    assert spread_on["prefill_tokens"] == spread_off["prefill_tokens"], (
+        "arrivals 31 ms apart never share a step"
+    )
 
 
 def test_register_after_step_defers_the_hit():
@@ -101,7 +114,8 @@ def test_the_script_refuses_a_loaded_machine_for_a_timed_section(monkeypatch, tm
 
 
 def test_the_simulated_section_records_on_a_loaded_machine_and_keeps_the_load(monkeypatch, tmp_path):
-    """Its result is on a virtual clock: the load cannot change it, so it is recorded (usable) and the load kept."""
+    """Its result is on a virtual clock: the load cannot change it, so it is recorded (usable) and the load
+    kept."""
     monkeypatch.setattr(niah_grid.os, "getloadavg", lambda: (1.5, 1.0, 1.0))
     monkeypatch.setattr(capstone, "CONFIGS", [("llama-3-8b", "fp8", True)])
     monkeypatch.setattr(capstone, "_same_step_tests", lambda: {})

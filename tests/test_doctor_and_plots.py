@@ -14,7 +14,9 @@ from longctx.plots import plot_iteration_timeline, plot_roofline, plot_token_gap
 
 
 def test_doctor_prints_every_check_as_json():
-    result = subprocess.run([sys.executable, "-m", "longctx", "doctor", "--json"], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "longctx", "doctor", "--json"], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
     names = {c["name"] for c in json.loads(result.stdout)}
     assert {"python", "torch", "model file", "model cache", "cuda", "attention backend", "memory"} <= names
@@ -22,7 +24,9 @@ def test_doctor_prints_every_check_as_json():
 
 
 def test_unknown_command_is_one_line_on_stderr():
-    result = subprocess.run([sys.executable, "-m", "longctx", "no-such-command"], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "longctx", "no-such-command"], capture_output=True, text=True
+    )
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
 
@@ -35,7 +39,9 @@ def test_roofline_places_points_and_labels_units():
 
 
 def test_timeline_and_gaps():
-    records = [StepRecord.at(0.0, 0.02, 0, 4), StepRecord.at(0.02, 1.0, 1000, 0), StepRecord.at(1.02, 0.05, 64, 4)]
+    records = [
+        StepRecord.at(0.0, 0.02, 0, 4), StepRecord.at(0.02, 1.0, 1000, 0), StepRecord.at(1.02, 0.05, 64, 4),
+    ]
     assert [r.kind for r in records] == ["decode", "prefill", "mixed"]
     ax = plot_iteration_timeline(records)
     assert ax.get_xlabel() == "time (ms)"

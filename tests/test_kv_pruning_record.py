@@ -26,7 +26,8 @@ def test_each_record_is_usable_and_carries_its_provenance(name):
     for key in PROVENANCE:
         assert meta.get(key) is not None, f"{name}: meta has no {key}"
     assert meta["usable"] is True, f"{name} was recorded with --force or on a loaded machine"
-    for run in meta.get("runs", [meta]):  # every (resumed) run started on a machine no busier than its threads
+    # every (resumed) run started on a machine no busier than its threads
+    for run in meta.get("runs", [meta]):
         assert run["load_average_1min_start"] <= run["torch_threads"], f"{name}: a run started at load {run}"
     assert meta["n"] == len(data["rows"])
     assert all(row.get("usable", True) for row in data["rows"])
@@ -40,8 +41,10 @@ def test_every_needle_point_has_twenty_independent_trials():
     ratios = sorted({r["ratio"] for r in rows if r["ratio"]})
     assert len(ratios) >= 5
     for ratio in ratios:
-        for label in ("streaming_llm", "snapkv", "h2o", "random", "knorm", "snapkv {} agnostic", "h2o {} agnostic",
-                      "snapkv_force_needle", "random_snapkv_needle", "knorm_snapkv_needle", "h2o_mean"):
+        for label in (
+            "streaming_llm", "snapkv", "h2o", "random", "knorm", "snapkv {} agnostic", "h2o {} agnostic",
+            "snapkv_force_needle", "random_snapkv_needle", "knorm_snapkv_needle", "h2o_mean",
+        ):
             config = label.format(f"{ratio:g}") if "{}" in label else f"{label} {ratio:g}"
             trials = by_point[config]
             assert len(trials) >= 20, f"{config}: {len(trials)} trials"
@@ -55,6 +58,10 @@ def test_every_needle_point_has_twenty_independent_trials():
 
 
 def test_random_pruning_was_drawn_per_trial():
-    rows = [r for r in load("kv_pruning_niah.json")["rows"] if r["press_name"] == "random" and r["ratio"] == 0.5]
-    kept = {r["needle_kept"] if isinstance(r["needle_kept"], str) else json.dumps(r["needle_kept"]) for r in rows}
+    rows = [
+        r for r in load("kv_pruning_niah.json")["rows"] if r["press_name"] == "random" and r["ratio"] == 0.5
+    ]
+    kept = {
+        r["needle_kept"] if isinstance(r["needle_kept"], str) else json.dumps(r["needle_kept"]) for r in rows
+    }
     assert len(kept) > len(rows) // 2, "random eviction kept the same needle tokens in most trials"

@@ -2,7 +2,8 @@
 format's bound, the pool's real bytes equal the planner's, a monolithic prefill writes exactly the quantized
 fp32 keys, and decoding works with chunked prefill, preemption and KV pruning.
 
-On a tiny random-weight Llama with head_dim 32 (one scale group); the real model's costs are in benchmarks/capstone.py."""
+On a tiny random-weight Llama with head_dim 32 (one scale group); the real model's costs are in
+benchmarks/capstone.py."""
 
 from __future__ import annotations
 
@@ -85,8 +86,10 @@ def test_fp8_on_llama3_costs_its_scales_and_int4_a_quarter():
 def test_a_bad_kv_dtype_says_what_is_allowed(model):
     with pytest.raises(ValueError, match="unknown kv_dtype 'fp4'.*fp8.*int4"):
         TorchExecutor(model, BlockManager(8, BS), kv_dtype="fp4")
-    odd = ModelSpec(name="odd", num_layers=1, d_model=48, num_heads=1, num_kv_heads=1, head_dim=48, source="t",
-                    intermediate_size=8, vocab_size=10, rope_theta=1e4, max_context=64)
+    odd = ModelSpec(
+        name="odd", num_layers=1, d_model=48, num_heads=1, num_kv_heads=1, head_dim=48, source="t",
+        intermediate_size=8, vocab_size=10, rope_theta=1e4, max_context=64,
+    )
     with pytest.raises(ValueError, match="does not divide head_dim=48.*fp8"):
         pool_bytes_per_token(odd, "int8")
 
@@ -109,7 +112,9 @@ def test_a_monolithic_prefill_stores_exactly_the_quantized_keys(model, kv_dtype)
     fmt = get_format(kv_dtype)
     slots = torch.arange(37)  # one sequence from block 0: slots 0..36
     for layer in range(SPEC.num_layers):
-        for plain, encoded in zip(ref.executor.cache.flat(layer), quant.executor.cache.flat(layer), strict=True):
+        for plain, encoded in zip(
+            ref.executor.cache.flat(layer), quant.executor.cache.flat(layer), strict=True
+        ):
             assert isinstance(encoded, EncodedKV) and not isinstance(plain, EncodedKV)
             expected = dequantize(*quantize(plain[slots], fmt), fmt, torch.float32)
             assert torch.equal(encoded[slots], expected)
@@ -143,7 +148,9 @@ def test_log_likelihood_error_grows_as_the_format_shrinks(model):
 def test_preemption_and_pruning_work_over_a_quantized_cache(model):
     prompts = [_prompt(20, seed=s) for s in range(4)]
     # 16 blocks of 4: two 20-token prompts start, then grow by 24 tokens each: one is preempted, recomputed
-    out, engine = _run(model, prompts, 24, kv_dtype="int8", scheduler=ChunkedPrefillScheduler(32), num_blocks=16)
+    out, engine = _run(
+        model, prompts, 24, kv_dtype="int8", scheduler=ChunkedPrefillScheduler(32), num_blocks=16
+    )
     assert sum(s.num_preemptions for s in engine.finished) > 0
     assert all(len(o) == 24 for o in out) and engine.block_manager.num_free_blocks == 16
     press = make_press("snapkv", 0.5, window_size=8)

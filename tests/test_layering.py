@@ -19,7 +19,8 @@ PACKAGE = Path(longctx.__file__).resolve().parent
 PENDING_CLI: set[str] = set()
 PENDING_PRIVATE: set[tuple[str, str]] = set()
 PENDING_CIRCLES: list[set[str]] = []
-# the standard library's and torch's own public spellings (torch._dynamo: mark_static and config, documented API)
+# the standard library's and torch's own public spellings (torch._dynamo: mark_static and config, documented
+# API)
 STDLIB_PRIVATE = {"argparse._SubParsersAction", "sys._getframe", "torch._dynamo"}
 
 

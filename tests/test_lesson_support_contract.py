@@ -57,7 +57,11 @@ def imports(module: str, source: str, sources: dict[str, str]) -> list[tuple[str
                 base = ".".join([*anchor, *([base] if base else [])])
             out.append((base, node.lineno))
             out += [(f"{base}.{a.name}", node.lineno) for a in node.names if f"{base}.{a.name}" in sources]
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and MODULE_NAME.fullmatch(node.value):
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and MODULE_NAME.fullmatch(node.value)
+        ):
             out.append((node.value, node.lineno))  # importlib.import_module("longctx....")
     return out
 
@@ -126,13 +130,14 @@ def test_no_core_class_keeps_a_constructor_for_lesson_support():
 
 CAUGHT = {
     "direct": "from longctx.lessons.stall import StallScenario\n",
-    "module": "import longctx.lessons.policy_checks as pc\n",
-    "package": "from longctx import lessons\n",
+    "module": "import longctx.lessons.policy_checks as pc\n", "package": "from longctx import lessons\n",
     "submodule by from": "from longctx.lessons import allocation\n",
     "relative": "from ..lessons import stall\n",
-    "inside a function": "def f():\n    from longctx.lessons.gpu_cells import choose_source\n    return choose_source\n",
+    "inside a function": ("def f():\n    from longctx.lessons.gpu_cells import choose_source\n"
+                          "    return choose_source\n"),
     "importlib": "import importlib\nmod = importlib.import_module('longctx.lessons.policy_state')\n",
-    "through a front end": "def f():\n    from longctx.cli.fake_front import StallScenario\n    return StallScenario\n",
+    "through a front end": ("def f():\n    from longctx.cli.fake_front import StallScenario\n"
+                            "    return StallScenario\n"),
 }
 
 
@@ -141,7 +146,10 @@ def test_the_scan_catches_an_import_of_lesson_support(how):
     front = {"longctx.cli.fake_front": "from longctx.lessons.stall import StallScenario\n"}  # a front end may
     sources = {**SOURCES, **front, "longctx.engine.fake": CAUGHT[how]}
     found = violations(sources)
-    assert found and all(v.startswith("longctx.engine.fake imports lesson support: ") for v in found), (how, found)
+    assert found and all(v.startswith("longctx.engine.fake imports lesson support: ") for v in found), (
+        how,
+        found,
+    )
 
 
 def test_the_scan_leaves_lesson_support_and_front_ends_free_to_import_the_core():

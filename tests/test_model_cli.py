@@ -20,16 +20,39 @@ def run_cli(*args, timeout=300):
         (["generate", "--prompt", "hi", "--max-tokens", "3", "--chunk-size", "0"], "--chunk-size"),
         (["generate", "--prompt-file", "/nonexistent/p.txt", "--max-tokens", "3"], "cannot read"),
         (["generate", "--max-tokens", "3"], "one of the arguments --prompt --prompt-file is required"),
-        (["generate", "--prompt", "hi", "--max-tokens", "3", "--press", "snap", "--compression-ratio", "0.5"],
-         "unknown press 'snap'; allowed: streaming_llm, snapkv, h2o, random, knorm"),
-        (["generate", "--prompt", "hi", "--max-tokens", "3", "--compression-ratio", "0.5"],
-         "--compression-ratio needs --press NAME"),
-        (["generate", "--prompt", "hi", "--max-tokens", "3", "--press", "knorm"], "--press needs --compression-ratio"),
-        (["generate", "--prompt", "hi", "--max-tokens", "3", "--kv-dtype", "fp4"], "unknown kv_dtype 'fp4'; allowed"),
-        (["generate", "--prompt", "hi", "--max-tokens", "3", "--prefix-caching", "--press", "knorm",
-          "--compression-ratio", "0.5"], "do not combine"),
-        (["generate", "--prompt", "hi", "--max-tokens", "3", "--press", "knorm", "--compression-ratio", "1"],
-         "compression_ratio must be in [0, 1)"),
+        (
+            [
+                "generate", "--prompt", "hi", "--max-tokens", "3", "--press", "snap", "--compression-ratio",
+                "0.5",
+            ],
+            "unknown press 'snap'; allowed: streaming_llm, snapkv, h2o, random, knorm",
+        ),
+        (
+            ["generate", "--prompt", "hi", "--max-tokens", "3", "--compression-ratio", "0.5"],
+            "--compression-ratio needs --press NAME",
+        ),
+        (
+            ["generate", "--prompt", "hi", "--max-tokens", "3", "--press", "knorm"],
+            "--press needs --compression-ratio",
+        ),
+        (
+            ["generate", "--prompt", "hi", "--max-tokens", "3", "--kv-dtype", "fp4"],
+            "unknown kv_dtype 'fp4'; allowed",
+        ),
+        (
+            [
+                "generate", "--prompt", "hi", "--max-tokens", "3", "--prefix-caching", "--press", "knorm",
+                "--compression-ratio", "0.5",
+            ],
+            "do not combine",
+        ),
+        (
+            [
+                "generate", "--prompt", "hi", "--max-tokens", "3", "--press", "knorm", "--compression-ratio",
+                "1",
+            ],
+            "compression_ratio must be in [0, 1)",
+        ),
         (["niah", "--lengths", "512", "--question-agnostic"], "--question-agnostic needs --press"),
     ],
 )
@@ -68,7 +91,9 @@ def test_generate_json_reports_the_blocks_a_press_frees():
     assert a["prompt_tokens"] == b["prompt_tokens"] > 300
     assert a["kv_blocks_after_prefill"] == a["kv_blocks_without_press"] == b["kv_blocks_without_press"]
     assert b["kv_tokens_after_prefill"] == b["prompt_tokens"] - int(0.75 * b["prompt_tokens"])
-    assert b["kv_blocks_after_prefill"] == -(-b["kv_tokens_after_prefill"] // 16) < a["kv_blocks_after_prefill"]
+    assert (
+        b["kv_blocks_after_prefill"] == -(-b["kv_tokens_after_prefill"] // 16) < a["kv_blocks_after_prefill"]
+    )
     assert b["output_tokens"] >= 1 and pressed.stderr == ""
 
 

@@ -129,7 +129,8 @@ def test_scores_are_consistent_with_greedy_decoding_and_the_full_logits(tmp_path
     for row in table.rows:
         p = runner.builder.build(400, row["depth"], 0, "passkey")
         m = len(p.answer_ids)
-        greedy = generate(model, p.token_ids, m + 16, eos_token_id=tok.eos_token_id)  # the engine's own decoding
+        # the engine's own decoding
+        greedy = generate(model, p.token_ids, m + 16, eos_token_id=tok.eos_token_id)
         assert row["exact"] == (greedy[:m] == p.answer_ids)
         text = tok.decode([t for t in greedy if t != tok.eos_token_id]).strip()
         assert text.startswith(row["output"]), "the recorded output is the start of the greedy answer"
@@ -189,8 +190,12 @@ def test_pressed_trials_agree_with_the_engine_and_ratio_zero_changes_nothing():
 
     model, tok = our_model(), our_tokenizer()
     plain = NiahRunner(model, tok, max_tokens=512).trial(400, 0.5, 0, "passkey")
-    zero = NiahRunner(model, tok, max_tokens=512, press=make_press("snapkv", 0.0)).trial(400, 0.5, 0, "passkey")
-    assert zero.correct == plain.correct and zero.answer_logprob == pytest.approx(plain.answer_logprob, abs=2e-3)
+    zero = NiahRunner(model, tok, max_tokens=512, press=make_press("snapkv", 0.0)).trial(
+        400, 0.5, 0, "passkey"
+    )
+    assert zero.correct == plain.correct and zero.answer_logprob == pytest.approx(
+        plain.answer_logprob, abs=2e-3
+    )
     assert zero.press == "snapkv 0" and plain.press == "none"
     for aware in (True, False):
         press = make_press("snapkv", 0.5)
@@ -208,8 +213,12 @@ def test_pressed_trials_agree_with_the_engine_and_ratio_zero_changes_nothing():
 
 
 def test_table_rates_give_n_and_a_wilson_interval_per_group():
-    rows = [{"length": n, "depth": d, "correct": (i + n // 512) % 3 != 0} for n in (512, 1024) for d in (0.0, 1.0)
-            for i in range(6)]
+    rows = [
+        {"length": n, "depth": d, "correct": (i + n // 512) % 3 != 0}
+        for n in (512, 1024)
+        for d in (0.0, 1.0)
+        for i in range(6)
+    ]
     t = NiahTable(rows)
     by_length = t.rates("length")
     assert set(by_length) == {(512,), (1024,)} and by_length[(512,)].n == 12

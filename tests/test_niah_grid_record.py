@@ -17,7 +17,8 @@ from longctx.recorded import recorded_path
 ROOT = Path(__file__).resolve().parents[1]
 GRIDS = ("niah_grid_passkey.json", "niah_grid_multikey.json")
 PROVENANCE = ("date", "machine", "commit", "torch", "torch_threads", "load_average_1min_start", "n")
-# Issue 29 asks for 10 trials per (length, depth) cell; the recording (benchmarks/niah_grid.py, resumable, trial-
+# Issue 29 asks for 10 trials per (length, depth) cell; the recording (benchmarks/niah_grid.py, resumable,
+# trial-
 # major) is committed whole rounds at a time, so every cell has the same count. This is the count shipped.
 TRIALS_PER_CELL = 10
 LESSON = ROOT / "solutions" / "05_attention_diffusion" / "05_attention_diffusion.ipynb"
@@ -54,7 +55,9 @@ def test_every_cell_has_the_same_number_of_independent_trials(name):
         cells[(r["length"], r["depth"])].append(r)
     assert len({n for n, _ in cells}) >= 4 and len({d for _, d in cells}) == 5
     for cell, trials in cells.items():
-        assert sorted(r["trial"] for r in trials) == list(range(TRIALS_PER_CELL)), f"{cell}: trials {len(trials)}"
+        assert sorted(r["trial"] for r in trials) == list(range(TRIALS_PER_CELL)), (
+            f"{cell}: trials {len(trials)}"
+        )
         assert len({r["answer"] for r in trials}) == len(trials), f"{cell}: a needle value repeats"
     assert len({r["seed"] for r in rows}) == len(rows), "a seed is reused across cells"
     per_length = collections.Counter(r["length"] for r in rows)
@@ -89,7 +92,9 @@ def test_the_lesson_quotes_the_depth_one_record():
         tally[r["variant"]] = (k + r["correct"], n + 1)
     base_k, base_n = tally["depth 1"]
     assert f"{base_k}/{base_n}" in text
-    for variant in ("32 filler tokens between", "filler ends a sentence", "no blank lines", "junction re-tokenized"):
+    for variant in (
+        "32 filler tokens between", "filler ends a sentence", "no blank lines", "junction re-tokenized",
+    ):
         k, n = tally[variant]
         assert f"{k}/{n}" in text, f"the lesson does not quote {variant}'s {k}/{n}"
         assert fisher_exact(k, n, base_k, base_n) < 0.05, f"the lesson calls {variant} significant"
@@ -105,15 +110,19 @@ def test_beyond_eight_k_has_ten_independent_trials_per_variant_on_the_same_promp
     data = load("niah_beyond.json")
     meta = data["meta"]
     assert meta["record_version"] == 2 and meta["usable"] is True
-    # The record's two halves (none + linear, ntk + yarn) were started together, one thread each; their start load
-    # was read after both had loaded the model, so it includes each other: the bound is the threads of the runs
+    # The record's two halves (none + linear, ntk + yarn) were started together, one thread each; their start
+    # load
+    # was read after both had loaded the model, so it includes each other: the bound is the threads of the
+    # runs
     # that started in the same second.
     together = collections.Counter()
     for run in meta["runs"]:
         together[run["date"]] += run["torch_threads"]
     for run in meta["runs"]:
         assert run["load_average_1min_start"] <= together[run["date"]], f"a run started at {run}"
-    assert all(r["load_1min"] - 1 <= 1 for r in data["rows"]), "a trial started while other work loaded the machine"
+    assert all(r["load_1min"] - 1 <= 1 for r in data["rows"]), (
+        "a trial started while other work loaded the machine"
+    )
     seeds = collections.defaultdict(list)
     for r in data["rows"]:
         assert r["length"] > 8192 and r["usable"]
@@ -122,7 +131,9 @@ def test_beyond_eight_k_has_ten_independent_trials_per_variant_on_the_same_promp
     assert len({tuple(sorted(s)) for s in seeds.values()}) == 1, "every variant answers the same prompts"
     one = seeds["none"]
     assert len(one) >= 10 and len(set(one)) == len(one), "at least 10 independent trials per variant"
-    assert len({r["answer"] for r in data["rows"] if r["rope"] == "none"}) == len(one), "a needle value repeats"
+    assert len({r["answer"] for r in data["rows"] if r["rope"] == "none"}) == len(one), (
+        "a needle value repeats"
+    )
 
 
 def test_the_lesson_quotes_the_beyond_record():
@@ -130,11 +141,14 @@ def test_the_lesson_quotes_the_beyond_record():
     text = " ".join(lesson_text().split())
     for label, variant in zip(("no scaling", "PI", "NTK-aware", "YaRN"), BEYOND_VARIANTS, strict=True):
         got = [r["correct"] for r in rows if r["rope"] == variant]
-        assert f"{label} {sum(got)}/{len(got)}" in text, f"the lesson does not quote {variant}'s {sum(got)}/{len(got)}"
+        assert f"{label} {sum(got)}/{len(got)}" in text, (
+            f"the lesson does not quote {variant}'s {sum(got)}/{len(got)}"
+        )
 
 
 def _effective(rows, threshold=0.8):
-    """Exercise 5.2's rule: the longest length up to which every length's Wilson lower bound reaches threshold."""
+    """Exercise 5.2's rule: the longest length up to which every length's Wilson lower bound reaches
+    threshold."""
     from longctx.evals.stats import wilson_interval
 
     best = 0
@@ -147,10 +161,13 @@ def _effective(rows, threshold=0.8):
 
 
 def test_the_grid_conclusions_quote_the_grids():
-    """Every "passkey 1,024: 47/50" in the lesson is what the record holds; the effective contexts it states are the
-    ones exercise 5.2's rule gives on the records."""
+    """Every "passkey 1,024: 47/50" in the lesson is what the record holds; the effective contexts it states
+    are the ones exercise 5.2's rule gives on the records."""
     text = lesson_text()
-    grids = {"passkey": load("niah_grid_passkey.json")["rows"], "multikey": load("niah_grid_multikey.json")["rows"]}
+    grids = {
+        "passkey": load("niah_grid_passkey.json")["rows"],
+        "multikey": load("niah_grid_multikey.json")["rows"],
+    }
     quotes = re.findall(r"(passkey|multikey)\s+([\d,]+):\s+(\d+)/(\d+)", text)
     assert len(quotes) >= 8, quotes
     for grid, length, k, n in quotes:

@@ -1,11 +1,13 @@
 """The two needle records lesson 05 added for issue 43 hold what the lesson says they hold.
 
-- ``niah_grid_passkey_1k_depths.json``: passkey at 1,024 tokens re-run through lesson 05's runner at lesson 06's
-  depths; every trial that shares its seed with lesson 06's full-cache baseline gives the same output and verdict.
+- ``niah_grid_passkey_1k_depths.json``: passkey at 1,024 tokens re-run through lesson 05's runner at lesson
+06's
+  depths; every trial that shares its seed with lesson 06's full-cache baseline gives the same output and
+  verdict.
 - ``niah_grid_passkey_cliff.json``: 1,280 / 1,536 / 1,792 tokens at the middle depths, whole rounds of trials.
 
-Both were recorded with ``--verdicts-only`` on a loaded machine (a first run of the 1K record was gated): a run
-either started under the load gate or marks its timings unusable; verdicts stay usable.
+Both were recorded with ``--verdicts-only`` on a loaded machine (a first run of the 1K record was gated): a
+run either started under the load gate or marks its timings unusable; verdicts stay usable.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ def test_provenance_and_the_timings_flag(name):
         assert meta.get(key) is not None, f"{name}: meta has no {key}"
     assert meta["record_version"] == 2 and meta["usable"] is True and meta["n"] == len(data["rows"])
     for run in meta["runs"]:  # gated, or its timings marked unusable
-        assert run["load_average_1min_start"] <= run["torch_threads"] or run.get("timings_usable") is False, run
+        assert run["load_average_1min_start"] <= run["torch_threads"] or run.get("timings_usable") is False, (
+            run
+        )
     ungated = any(run.get("timings_usable") is False for run in meta["runs"])
     assert ungated == any(r.get("timings_usable") is False for r in data["rows"])
     assert all(r["usable"] for r in data["rows"])
@@ -46,7 +50,10 @@ def test_lesson_06_seeds_give_the_same_outputs_through_lesson_05s_runner():
     shared = [r for r in rerun if r["seed"] in baseline]
     assert len(shared) >= 20 and {r["depth"] for r in shared} == {0.1, 0.4}
     for r in shared:
-        assert (r["output"], r["correct"]) == (baseline[r["seed"]]["output"], baseline[r["seed"]]["correct"]), r["seed"]
+        assert (r["output"], r["correct"]) == (
+            baseline[r["seed"]]["output"],
+            baseline[r["seed"]]["correct"],
+        ), r["seed"]
     fresh = [r for r in rerun if r["seed"] not in baseline and r["depth"] in (0.1, 0.4)]
     assert len(fresh) >= 20 and all(r["length"] == 1_024 for r in rerun)
 

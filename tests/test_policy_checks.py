@@ -39,7 +39,9 @@ class StallFree(Scheduler):
             if seq.is_prefill and batch.budget_left > 0:
                 batch.add(seq, min(seq.num_uncomputed_tokens, batch.budget_left))
         for seq in waiting:
-            if batch.budget_left == 0 or not batch.add(seq, min(seq.num_uncomputed_tokens, batch.budget_left)):
+            if batch.budget_left == 0 or not batch.add(
+                seq, min(seq.num_uncomputed_tokens, batch.budget_left)
+            ):
                 break
 
 
@@ -98,8 +100,7 @@ class Liar:
     [
         (lambda s: [[999, 1]], "neither running nor waiting"),
         (lambda s: [[s["waiting"][0]["seq_id"], 10**6]] if s["waiting"] else [], "tokens left"),
-        (lambda s: [], "empty"),
-        (lambda s: "no", "list of"),
+        (lambda s: [], "empty"), (lambda s: "no", "list of"),
         (lambda s: [[w["seq_id"], w["num_prompt_tokens"]] for w in s["waiting"]], "over token_budget"),
     ],
 )
@@ -181,12 +182,9 @@ class DecodesLast(StallFree):
 @pytest.mark.parametrize(
     ("policy", "message"),
     [
-        (NewFirst(64), "running decodes"),
-        (NewBeforeInProgress(64), "already in progress"),
-        (OnePrefillPerStep(64), "fill the budget"),
-        (DecodesLast(64), "Sarathi-Serve's order"),
-        (PrefillFirstChunkedScheduler(64), "running decodes"),
-        (MonolithicScheduler(), "token_budget"),
+        (NewFirst(64), "running decodes"), (NewBeforeInProgress(64), "already in progress"),
+        (OnePrefillPerStep(64), "fill the budget"), (DecodesLast(64), "Sarathi-Serve's order"),
+        (PrefillFirstChunkedScheduler(64), "running decodes"), (MonolithicScheduler(), "token_budget"),
     ],
 )
 def test_each_classic_mistake_is_named(policy, message):

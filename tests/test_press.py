@@ -25,7 +25,9 @@ from longctx.kv.press import (
 )
 
 # name -> options that make the press valid on the prompts below (T >= 8)
-PRESS_CASES = {"streaming_llm": {}, "snapkv": {"window_size": 4}, "h2o": {}, "random": {"seed": 3}, "knorm": {}}
+PRESS_CASES = {
+    "streaming_llm": {}, "snapkv": {"window_size": 4}, "h2o": {}, "random": {"seed": 3}, "knorm": {},
+}
 
 
 def test_every_press_is_in_the_shared_matrix():
@@ -54,7 +56,9 @@ def test_contract_of_every_press(name, T, ratio, seed):
     for head in keep:
         assert torch.all(head[1:] > head[:-1]), "ascending, no token twice"
         assert 0 <= int(head[0]) and int(head[-1]) < T
-        assert set(torch.nonzero(protected).flatten().tolist()) <= set(head.tolist()), "protected tokens are kept"
+        assert set(torch.nonzero(protected).flatten().tolist()) <= set(head.tolist()), (
+            "protected tokens are kept"
+        )
 
 
 @pytest.mark.parametrize("name", sorted(PRESS_CASES))
@@ -126,7 +130,9 @@ def test_knorm_keeps_the_smallest_keys():
 def test_random_is_seeded():
     inp = _inputs(RandomPress(0.5), 50)
     assert torch.equal(RandomPress(0.5, seed=1).keep_indices(inp), RandomPress(0.5, seed=1).keep_indices(inp))
-    assert not torch.equal(RandomPress(0.5, seed=1).keep_indices(inp), RandomPress(0.5, seed=2).keep_indices(inp))
+    assert not torch.equal(
+        RandomPress(0.5, seed=1).keep_indices(inp), RandomPress(0.5, seed=2).keep_indices(inp)
+    )
 
 
 def test_attention_weights_match_a_naive_causal_softmax():
@@ -176,7 +182,8 @@ def _kept_sets(press, inp, calls):
 def test_random_draws_afresh_per_layer_and_trial_and_one_seed_repeats():
     inp = _inputs(RandomPress(0.5), 64)
     press = RandomPress(0.5, seed=7)
-    layer0, layer1, trial2 = _kept_sets(press, inp, 3)  # successive calls: layers of one prompt, then the next
+    # successive calls: layers of one prompt, then the next
+    layer0, layer1, trial2 = _kept_sets(press, inp, 3)
     assert layer0 != layer1 and layer1 != trial2, "each call draws new scores"
     again = _kept_sets(RandomPress(0.5, seed=7), inp, 3)
     assert again == [layer0, layer1, trial2], "the same seed repeats the same sequence of draws"
@@ -188,7 +195,8 @@ def test_random_evicts_token_0_in_some_layers_and_not_others():
     """The old press evicted the same positions in every layer (token 0 in a KV head of all 30 layers)."""
     inp = _inputs(RandomPress(0.25), 1024, num_kv_heads=3)
     press = RandomPress(0.25, seed=0)
-    sink_kept = [tuple(press.keep_indices(inp)[:, 0].eq(0).tolist()) for _ in range(30)]  # per layer, per KV head
+    # per layer, per KV head
+    sink_kept = [tuple(press.keep_indices(inp)[:, 0].eq(0).tolist()) for _ in range(30)]
     assert len(set(sink_kept)) > 1 and 0 < sum(map(sum, sink_kept)) < 90
 
 
@@ -249,7 +257,9 @@ def test_transplant_keeps_the_positions_where_the_donor_keeps_them_per_head():
     assert keep.shape == donor_keep.shape
     for h in range(3):
         ours, theirs = set(keep[h].tolist()), set(donor_keep[h].tolist())
-        assert ours & set(needle) == theirs & set(needle), f"head {h}: the donor's needle tokens, no more, no less"
+        assert ours & set(needle) == theirs & set(needle), (
+            f"head {h}: the donor's needle tokens, no more, no less"
+        )
     assert press.query_window == 0 and not press.uses_attention_sum
     snap_donor = ForcedPress(RandomPress(0.5), needle, donor=SnapKVPress(0.5, window_size=4))
     assert snap_donor.query_window == 4, "the engine must collect what the donor reads"

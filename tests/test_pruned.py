@@ -18,10 +18,13 @@ from longctx.specs import ModelSpec
 
 @pytest.fixture(scope="module")
 def tiny():
-    """A random-weight Llama with SmolLM2's vocabulary, so real needle prompts run through it in milliseconds."""
+    """A random-weight Llama with SmolLM2's vocabulary, so real needle prompts run through it in
+    milliseconds."""
     vocab = our_tokenizer().vocab_size
-    spec = ModelSpec(name="tiny-vocab", num_layers=3, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8,
-                     source="test", intermediate_size=48, vocab_size=vocab, rope_theta=10000.0, max_context=1024)
+    spec = ModelSpec(
+        name="tiny-vocab", num_layers=3, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8, source="test",
+        intermediate_size=48, vocab_size=vocab, rope_theta=10000.0, max_context=1024,
+    )
     return Llama(spec).init_random_(seed=5, std=0.4).eval()
 
 
@@ -35,7 +38,10 @@ def _configs(prompt):
         (lambda: make_press("random", 0.7, seed=4), True),
         (lambda: make_press("knorm", 0.25), False),
         (lambda: ForcedPress(make_press("snapkv", 0.6), needle), True),
-        (lambda: ForcedPress(make_press("random", 0.6, seed=2), needle, donor=make_press("snapkv", 0.6)), True),
+        (
+            lambda: ForcedPress(make_press("random", 0.6, seed=2), needle, donor=make_press("snapkv", 0.6)),
+            True,
+        ),
     ]
 
 
@@ -76,7 +82,10 @@ def test_needle_retention_marks_each_kept_needle_token_per_layer_and_head():
     keep = [torch.tensor([[0, 5, 6, 9], [1, 2, 7, 8]]), torch.tensor([[5, 6, 7, 8], [0, 1, 2, 3]])]
     ret = needle_retention(keep, start=5, length=3)  # needle tokens 5, 6, 7
     assert ret.shape == (2, 2, 3) and ret.dtype == bool
-    assert ret.tolist() == [[[True, True, False], [False, False, True]], [[True, True, True], [False, False, False]]]
+    assert ret.tolist() == [
+        [[True, True, False], [False, False, True]],
+        [[True, True, True], [False, False, False]],
+    ]
 
 
 def test_a_prompt_the_snapshot_did_not_prefill_is_refused(tiny):
@@ -119,9 +128,15 @@ def test_continuation_nll_from_one_prefill_matches_pruning_each_time(tiny):
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 5000, (150,), generator=gen).tolist()
     ctx, cont = ids[:120], ids[120:]
-    presses = [None, make_press("snapkv", 0.5, window_size=8), make_press("h2o", 0.5), make_press("random", 0.5, seed=1)]
+    presses = [
+        None, make_press("snapkv", 0.5, window_size=8), make_press("h2o", 0.5),
+        make_press("random", 0.5, seed=1),
+    ]
     got = continuation_nll_many(tiny, PrefillSnapshot.capture(tiny, ctx), presses, cont)
-    fresh = [None, make_press("snapkv", 0.5, window_size=8), make_press("h2o", 0.5), make_press("random", 0.5, seed=1)]
+    fresh = [
+        None, make_press("snapkv", 0.5, window_size=8), make_press("h2o", 0.5),
+        make_press("random", 0.5, seed=1),
+    ]
     want = [continuation_nll(tiny, ctx, cont, p) for p in fresh]
     assert got == pytest.approx(want, abs=1e-5)
     assert len(set(round(x, 4) for x in got)) == 4, "every press changes the continuation's NLL"

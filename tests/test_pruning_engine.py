@@ -15,8 +15,10 @@ from longctx.kv.press import PRESSES, make_press
 from longctx.model.llama import Llama
 from longctx.specs import ModelSpec
 
-SPEC = ModelSpec(name="tiny", num_layers=2, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8, source="test",
-                 intermediate_size=48, vocab_size=50, rope_theta=10000.0, max_context=512)
+SPEC = ModelSpec(
+    name="tiny", num_layers=2, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8, source="test",
+    intermediate_size=48, vocab_size=50, rope_theta=10000.0, max_context=512,
+)
 OPTIONS = {"streaming_llm": {}, "snapkv": {"window_size": 8}, "h2o": {}, "random": {"seed": 1}, "knorm": {}}
 BS = 4
 
@@ -88,7 +90,8 @@ def test_compaction_keeps_exactly_the_chosen_tokens_and_their_positions(model):
         assert torch.equal(kb[slots_b], ka[slots_a])
     full.step(), pruned.step()  # the first output token is decoded at position 48 in both
     assert a.output_token_ids[0] == b.output_token_ids[0]
-    k0a, k0b = fa.cache.flat(0)[0], fb.cache.flat(0)[0]  # layer 0 keys depend on the token and its position only
+    # layer 0 keys depend on the token and its position only
+    k0a, k0b = fa.cache.flat(0)[0], fb.cache.flat(0)[0]
     slot_a = fa.block_manager.block_table(a.seq_id)[48 // BS] * BS + 48 % BS
     slot_b = fb.block_manager.block_table(b.seq_id)[24 // BS] * BS + 24 % BS
     torch.testing.assert_close(k0b[slot_b], k0a[slot_a])

@@ -33,12 +33,9 @@ def _hf(head_dim, theta, L, scaling, seq_len=None):
 @pytest.mark.parametrize(
     "scaling,seq_len",
     [
-        ({"rope_type": "linear", "factor": 2.0}, None),
-        ({"rope_type": "linear", "factor": 8.0}, None),
-        ({"rope_type": "dynamic", "factor": 2.0}, None),
-        ({"rope_type": "dynamic", "factor": 2.0}, 3 * 8192),
-        ({"rope_type": "dynamic", "factor": 4.0}, 12000),
-        ({"rope_type": "yarn", "factor": 2.0}, None),
+        ({"rope_type": "linear", "factor": 2.0}, None), ({"rope_type": "linear", "factor": 8.0}, None),
+        ({"rope_type": "dynamic", "factor": 2.0}, None), ({"rope_type": "dynamic", "factor": 2.0}, 3 * 8192),
+        ({"rope_type": "dynamic", "factor": 4.0}, 12000), ({"rope_type": "yarn", "factor": 2.0}, None),
         ({"rope_type": "yarn", "factor": 16.0}, None),
         ({"rope_type": "yarn", "factor": 4.0, "beta_fast": 16, "beta_slow": 2}, None),
         ({"rope_type": "yarn", "factor": 4.0, "attention_factor": 1.3}, None),
@@ -77,7 +74,9 @@ def test_ntk_raises_the_base_fastest_pair_kept_slowest_divided_by_s(d, theta, s)
 def test_yarn_is_not_a_base_scaled_by_a_tenth():
     """The source's claim (YaRN scales the base by 0.1x or 0.01x) describes neither YaRN nor NTK."""
     d, theta, L, s = 64, 1e5, 8192, 2.0
-    yarn, _ = rope_parameters(d, theta, {"rope_type": "yarn", "factor": s, "original_max_position_embeddings": L})
+    yarn, _ = rope_parameters(
+        d, theta, {"rope_type": "yarn", "factor": s, "original_max_position_embeddings": L}
+    )
     base = default_inv_freq(d, theta)
     for k in (0.1, 0.01):
         shrunk = default_inv_freq(d, theta * k)
@@ -159,7 +158,8 @@ def test_cos_sin_match_transformers_rotary_embedding(scaling):
 
 @pytest.mark.slow
 def test_model_with_yarn_matches_transformers_with_yarn(hf_reference, smollm2):
-    """SmolLM2 with YaRN x2: our logits equal transformers' LlamaForCausalLM given the same rope_parameters."""
+    """SmolLM2 with YaRN x2: our logits equal transformers' LlamaForCausalLM given the same
+    rope_parameters."""
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
     from longctx.engine.exactness import chunked_prefill_logits

@@ -1,5 +1,5 @@
-"""Needle scoring by containment (longctx.evals.scoring): the rule, the greedy decoder that feeds it, and every
-shipped needle record re-scored from its recorded output."""
+"""Needle scoring by containment (longctx.evals.scoring): the rule, the greedy decoder that feeds it, and
+every shipped needle record re-scored from its recorded output."""
 
 from __future__ import annotations
 
@@ -16,8 +16,10 @@ from longctx.evals.scoring import SCORING, answer_closed, contains_answer, resco
 from longctx.recorded import recorded_path
 
 # every recorded file whose rows are needle trials (lessons 05, 06 and 07 read them)
-NEEDLE_RECORDS = ("niah_grid_passkey.json", "niah_grid_multikey.json", "niah_beyond.json", "kv_pruning_niah.json",
-                  "capstone_niah.json")
+NEEDLE_RECORDS = (
+    "niah_grid_passkey.json", "niah_grid_multikey.json", "niah_beyond.json", "kv_pruning_niah.json",
+    "capstone_niah.json",
+)
 
 
 @pytest.mark.parametrize("output,hit", [
@@ -104,8 +106,10 @@ def test_a_right_answer_stops_once_the_number_is_closed_and_a_wrong_one_uses_the
     assert r.correct and r.exact and r.output_ids == ans + [dot], "one token past the answer, then stop"
     assert r.breaks_at == -1
     wrong = ans[:3] + [ans[3] + 1] + ans[4:]
-    r = read_answer(_forced_logits(tok, wrong, tok.vocab_size), prompt, lambda t, k: tok.encode(" and")[0], tok,
-                    len(ans) + 16)
+    r = read_answer(
+        _forced_logits(tok, wrong, tok.vocab_size), prompt, lambda t, k: tok.encode(" and")[0], tok,
+        len(ans) + 16,
+    )
     assert not r.correct and len(r.output_ids) == len(ans) + 16 and r.forced_top[3] == ans[3] + 1
     assert r.breaks_at == 3, "the answer breaks at its fourth token"
 
@@ -114,7 +118,10 @@ def test_passkey_trials_read_different_filler_and_needle_values_match_the_builde
     tok = our_tokenizer()
     builder = HaystackBuilder(tok)
     a, b = builder.build(400, 0.5, seed=1), builder.build(400, 0.5, seed=2)
-    assert a.token_ids[a.haystack_start : a.haystack_start + 30] != b.token_ids[b.haystack_start : b.haystack_start + 30]
+    assert (
+        a.token_ids[a.haystack_start : a.haystack_start + 30]
+        != b.token_ids[b.haystack_start : b.haystack_start + 30]
+    )
     for seed in range(5):
         for hay in ("passkey", "multikey"):
             assert builder.needle_value(seed, hay) == builder.build(300, 0.3, seed, hay).answer

@@ -1,5 +1,5 @@
-"""The stall scenario on the napkin (lesson 01) reproduces the source's Exercise 1 and rejects impossible inputs;
-its server requests carry the scenario's sizes."""
+"""The stall scenario on the napkin (lesson 01) reproduces the source's Exercise 1 and rejects impossible
+inputs; its server requests carry the scenario's sizes."""
 
 import pytest
 
@@ -65,6 +65,8 @@ def test_server_requests_carry_the_scenario_sizes():
 
     requests, offsets = StallScenario(3, 40).requests(_Words(), chat_max_tokens=8, num_long=2, long_at_s=1.0)
     kinds = [r["kind"] for r in requests]
-    assert kinds == ["chat"] * 3 + ["long-prefill"] * 2 and offsets == pytest.approx([0, 0.02, 0.04, 1.0, 1.02])
+    assert kinds == ["chat"] * 3 + ["long-prefill"] * 2 and offsets == pytest.approx(
+        [0, 0.02, 0.04, 1.0, 1.02]
+    )
     assert all(r["max_tokens"] == 8 for r in requests[:3])
     assert requests[3:] == build_workload("long-prefill", 2, _Words(), 40, 4, 0)

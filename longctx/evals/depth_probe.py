@@ -1,4 +1,5 @@
-"""Why a passkey needle at depth 1 (right before the question) is lost: one prompt, changed one thing at a time.
+"""Why a passkey needle at depth 1 (right before the question) is lost: one prompt, changed one thing at a
+time.
 
 ``depth_one_variants(builder, length, seed)`` returns the depth-1 passkey prompt of ``HaystackBuilder.build``
 and variants that each change ONE thing about it, with the same needle value and filler:
@@ -25,8 +26,10 @@ from longctx.evals.haystack import HaystackBuilder, NeedlePrompt
 
 QUESTION = "\n\nWhat is the pass key?"
 ANSWER_PREFIX = "The pass key is"
-VARIANTS = ("depth 1", "depth 0.5", "32 filler tokens between", "filler ends a sentence", "junction re-tokenized",
-            "no blank lines", "no answer prefix")
+VARIANTS = (
+    "depth 1", "depth 0.5", "32 filler tokens between", "filler ends a sentence", "junction re-tokenized",
+    "no blank lines", "no answer prefix",
+)
 
 
 def depth_one_variants(builder: HaystackBuilder, length: int, seed: int) -> dict[str, NeedlePrompt]:
@@ -45,11 +48,15 @@ def depth_one_variants(builder: HaystackBuilder, length: int, seed: int) -> dict
 
     out = {"depth 1": p, "depth 0.5": builder.build(length, 0.5, seed=seed, haystack="passkey")}
     gap = 32
-    out["32 filler tokens between"] = variant(before[:-gap] + needle + before[-gap:] + tail, ns - gap, p.question_start)
+    out["32 filler tokens between"] = variant(
+        before[:-gap] + needle + before[-gap:] + tail, ns - gap, p.question_start
+    )
     filler_text = tok.decode(before[p.haystack_start :])
     cut = filler_text.rfind(". ")
     if cut < 0:
-        raise ValueError(f"no full stop in the {len(before) - p.haystack_start}-token filler: use a longer prompt")
+        raise ValueError(
+            f"no full stop in the {len(before) - p.haystack_start}-token filler: use a longer prompt"
+        )
     clean = before[: p.haystack_start] + tok.encode(filler_text[: cut + 1])
     out["filler ends a sentence"] = variant(clean + needle + tail, len(clean), len(clean) + nl)
     joined = tok.encode(tok.decode(needle + tail, skip_special_tokens=False))

@@ -15,7 +15,8 @@ from longctx.memory import blocks_for_tokens
 
 def forward_at(model, cache, table, ids, slot: int, rows, position: int | None = None, block_size: int = 16):
     """Logits (float32) of ``rows`` after running ``ids`` at cache slots ``slot..`` and positions
-    ``position..`` (default ``slot``); the cache already holds slots ``0..slot-1`` of block table ``table``."""
+    ``position..`` (default ``slot``); the cache already holds slots ``0..slot-1`` of block table
+    ``table``."""
     import torch
 
     from longctx.kv.cache import Chunk, build_attention_metadata
@@ -48,7 +49,9 @@ def forced_logits(model, cache, table, prompt_ids, target_ids, press=None, split
                                block_size=block_size)
         if m == 1:
             return first, P
-        rest = forward_at(model, cache, table, list(target_ids[:-1]), P, list(range(m - 1)), block_size=block_size)
+        rest = forward_at(
+            model, cache, table, list(target_ids[:-1]), P, list(range(m - 1)), block_size=block_size
+        )
         return torch.cat([first, rest]), P
     if press is None:
         logits = forward_at(model, cache, table, list(prompt_ids) + list(target_ids[:-1]), 0,
@@ -65,7 +68,9 @@ def forced_logits(model, cache, table, prompt_ids, target_ids, press=None, split
         first = forward_at(model, cache, table, prompt_ids[:split], 0, [split - 1], block_size=block_size)
     cached = split - recorder.compress(cache, table, 0, split)
     if split < P:  # the rest of the prompt (the question), on top of the pruned part
-        first = forward_at(model, cache, table, prompt_ids[split:], cached, [P - split - 1], split, block_size)
+        first = forward_at(
+            model, cache, table, prompt_ids[split:], cached, [P - split - 1], split, block_size
+        )
         cached += P - split
     if m == 1:
         return first, cached
@@ -83,7 +88,9 @@ def continuation_nll(model, context_ids, continuation_ids, press=None, block_siz
     p = next(model.parameters())
     num_blocks = blocks_for_tokens(len(context_ids) + len(continuation_ids), block_size)
     cache = PagedKVCache.for_model(model.config, num_blocks, block_size, p.device, p.dtype)
-    logits, _ = forced_logits(model, cache, list(range(num_blocks)), list(context_ids), list(continuation_ids),
-                              press, block_size=block_size)
+    logits, _ = forced_logits(
+        model, cache, list(range(num_blocks)), list(context_ids), list(continuation_ids), press,
+        block_size=block_size,
+    )
     targets = torch.tensor(list(continuation_ids), device=logits.device)
     return float(-torch.log_softmax(logits, dim=-1).gather(1, targets[:, None]).mean())

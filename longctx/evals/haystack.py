@@ -132,7 +132,9 @@ class HaystackBuilder:
             return chat_open + PASSKEY_INTRO, needle, question, answer_prefix, value, []
         keys = rng.sample(KEY_WORDS, 1 + self.num_distractors)
         values = [str(rng.randint(1000000, 9999999)) for _ in keys]
-        needles = [f" One of the special magic numbers for {k} is: {v}. " for k, v in zip(keys, values, strict=True)]
+        needles = [
+            f" One of the special magic numbers for {k} is: {v}. " for k, v in zip(keys, values, strict=True)
+        ]
         question = (
             f"\n\nWhat is the special magic number for {keys[0]} mentioned in the provided text?"
         )
@@ -177,7 +179,8 @@ class HaystackBuilder:
         total = F + sum(map(len, d_ids))  # haystack tokens = filler + distractors
         k = round(depth * total)  # haystack tokens before the needle
         spans = self._place(total, k, [len(d) for d in d_ids], rng)
-        offset = rng.randrange(0, 20000 if haystack == "multikey" else PASSKEY_CYCLE)  # each trial its own text
+        # each trial its own text
+        offset = rng.randrange(0, 20000 if haystack == "multikey" else PASSKEY_CYCLE)
         filler = self._filler_ids(haystack, F + offset)[offset:]
         body, it = [], iter(filler)
         for (start, _), d in sorted(zip(spans, d_ids, strict=True)):
@@ -187,13 +190,8 @@ class HaystackBuilder:
         ids = head + body[:k] + needle + body[k:] + tail
         assert len(ids) == length, (len(ids), length)
         return NeedlePrompt(
-            token_ids=ids,
-            answer_ids=answer_ids,
-            answer=value,
-            needle_start=len(head) + k,
-            needle_len=len(needle),
-            haystack_start=len(head),
-            haystack_len=Fh,
+            token_ids=ids, answer_ids=answer_ids, answer=value, needle_start=len(head) + k,
+            needle_len=len(needle), haystack_start=len(head), haystack_len=Fh,
             distractor_starts=sorted(len(head) + s + (len(needle) if s >= k else 0) for s, _ in spans),
             question_start=length - len(tail),
         )

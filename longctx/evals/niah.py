@@ -103,7 +103,9 @@ class NiahRunner:
     def press_label(self) -> str:
         if self.press is None:
             return "none"
-        return f"{self.press.name} {self.press.compression_ratio:g}" + ("" if self.question_aware else " agnostic")
+        return f"{self.press.name} {self.press.compression_ratio:g}" + (
+            "" if self.question_aware else " agnostic"
+        )
 
     @property
     def max_tokens(self) -> int:
@@ -147,8 +149,10 @@ class NiahRunner:
         self._kv()
         t0 = time.perf_counter()
         split = None if self.question_aware or prompt.question_start < 1 else prompt.question_start
-        logits, cached = forced_logits(self.model, self._cache, self._table, prompt.token_ids, ans, self.press,
-                                       split, self.block_size, self.chunk_size)  # [m, vocab]
+        logits, cached = forced_logits(
+            self.model, self._cache, self._table, prompt.token_ids, ans, self.press, split, self.block_size,
+            self.chunk_size,
+        )  # [m, vocab]
         prefill_s = time.perf_counter() - t0
 
         def next_token(token: int, k: int) -> int:  # output token k at slot cached + k, position P + k
@@ -159,10 +163,12 @@ class NiahRunner:
     def trial(self, length: int, depth: float, seed: int = 0, haystack: str = "passkey") -> NiahTrial:
         prompt = self.builder.build(length, depth, seed, haystack)
         r = self.score(prompt)
-        return NiahTrial(haystack, rope_label(self.model.rope_scaling), prompt.length, float(depth),
-                         int(seed), prompt.needle_start, r.correct, r.answer_logprob, prompt.answer, r.output,
-                         r.prefill_s, self.press_label, r.exact, r.token_logprobs,
-                         [self.tok.decode([t]) for t in r.forced_top], r.decode_s, prompt.needle_len, r.breaks_at)
+        return NiahTrial(
+            haystack, rope_label(self.model.rope_scaling), prompt.length, float(depth), int(seed),
+            prompt.needle_start, r.correct, r.answer_logprob, prompt.answer, r.output, r.prefill_s,
+            self.press_label, r.exact, r.token_logprobs, [self.tok.decode([t]) for t in r.forced_top],
+            r.decode_s, prompt.needle_len, r.breaks_at,
+        )
 
 
 @dataclass(frozen=True)
@@ -225,7 +231,8 @@ class GreedyAnswer:
 def read_answer(logits, prompt: NeedlePrompt, next_token, tok, max_new_tokens: int,
                 prefill_s: float = 0.0) -> AnswerReading:
     """Score the teacher-forced ``logits`` [m, vocab] of ``prompt``'s answer and decode greedily with
-    ``next_token(token, k)`` (feed output token ``k``, return the argmax after it) until ``GreedyAnswer.done``."""
+    ``next_token(token, k)`` (feed output token ``k``, return the argmax after it) until
+    ``GreedyAnswer.done``."""
     g = GreedyAnswer(logits, prompt, tok, max_new_tokens)
     while not g.done:
         g.push(next_token(g.output_ids[-1], len(g.output_ids) - 1))

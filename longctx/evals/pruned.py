@@ -32,8 +32,9 @@ from longctx.memory import blocks_for_tokens
 
 @dataclass
 class PrefillSnapshot:
-    """One prompt's prefill: ``keys[l]``/``values[l]`` ``[H_kv, P, d]``, ``queries[l]`` ``[H, P, d]`` (post-RoPE),
-    ``last_logits`` ``[1, vocab]`` (the row that predicts the first answer token with the whole cache)."""
+    """One prompt's prefill: ``keys[l]``/``values[l]`` ``[H_kv, P, d]``, ``queries[l]`` ``[H, P, d]``
+    (post-RoPE), ``last_logits`` ``[1, vocab]`` (the row that predicts the first answer token with the whole
+    cache)."""
 
     token_ids: list[int]
     keys: list[torch.Tensor]
@@ -63,7 +64,9 @@ class PrefillSnapshot:
         try:
             for i, attn in enumerate(attns):
                 attn.probe = probe_for(i)
-            last = forward_at(model, cache, list(range(nb)), list(token_ids), 0, [P - 1], block_size=block_size)
+            last = forward_at(
+                model, cache, list(range(nb)), list(token_ids), 0, [P - 1], block_size=block_size
+            )
         finally:
             for attn in attns:
                 attn.probe = None
@@ -79,7 +82,8 @@ class PrefillSnapshot:
         return len(self.keys)
 
     def attention_sum(self, layer: int, num_tokens: int) -> torch.Tensor:
-        """``[H, T]``: causal attention of queries ``0 … T-1`` summed per key (what the engine accumulates)."""
+        """``[H, T]``: causal attention of queries ``0 … T-1`` summed per key (what the engine
+        accumulates)."""
         key = (layer, num_tokens)
         if key not in self._attention_sums:
             q, k = self.queries[layer][:, :num_tokens], self.keys[layer][:, :num_tokens]
@@ -131,7 +135,9 @@ class PrunedScorer:
         if int(max_batch) < 1 or int(extra_tokens) < 0:
             raise ValueError(f"need max_batch >= 1 and extra_tokens >= 0, got {max_batch}, {extra_tokens}")
         self.model, self.tok, self.snap = model, tokenizer, snapshot
-        self.block_size, self.extra_tokens, self.max_batch = int(block_size), int(extra_tokens), int(max_batch)
+        self.block_size, self.extra_tokens, self.max_batch = (
+            int(block_size), int(extra_tokens), int(max_batch),
+        )
 
     def answer(self, prompt, press: Press | None, question_aware: bool = True) -> PrunedAnswer:
         return self.answer_many(prompt, [(press, question_aware)])[0]
@@ -159,7 +165,8 @@ class PrunedScorer:
         splits = [P if aware or prompt.question_start < 1 else prompt.question_start for _, aware in configs]
         keeps = [self._keep(press, split) for (press, _), split in zip(configs, splits, strict=True)]
         kept = [k[0].shape[1] for k in keeps]
-        sizes = [blocks_for_tokens(n + P - s + budget, bs) for n, s in zip(kept, splits, strict=True)]  # blocks each
+        # blocks each
+        sizes = [blocks_for_tokens(n + P - s + budget, bs) for n, s in zip(kept, splits, strict=True)]
         firsts = [sum(sizes[:i]) for i in range(len(sizes))]
         tables = [list(range(f, f + n)) for f, n in zip(firsts, sizes, strict=True)]
         p = next(self.model.parameters())
@@ -168,8 +175,12 @@ class PrunedScorer:
             k_flat, v_flat = cache.flat(layer)  # [slots, H_kv, d]; config i's slots start at firsts[i] * bs
             for i, keep in enumerate(keeps):
                 base = firsts[i] * bs
-                k_flat[base : base + kept[i]] = compact(self.snap.keys[layer][:, : splits[i]], keep[layer]).transpose(0, 1)
-                v_flat[base : base + kept[i]] = compact(self.snap.values[layer][:, : splits[i]], keep[layer]).transpose(0, 1)
+                k_flat[base : base + kept[i]] = compact(
+                    self.snap.keys[layer][:, : splits[i]], keep[layer]
+                ).transpose(0, 1)
+                v_flat[base : base + kept[i]] = compact(
+                    self.snap.values[layer][:, : splits[i]], keep[layer]
+                ).transpose(0, 1)
         # one forward: each config's question (if agnostic) and its answer but the last token
         chunks, ids, rows, own_rows = [], [], [], []
         for i, s in enumerate(splits):
@@ -194,8 +205,10 @@ class PrunedScorer:
                 break
             steps = [len(greedy[i].output_ids) - 1 for i in active]
             chunks = [Chunk(tables[i], cached[i] + k, 1, P + k) for i, k in zip(active, steps, strict=True)]
-            out = self._run([greedy[i].output_ids[-1] for i in active], chunks, list(range(len(active))), cache,
-                            build_attention_metadata)
+            out = self._run(
+                [greedy[i].output_ids[-1] for i in active], chunks, list(range(len(active))), cache,
+                build_attention_metadata,
+            )
             for i, token in zip(active, out.argmax(-1).tolist(), strict=True):
                 greedy[i].push(token)
         return [PrunedAnswer(g.reading(), k, n) for g, k, n in zip(greedy, keeps, kept, strict=True)]
@@ -204,7 +217,9 @@ class PrunedScorer:
         dev = next(self.model.parameters()).device
         meta = build(chunks, self.block_size, dev)
         with torch.inference_mode():
-            out = self.model(torch.tensor(ids, device=dev), cache, meta, logits_rows=torch.tensor(rows, device=dev))
+            out = self.model(
+                torch.tensor(ids, device=dev), cache, meta, logits_rows=torch.tensor(rows, device=dev)
+            )
         return out.float()
 
 

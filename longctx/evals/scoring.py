@@ -61,7 +61,8 @@ def rescore_record(data: dict, answer_of=None) -> int:
         meta["scoring"] = SCORING
         meta["rescored"] = {
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "from": "recorded outputs (no rerun); the recorded verdict (exact first tokens) is kept as correct_exact",
+            "from": "recorded outputs (no rerun); the recorded verdict (exact first tokens) is kept as "
+            "correct_exact",
             "verdicts_changed": changed,
         }
     return changed

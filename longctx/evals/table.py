@@ -33,7 +33,8 @@ class NiahTable:
         self.rows.append(dict(row))
 
     def where(self, **equal) -> NiahTable:
-        """Rows whose columns equal the given values, e.g. ``table.where(haystack="passkey", rope="none")``."""
+        """Rows whose columns equal the given values, e.g. ``table.where(haystack="passkey",
+        rope="none")``."""
         for k in equal:
             if self.rows and k not in self.rows[0]:
                 raise ValueError(f"no column {k!r}; columns: {self.columns}")

@@ -1,4 +1,5 @@
-"""Where the real model runs: ``--device`` (cpu, cuda, cuda:N) and ``--dtype`` (auto, fp32, bf16, fp16), checked once.
+"""Where the real model runs: ``--device`` (cpu, cuda, cuda:N) and ``--dtype`` (auto, fp32, bf16, fp16),
+checked once.
 
 ``resolve_placement`` turns the two strings into a ``torch.device`` and a ``torch.dtype`` or raises a
 ``ValueError`` in one line that says what is wrong and what is allowed (the CLI prints it as ``error: …``).
@@ -25,11 +26,15 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda":
         if not torch.cuda.is_available():
             build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-            raise ValueError(f"--device {name}: no CUDA device is available (torch {torch.__version__}, {build}); "
-                             "use --device cpu")
+            raise ValueError(
+                f"--device {name}: no CUDA device is available (torch {torch.__version__}, {build}); "
+                "use --device cpu"
+            )
         count = torch.cuda.device_count()
         if device.index is not None and device.index >= count:
-            raise ValueError(f"--device {name}: this machine has {count} CUDA device(s), cuda:0 … cuda:{count - 1}")
+            raise ValueError(
+                f"--device {name}: this machine has {count} CUDA device(s), cuda:0 … cuda:{count - 1}"
+            )
     return device
 
 

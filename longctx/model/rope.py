@@ -156,15 +156,13 @@ def _yarn(d: int, theta: float, s: dict) -> tuple[torch.Tensor, float]:
     if attention_factor is None:
         mscale, mscale_all = s.get("mscale"), s.get("mscale_all_dim")
         if mscale and mscale_all:
-            attention_factor = yarn_attention_factor(factor, mscale) / yarn_attention_factor(factor, mscale_all)
+            attention_factor = yarn_attention_factor(factor, mscale) / yarn_attention_factor(
+                factor, mscale_all
+            )
         else:
             attention_factor = yarn_attention_factor(factor)
     ramp = yarn_ramp(
-        d,
-        theta,
-        s["original_max_position_embeddings"],
-        s.get("beta_fast") or 32,
-        s.get("beta_slow") or 1,
+        d, theta, s["original_max_position_embeddings"], s.get("beta_fast") or 32, s.get("beta_slow") or 1,
         s.get("truncate", True),
     )
     base = default_inv_freq(d, theta)

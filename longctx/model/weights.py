@@ -68,7 +68,9 @@ def fetch_model(force: bool = False) -> Path:
 
     gguf_path = find_gguf()
     meta, tensors = read_gguf(gguf_path)
-    config = model_spec(meta, tensors, source=f"metadata of {gguf_path.name} in the {GGUF_DISTRIBUTION} wheel")
+    config = model_spec(
+        meta, tensors, source=f"metadata of {gguf_path.name} in the {GGUF_DISTRIBUTION} wheel"
+    )
     params = {k: np.ascontiguousarray(v) for k, v in convert_tensors(tensors, config).items()}
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
@@ -113,8 +115,9 @@ def load_state_dict(directory: Path | None = None, device="cpu", dtype=None) -> 
 
 
 def load_model(device="cpu", dtype=None, attention_backend: str = "auto"):
-    """SmolLM2-135M-Instruct as a ``longctx.model.llama.Llama`` in eval mode (float32 by default) on ``device``;
-    ``attention_backend``: ``longctx.model.attention.choose_backend`` (an engine re-chooses it for its pool)."""
+    """SmolLM2-135M-Instruct as a ``longctx.model.llama.Llama`` in eval mode (float32 by default) on
+    ``device``; ``attention_backend``: ``longctx.model.attention.choose_backend`` (an engine re-chooses it for
+    its pool)."""
     import torch
 
     from longctx.model.attention import choose_backend
