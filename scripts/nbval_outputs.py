@@ -94,9 +94,14 @@ def execute_copy(path: Path, timeout_s: float):
 
 
 def recordable(outputs) -> list:
-    """The executed outputs as they are committed: without the image data nbval does not compare."""
+    """The executed outputs as they are committed: without the image data nbval does not compare, and with
+    consecutive pieces of one stream joined (how they were flushed varies; nbval joins them too)."""
     kept = []
     for output in copy.deepcopy(outputs):
+        if (output.get("output_type") == "stream" and kept and kept[-1].get("output_type") == "stream"
+                and kept[-1].get("name") == output.get("name")):
+            kept[-1]["text"] += output["text"]
+            continue
         if output.get("output_type") in ("display_data", "execute_result"):
             for mime in UNCOMPARED_MIME:
                 output.get("data", {}).pop(mime, None)

@@ -205,6 +205,15 @@ def test_merge_writes_only_marked_outputs_by_cell_id():
     assert nbval_outputs.merge_outputs(current, executed) == ([], refusals)  # a second merge changes nothing
 
 
+def test_recorded_streams_are_joined_and_images_dropped():
+    pieces = [new_output("stream", name="stdout", text="a\n"), new_output("stream", name="stdout", text="b\n"),
+              new_output("stream", name="stderr", text="w\n"), new_output("stream", name="stdout", text="c\n"),
+              new_output("display_data", data={"image/png": "iVBORw0KGgo="})]
+    kept = nbval_outputs.recordable(pieces)
+    assert [(o["name"], o["text"]) for o in kept] == [("stdout", "a\nb\n"), ("stderr", "w\n"), ("stdout", "c\n")]
+    assert pieces[0]["text"] == "a\n"  # the executed notebook is left as it was
+
+
 @pytest.mark.notebooks
 def test_recorded_outputs_pass_nbval_and_a_change_fails_it(tmp_path):
     lesson = "toy"
