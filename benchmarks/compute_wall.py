@@ -5,7 +5,7 @@ Method (an ablation, no profiler): each length is run twice per repeat, interlea
 - **real**: the model as the engine runs it (``longctx.model.llama``), one sequence, one monolithic prefill
   into a fresh paged cache, logits for the last token only;
 - **no attention**: the same forward with the attention backend (``longctx.model.attention``: the
-  scaled-dot-product core, QK^T, mask, softmax, AV) replaced by one that returns its queries unchanged.
+  scaled-dot-product core, QK^T, mask, softmax, AV) replaced by ``NO_ATTENTION``, which returns its queries.
 
 ``attention_s = real_s - no_attention_s``, each the *fastest* of its repeats. Times are **CPU seconds** of
 the process (``time.process_time``) with one torch thread by default: on a shared machine other processes
@@ -38,24 +38,12 @@ import torch
 
 from longctx import flops, memory, specs
 from longctx.kv.cache import Chunk, PagedKVCache, build_attention_metadata
+from longctx.model.attention import NO_ATTENTION
 from longctx.model.weights import load_model
 from longctx.provenance import load_gate
 
 OUT = Path(__file__).resolve().parent.parent / "longctx" / "data" / "recorded" / "compute_wall_cpu.json"
 BLOCK_SIZE = 16
-
-
-class NoAttention:
-    """An attention backend that stands in for the core: the output is the queries, no work."""
-
-    name = "none"
-    uses_decode_groups = False
-
-    def attend(self, q, k, v, k_cache, v_cache, meta, out, probe=None) -> None:
-        out.copy_(q)
-
-
-NO_ATTENTION = NoAttention()
 
 
 def prefill_s(model, tokens: torch.Tensor, backend=None) -> tuple[float, float]:

@@ -29,7 +29,7 @@ import torch
 from longctx.model.attention_ops import attention_weights, causal_mask, fresh_prompt, prefill_keys, sdpa
 
 # sdpa, causal_mask and attention_weights live in attention_ops and are importable from here too
-__all__ = ["BACKEND_NAMES", "REFERENCE", "AttentionBackend", "BackendChoice", "ReferenceBackend",
+__all__ = ["BACKEND_NAMES", "NO_ATTENTION", "REFERENCE", "AttentionBackend", "BackendChoice", "ReferenceBackend",
            "attention_weights", "causal_mask", "choose_backend", "sdpa"]
 
 BACKEND_NAMES = ("auto", "reference", "fused")
@@ -94,6 +94,21 @@ class ReferenceBackend:
 
 
 REFERENCE = ReferenceBackend()
+
+
+class NoAttention:
+    """An intervention, not a backend to serve with: attention's output is its queries, no work done. Passed as
+    ``Llama.forward(..., backend=NO_ATTENTION)`` it removes attention from a step to measure the rest
+    (lesson 04's ablation, ``benchmarks/compute_wall.py``)."""
+
+    name = "none"
+    uses_decode_groups = False
+
+    def attend(self, q, k, v, k_cache, v_cache, meta, out, probe=None) -> None:
+        out.copy_(q)
+
+
+NO_ATTENTION = NoAttention()
 
 
 @dataclass(frozen=True)
