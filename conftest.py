@@ -119,18 +119,30 @@ def pytest_runtest_makereport(item, call):
 
 
 _NOTEBOOK_SECONDS: dict[str, float] = defaultdict(float)
+_MODULE_SECONDS: dict[str, float] = defaultdict(float)   # test module (or notebook) -> setup + call + teardown
+_WORKER_SECONDS: dict[str, float] = defaultdict(float)   # xdist worker -> seconds of tests it ran
 
 
 def pytest_runtest_logreport(report):
     path, sep, _ = report.nodeid.partition(".ipynb::")
     if sep:
         _NOTEBOOK_SECONDS[path + ".ipynb"] += report.duration
+    _MODULE_SECONDS[report.nodeid.partition("::")[0]] += report.duration
+    worker = getattr(getattr(report, "node", None), "gateway", None)
+    _WORKER_SECONDS[getattr(worker, "id", "main")] += report.duration
 
 
 def pytest_terminal_summary(terminalreporter):
-    if not _NOTEBOOK_SECONDS:
-        return
-    terminalreporter.section("nbval: seconds per solution notebook (kernel start and every cell)")
-    for path, seconds in sorted(_NOTEBOOK_SECONDS.items(), key=lambda kv: -kv[1]):
-        terminalreporter.write_line(f"{seconds:8.1f} s  {path}")
-    terminalreporter.write_line(f"{sum(_NOTEBOOK_SECONDS.values()):8.1f} s  in all")
+    """Where the run's time went, so that a regression is visible: notebooks, the slowest modules, workers."""
+    write = terminalreporter.write_line
+    if _NOTEBOOK_SECONDS:
+        terminalreporter.section("nbval: seconds per solution notebook (kernel start and every cell)")
+        for path, seconds in sorted(_NOTEBOOK_SECONDS.items(), key=lambda kv: -kv[1]):
+            write(f"{seconds:8.1f} s  {path}")
+        write(f"{sum(_NOTEBOOK_SECONDS.values()):8.1f} s  in all")
+    if _MODULE_SECONDS:
+        terminalreporter.section("seconds per test module (the 15 slowest; setup, call and teardown)")
+        for path, seconds in sorted(_MODULE_SECONDS.items(), key=lambda kv: -kv[1])[:15]:
+            write(f"{seconds:8.1f} s  {path}")
+        busy = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in sorted(_WORKER_SECONDS.items()))
+        write(f"busy per worker: {busy} (the wall time is the busiest worker's plus its idle gaps)")

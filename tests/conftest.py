@@ -11,12 +11,12 @@
   browser, a release) is built once. (`--dist loadgroup` would allow cross-module groups, but with pytest
   9.2 and xdist 3.8.0 its xdist_group marks were not applied: tests of one group ran on both workers.)
 - `START_FIRST` sets which modules start first (with `--no-loadscope-reorder` in pyproject.toml; xdist's
-  default orders modules by their number of tests). On a quiet 2-core machine the lessons' grading run takes
-  about 540 s, the browser tests 300 s, the hostile grading run 200 s and the security run 60 s. The grading
-  run starts at once on one worker; the other worker takes the browser and hostile runs. Each worker is
-  handed two modules at the start, so the short test_test_setup.py comes second: worker one gets it, and
-  the browser module goes to worker two. nbval's solution notebooks (one unit each, 2-60 s) come next, so
-  they run beside the grading run instead of after it.
+  default orders modules by their number of tests). The lessons' grading run (one
+  fixture) starts at once on one worker, test_test_setup.py on the other; a worker takes the next module
+  when it has at most two tests left, so the other worker takes the browser module, then the hostile run,
+  then the solution notebooks (one unit each, 2-70 s), while the grading run goes on. The terminal summary
+  (the repository's conftest.py) prints each notebook's and the slowest modules' seconds and each worker's
+  busy time, so a module that grew or a worker left idle shows up in every run's log.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ import model_fixtures  # noqa: E402
 
 SOLUTION_NOTEBOOKS = "solutions/*/*.ipynb"  # nbval's items (the repository's conftest.py), one unit per notebook
 START_FIRST = ("test_lessons_graded.py", "test_test_setup.py", "test_browser.py", "test_autograder_hostile.py",
-               SOLUTION_NOTEBOOKS, "test_autograder_security.py", "test_server_model.py", "test_rope.py")
+               SOLUTION_NOTEBOOKS, "test_autograder_security.py", "test_server_model.py", "test_rope.py",
+               "test_model.py", "test_attention_backends.py", "test_chunked_prefill.py", "test_server_clients.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

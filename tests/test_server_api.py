@@ -383,6 +383,10 @@ def test_the_body_must_be_a_json_object_whatever_its_content_type(server):
 
 def test_nested_or_oversized_bodies_are_400_and_413_never_500(server):
     url = server.url + "/v1/completions"
+    huge = b'{"prompt": "hi", "max_tokens": ' + b"9" * 5_000 + b"}"  # json.loads: over 4,300 digits
+    assert "not valid JSON" in _assert_openai_error(httpx.post(url, content=huge), 400)["message"]
+    seed = {"prompt": "hi", "max_tokens": 2, "temperature": 1.0, "seed": 2**64}  # overflowed manual_seed
+    _assert_openai_error(httpx.post(url, json=seed), 400, "seed")
     deep = b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     err = _assert_openai_error(httpx.post(url, content=deep), 400)
     assert "nested too deeply" in err["message"]

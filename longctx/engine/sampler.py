@@ -17,6 +17,8 @@ import torch
 from longctx.engine.logprobs import LogprobRecorder
 from longctx.engine.sampling_params import SamplingParams
 
+MIN_TEMPERATURE = 1e-2
+
 
 def apply_logit_changes(logits: torch.Tensor, params: SamplingParams, seq) -> torch.Tensor:
     """``logits`` ``[vocab]`` (float32, a copy) after the bias, the minimum length and the penalties."""
@@ -42,7 +44,10 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.
     """One token id from ``logits`` ``[vocab]``: greedy, or temperature + top-k + top-p sampling."""
     if params.greedy:
         return int(logits.argmax())
-    probs = torch.softmax(logits.float() / params.temperature, dim=-1)  # [vocab]
+    # vLLM (v0.11 SamplingParams) raises a temperature in (0, 0.01) to 0.01: below it the division overflows
+    probs = torch.softmax(logits.float() / max(params.temperature, MIN_TEMPERATURE), dim=-1)  # [vocab]
+    if not bool(torch.isfinite(probs).all()):  # extreme penalties or biases overflowed: take the limit, greedy
+        return int(torch.nan_to_num(logits.float(), nan=float("-inf")).argmax())
     if params.top_p < 1.0 or 0 < params.top_k < probs.shape[-1]:
         sorted_probs, order = probs.sort(descending=True)
         keep = sorted_probs.cumsum(-1) - sorted_probs < params.top_p  # the smallest set reaching top_p

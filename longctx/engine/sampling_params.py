@@ -61,6 +61,8 @@ class SamplingParams:
         _check_range("top_p", self.top_p, 0.0, 1.0, low_open=True)
         if isinstance(self.seed, bool) or int(self.seed) != self.seed:
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if not -(2**63) <= self.seed < 2**63:
+            raise ValueError(f"seed must fit a 64-bit signed integer (as vLLM's), got {self.seed}")
         _check_count("top_k", self.top_k)
         _check_count("min_tokens", self.min_tokens)
         _check_range("repetition_penalty", self.repetition_penalty, 0.0, float("inf"), low_open=True)

@@ -112,7 +112,7 @@ class GenerationRequest(BaseModel):
     stop_token_ids: list[StrictInt] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    seed: Annotated[int | None, Field(strict=True)] = None
+    seed: Annotated[int | None, Field(strict=True, ge=-(2**63), le=2**63 - 1)] = None  # vLLM: torch.long's range
     temperature: Annotated[float | None, Field(strict=True, ge=0.0, le=2.0)] = None  # None: 1.0, OpenAI's default
     top_p: Annotated[float | None, Field(strict=True, gt=0.0, le=1.0)] = None  # None: 1.0
     top_k: Annotated[int | None, Field(strict=True, ge=-1)] = None  # -1 or 0: every token (vLLM)

@@ -129,8 +129,8 @@ async def parse_body(request: Request, model: type[BaseModel]):
     raw = await read_body(request)
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise APIError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of over 4,300 digits
+        raise APIError(400, f"the request body is not valid JSON: {str(exc)[:200]}", code="invalid_json") from None
     except RecursionError:
         raise APIError(400, "the request body is not valid JSON: nested too deeply", code="invalid_json") from None
     try:
