@@ -1,21 +1,11 @@
 """Issue 43: a lesson's *visible* test source holds no expected value of a quantity that is itself the answer.
 
 A learner reads the test cell before running it, so a literal answer there undoes the care of the failure
-messages. The scan reads every solution notebook's test cells with ``ast``, splits each at
-``### BEGIN HIDDEN TESTS`` and, in the visible part, finds every *expected value*: the third argument of
-``check_number`` / ``check_integer`` / ``check_array``, and the constant side of an ``==`` / ``is`` comparison
-inside ``check_true``. Constants include formulas of literals (``8_192 * 1e5 ** (-62 / 64)``, ``math.log(4)``)
-and names bound to literals in the notebook. It fails when a visible expected value
-
-(a) checks a value answer (a name the notebook binds inside ``### BEGIN SOLUTION``, or an item of it) against
-    a constant, or against an expression that needs neither the learner's answers nor their functions (the
-    learner could print it): visible checks of a value are of its form, range, units or consistency;
-(b) equals, within 1 %, a number that the hidden part of the same cell checks as an expected value;
-(c) checks a notebook function on the very arguments the lesson itself calls it with (its own case, whose
-    value the lesson asks for or prints) against a constant: visible function checks use other inputs.
-
-A check whose tolerance is at least half its expected value is a range check and is allowed. The last tests
-plant each kind of leak in a small notebook and show that the scan catches it, and that toy checks pass.
+messages. tests/visible_scan.py finds, in the visible part of every solution notebook's test cells, each
+expected value (a check's argument, an equality, a one-value membership, ``abs(x - c) < t``, ``isclose``, a
+tight range, a bound written as a formula) and every number written in a string; its docstring gives the
+rules. The last tests plant each kind of leak in a small notebook and show that the scan catches it, and that
+form, range and consistency checks pass.
 """
 
 from __future__ import annotations
@@ -27,225 +17,139 @@ import re
 
 import nbformat
 import pytest
+from visible_scan import (
+    HIDDEN,
+    NOT_CONSTANT,
+    Lesson,
+    constant,
+    expectations,
+    is_test,
+    literal_env,
+    numbers,
+    parse,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LESSONS = sorted(d for d in os.listdir(os.path.join(ROOT, "solutions")) if re.match(r"\d\d_", d))
-VALUE_CHECKS = {"check_number", "check_integer", "check_array"}
-HIDDEN = "### BEGIN HIDDEN TESTS"
-SOLUTION = re.compile(r"^### BEGIN SOLUTION\n(.*?)^### END SOLUTION", re.S | re.M)
-_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-        ast.Div: lambda a, b: a / b, ast.Pow: lambda a, b: a ** b, ast.FloorDiv: lambda a, b: a // b,
-        ast.Mod: lambda a, b: a % b}
-_MATH = {"pi": math.pi, "e": math.e, "log": math.log, "log2": math.log2, "sqrt": math.sqrt, "exp": math.exp}
-NOT_CONSTANT = object()
-ANY = object()  # a loop variable of the lesson's own calls: matches any argument
+# Findings known and being fixed elsewhere: (lesson, "cell N (grade_id) line L"), as the scan prints them.
+KNOWN = {
+    # being fixed by lessons 05-07 pass
+    ("07_capstone", "cell 7 (test_ex71_plan) line 22"),
+}
+_NUMBER = re.compile(r"(?<![\w.])\d{1,3}(?:[,_]\d{3})+(?:\.\d+)?|(?<![\w.])\d+(?:\.\d+)?(?:e[+-]?\d+)?", re.I)
 
 
-def _parse(source: str) -> ast.Module:
-    return ast.parse("\n".join("" if ln.lstrip().startswith(("%", "!")) else ln for ln in source.splitlines()))
-
-
-def constant(node, env=None):
-    """The value of an expression of literals, arithmetic, ``math``/``np`` constants and functions and names
-    bound to such values in ``env``; ``NOT_CONSTANT`` otherwise."""
-    env = env or {}
-    try:
-        if isinstance(node, ast.Constant):
-            return node.value
-        if isinstance(node, ast.Name):
-            return env.get(node.id, NOT_CONSTANT)
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ("math", "np"):
-            return _MATH.get(node.attr, NOT_CONSTANT)
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-            v = constant(node.operand, env)
-            return v if v is NOT_CONSTANT else (-v if isinstance(node.op, ast.USub) else v)
-        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-            a, b = constant(node.left, env), constant(node.right, env)
-            return NOT_CONSTANT if NOT_CONSTANT in (a, b) else _OPS[type(node.op)](a, b)
-        if isinstance(node, (ast.Tuple, ast.List)):
-            items = [constant(e, env) for e in node.elts]
-            return NOT_CONSTANT if NOT_CONSTANT in items else tuple(items)
-        if isinstance(node, ast.Dict) and None not in node.keys:
-            items = [(constant(k, env), constant(v, env)) for k, v in zip(node.keys, node.values, strict=True)]
-            return NOT_CONSTANT if any(NOT_CONSTANT in kv for kv in items) else tuple(sorted(items, key=repr))
-        if isinstance(node, ast.Call) and not node.keywords:
-            f = constant(node.func, env)
-            args = [constant(a, env) for a in node.args]
-            return NOT_CONSTANT if f is NOT_CONSTANT or NOT_CONSTANT in args or not callable(f) else f(*args)
-    except (ArithmeticError, TypeError, ValueError):
-        pass
-    return NOT_CONSTANT
-
-
-def _numbers(value):
-    if isinstance(value, bool) or value is NOT_CONSTANT:
-        return []
-    if isinstance(value, (int, float)):
-        return [float(value)]
-    if isinstance(value, tuple):
-        return [x for v in value for x in _numbers(v)]
-    return []
-
-
-def _literal_env(trees) -> dict:
-    env = {}
-    for tree in trees:
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-                value = constant(node.value, env)
-                if value is not NOT_CONSTANT:
-                    env[node.targets[0].id] = value
-    return env
-
-
-def _is_test(cell) -> bool:
-    meta = cell.metadata.get("nbgrader", {})
-    return cell.cell_type == "code" and bool(meta.get("grade")) and not meta.get("solution")
-
-
-def _call_key(call: ast.Call, env: dict):
-    args = [constant(a, env) for a in call.args] + [(k.arg, constant(k.value, env)) for k in call.keywords]
-    return None if any(a is NOT_CONSTANT or (isinstance(a, tuple) and NOT_CONSTANT in a) for a in args) else args
-
-
-def _same_case(key, lesson_key) -> bool:
-    return len(key) == len(lesson_key) and all(b is ANY or a == b for a, b in zip(key, lesson_key, strict=True))
-
-
-class Lesson:
-    """What the scan needs of one notebook: its functions, value answers, literal names and its own calls."""
-
-    def __init__(self, nb):
-        others = [_parse(c.source) for c in nb.cells if c.cell_type == "code" and not _is_test(c)]
-        self.functions = {n.name for t in others for n in ast.walk(t) if isinstance(n, ast.FunctionDef)}
-        self.answers = set()
-        for cell in nb.cells:
-            if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("solution"):
-                for region in SOLUTION.findall(cell.source):
-                    try:
-                        tree = ast.parse(region)
-                    except SyntaxError:  # an indented region: a function's body
-                        continue
-                    self.answers |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
-                                     and isinstance(n.ctx, ast.Store)}
-        self.env = _literal_env(others)
-        self.calls = []  # (function, argument key): the lesson's own cases
-        for tree in others:
-            loops = {n.target.id for n in ast.walk(tree) if isinstance(n, (ast.For, ast.comprehension))
-                     and isinstance(n.target, ast.Name)}
-            env = {**self.env, **{name: ANY for name in loops}}
-            for node in ast.walk(tree):
-                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in self.functions:
-                    key = _call_key(node, env)
-                    if key is not None:
-                        self.calls.append((node.func.id, key))
-
-    def _uses(self, node, names) -> bool:
-        return any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(node))
-
-    def is_answer(self, node) -> bool:
-        while isinstance(node, (ast.Subscript, ast.Attribute)):
-            node = node.value
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "len" and node.args:
-            node = node.args[0]
-        return isinstance(node, ast.Name) and node.id in self.answers
-
-    def own_case(self, node, env, names=frozenset()) -> bool:
-        """``node`` (or an item of it) is a notebook function called on the lesson's own arguments, or a name
-        in ``names`` that a test cell bound from such a call."""
-        while isinstance(node, ast.Subscript):
-            node = node.value
-        if isinstance(node, ast.Name):
-            return node.id in names
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in self.functions):
-            return False
-        key = _call_key(node, env)
-        return key is not None and any(f == node.func.id and _same_case(key, k) for f, k in self.calls)
-
-    def computable(self, node) -> bool:
-        """An expected value the learner could print without their answers or functions."""
-        return not self._uses(node, self.answers | self.functions)
-
-
-def _expectations(tree):
-    """(call, checked expression, expected expression, tolerances) of every check in ``tree``."""
+def string_numbers(tree) -> list[tuple[int, str, float]]:
+    """(line, text, value) of every number written in a string constant of ``tree``."""
+    found = []
     for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            for m in _NUMBER.finditer(node.value):
+                found.append((node.lineno, m.group(0), float(m.group(0).replace(",", "").replace("_", ""))))
+    return found
+
+
+def near(x: float, hidden: list[float]) -> bool:
+    return x != 0 and any(abs(x - h) <= 0.01 * max(abs(x), abs(h)) for h in hidden)
+
+
+def _invert(expr, value, env):
+    """Undo the arithmetic on ``expr`` with constants: (the expression inside, the bound on it)."""
+    while isinstance(expr, ast.BinOp) and isinstance(value, (int, float)):
+        k_left, k_right = constant(expr.left, env), constant(expr.right, env)
+        if k_right is not NOT_CONSTANT and isinstance(expr.op, (ast.Mult, ast.Add, ast.Sub, ast.Div)) and k_right:
+            value = {ast.Mult: value / k_right, ast.Add: value - k_right, ast.Sub: value + k_right,
+                     ast.Div: value * k_right}[type(expr.op)]
+            expr = expr.left
+        elif k_left is not NOT_CONSTANT and isinstance(expr.op, (ast.Mult, ast.Add)) and k_left:
+            value = value / k_left if isinstance(expr.op, ast.Mult) else value - k_left
+            expr = expr.right
+        else:
+            break
+    return expr, value
+
+
+def _formula(node) -> bool:
+    """A constant written as arithmetic beyond a lone power (``2**30``) or sign: it computes a quantity."""
+    return any(isinstance(n, ast.BinOp) and not isinstance(n.op, ast.Pow) for n in ast.walk(node))
+
+
+
+
+def _hidden_numbers(lesson, hidden, env, checked_here):
+    """What the hidden part checks of an answer, of the lesson's own case, or of an expression the visible
+    part checks too."""
+    if not hidden:
+        return []
+    htree = parse(hidden.replace("### END HIDDEN TESTS", ""))
+    henv = {**env, **literal_env([htree])}
+    found, _ = expectations(htree, henv)
+    return [x for e in found if lesson.is_answer(e.checked) or lesson.own_case(e.checked, henv)
+            or ast.unparse(e.checked) in checked_here for x in numbers(e.value)]
+
+
+def _cell_leaks(lesson, index, cell):
+    visible, _, hidden = cell.source.partition(HIDDEN)
+    vtree = parse(visible)
+    env = {**lesson.env, **literal_env([vtree])}
+    bound = {t.id for n in ast.walk(vtree) if isinstance(n, ast.Assign) and lesson.own_case(n.value, env)
+             for target in n.targets for t in ast.walk(target) if isinstance(t, ast.Name)}
+    found, bounds = expectations(vtree, env)
+    derived = lesson.derived(vtree)
+    hidden_numbers = _hidden_numbers(lesson, hidden, env, {ast.unparse(e.checked) for e in found})
+    problems, tag = [], f"cell {index} ({cell.metadata['nbgrader'].get('grade_id')})"
+    for e in found:
+        where = f"{tag} line {e.line}: {ast.unparse(e.checked)[:60]} ({e.kind})"
+        if e.value is not NOT_CONSTANT and e.range_check():
             continue
-        kw = {k.arg: k.value for k in node.keywords}
-        if node.func.id in VALUE_CHECKS and len(node.args) >= 3:
-            yield node, node.args[1], node.args[2], kw
-        elif node.func.id == "check_true" and len(node.args) >= 2:
-            either = _either_bool(node.args[1])
-            for cmp in ast.walk(node.args[1]):
-                if isinstance(cmp, ast.Compare) and len(cmp.ops) == 1 and isinstance(cmp.ops[0], (ast.Eq, ast.Is)) \
-                        and ast.unparse(cmp.left) not in either:
-                    yield node, cmp.left, cmp.comparators[0], {}
-                    yield node, cmp.comparators[0], cmp.left, {}
-
-
-def _either_bool(condition) -> set[str]:
-    """Expressions that ``condition`` compares with both True and False (``x is True or x is False``: a form
-    check, not an answer)."""
-    seen = {}
-    for cmp in ast.walk(condition):
-        if isinstance(cmp, ast.Compare) and len(cmp.ops) == 1 and isinstance(cmp.comparators[0], ast.Constant) \
-                and isinstance(cmp.comparators[0].value, bool):
-            seen.setdefault(ast.unparse(cmp.left), set()).add(cmp.comparators[0].value)
-    return {expr for expr, values in seen.items() if values == {True, False}}
-
-
-def _range_check(expected: float, kw, env) -> bool:
-    rel, abs_ = constant(kw.get("rel_tol", ast.Constant(0.0)), env), constant(kw.get("abs_tol", ast.Constant(0.0)), env)
-    if NOT_CONSTANT in (rel, abs_) or not isinstance(expected, (int, float)):
-        return False
-    return max(rel * abs(expected), abs_) >= 0.5 * abs(expected) > 0
+        if lesson.is_answer(e.checked) and (e.value is not NOT_CONSTANT
+                                            or (e.node is not None and lesson.computable(e.node))):
+            problems.append(f"{where}: a value answer checked against its expected value")
+        elif e.value is not NOT_CONSTANT and lesson.own_case(e.checked, env, bound):
+            problems.append(f"{where}: the lesson's own case of a function, with its value")
+        elif any(near(x, hidden_numbers) for x in numbers(e.value)):
+            problems.append(f"{where}: a value the hidden tests check")
+    sides = {}
+    for _, expr, _, side in bounds:
+        sides.setdefault(ast.unparse(expr), set()).add(side)
+    for line, expr, node, _side in bounds:
+        core, value = _invert(expr, constant(node, env), env)
+        answer_like = lesson.learner_made(core, derived)
+        one_sided = len(sides[ast.unparse(expr)]) == 1  # a formula bound inside a range is a form check
+        if answer_like and ((_formula(node) and one_sided) or (isinstance(value, (int, float)) and near(value, hidden_numbers))):
+            problems.append(f"{tag} line {line}: {ast.unparse(expr)[:60]} (bound): "
+                            f"a bound that computes the answer ({ast.unparse(node)[:40]})")
+    for line, text, value in string_numbers(vtree):
+        if near(value, hidden_numbers):
+            problems.append(f"{tag} line {line}: {text!r} (string): a number the hidden tests check")
+    lines = {}
+    for problem in problems:  # one finding per line: the first reason
+        lines.setdefault(problem.split(":")[0], problem)
+    return list(lines.values())
 
 
 def leaks(nb) -> list[str]:
-    """Every visible expected value of a test cell that gives an answer away, as 'cell N line L: why'."""
-    lesson, problems = Lesson(nb), []
-    for index, cell in enumerate(nb.cells):
-        if not _is_test(cell):
-            continue
-        visible, _, hidden = cell.source.partition(HIDDEN)
-        vtree = _parse(visible)
-        env = {**lesson.env, **_literal_env([vtree])}
-        bound = {t.id for n in ast.walk(vtree) if isinstance(n, ast.Assign) and lesson.own_case(n.value, env)
-                 for target in n.targets for t in ast.walk(target) if isinstance(t, ast.Name)}
-        checked_here = {ast.unparse(c) for _, c, _, _ in _expectations(vtree)}
-        hidden_numbers = []  # what the hidden part checks of an answer, or of a quantity the visible part checks too
-        if hidden:
-            htree = _parse(hidden.replace("### END HIDDEN TESTS", ""))
-            henv = {**env, **_literal_env([htree])}
-            hidden_numbers = [x for _, c, e, _ in _expectations(htree)
-                              if lesson.is_answer(c) or lesson.own_case(c, henv) or ast.unparse(c) in checked_here
-                              for x in _numbers(constant(e, henv))]
-        for call, checked, expected, kw in _expectations(vtree):
-            value = constant(expected, env)
-            where = f"cell {index} line {call.lineno}: {ast.unparse(checked)[:60]} vs {ast.unparse(expected)[:40]}"
-            if value is not NOT_CONSTANT and _range_check(value, kw, env):
-                continue
-            if lesson.is_answer(checked) and (value is not NOT_CONSTANT or lesson.computable(expected)):
-                problems.append(f"{where}: a value answer checked against its expected value")
-            elif value is not NOT_CONSTANT and lesson.own_case(checked, env, bound):
-                problems.append(f"{where}: the lesson's own case of a function, with its value")
-            elif any(abs(x - h) <= 0.01 * max(abs(x), abs(h)) for x in _numbers(value) for h in hidden_numbers):
-                problems.append(f"{where}: a value the hidden tests check")
-    return problems
+    """Every visible expectation of a test cell that gives an answer away, as 'cell N line L: why'."""
+    lesson = Lesson(nb)
+    return [p for i, cell in enumerate(nb.cells) if is_test(cell) for p in _cell_leaks(lesson, i, cell)]
 
 
 @pytest.mark.parametrize("lesson", LESSONS)
 def test_no_answer_in_a_visible_test_source(lesson):
     nb = nbformat.read(os.path.join(ROOT, "solutions", lesson, f"{lesson}.ipynb"), as_version=4)
-    problems = leaks(nb)
+    known = {k[1] for k in KNOWN if k[0] == lesson}
+    found = leaks(nb)
+    problems = [p for p in found if p.split(":")[0] not in known]
+    stale = known - {p.split(":")[0] for p in found}
+    assert not stale, f"{lesson}: KNOWN lists findings the scan no longer makes (delete them): {sorted(stale)}"
     assert not problems, f"{lesson}: visible test sources give answers away:\n" + "\n".join(problems)
 
 
 # ---------------------------------------------------------------- the scan, seen to catch planted leaks
 def _notebook(solution: str, test: str):
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("import math\n\ndef f(x, y=1):\n    return x * y\n\nprint(f(64, 3))"),
+    nb.cells = [nbformat.v4.new_code_cell("import math\n\ndef f(x, y=1):\n    return x * y\n\nprint(f(64, 3))\n\n"
+                                          "def g(s, kind, n):\n    return {'n': n}\n\nprint(g(shape(m), 'fp8', 64))"),
                 nbformat.v4.new_code_cell(solution, metadata={"nbgrader": {"solution": True, "grade": False}}),
                 nbformat.v4.new_code_cell(test, metadata={"nbgrader": {"solution": False, "grade": True}})]
     return nb
@@ -265,6 +169,23 @@ PLANTED = {
                     + "\ncheck_number('answer', answer, 0.1174, answer_kind='value')\n### END HIDDEN TESTS",
     "hidden value, same check": "check_number('f(2, 5)', f(2, 5), 10, answer_kind='function')\n" + HIDDEN
                                 + "\ncheck_number('f(2, 5)', f(2, 5), 10, answer_kind='function')\n### END HIDDEN TESTS",
+    "abs difference": "check_true('answer', abs(answer - 0.1174) < 1e-3, 'think')",
+    "math.isclose": "check_true('answer', math.isclose(answer, 0.1174, rel_tol=1e-2), 'think')",
+    "np.isclose": "check_true('answer', bool(np.isclose(answer, 0.1174)), 'think')",
+    "pytest.approx": "assert answer == pytest.approx(0.1174, rel=1e-2)",
+    "tight range": "check_true('answer', 0.117 < answer < 0.118, 'think')",
+    "tight range, two compares": "check_true('answer', answer > 0.117 and answer <= 0.118, 'think')",
+    "plain assert": "assert choice == 'fp8', 'think'",
+    "one-value membership": "check_true('choice', choice in ('fp8',), 'think')",
+    "expected keyword": "check_number('answer', answer, expected=0.1174, answer_kind='value')",
+    "number in a hint": "check_true('answer is a float', isinstance(answer, float), 'near 0.117')\n" + HIDDEN
+                        + "\ncheck_number('answer', answer, 0.1174, answer_kind='value')\n### END HIDDEN TESTS",
+    "number in a check's name": "check_true('answer (0.1174) is a float', isinstance(answer, float), 'a ratio')\n"
+                                + HIDDEN + "\ncheck_number('answer', answer, 0.1174, answer_kind='value')\n### END HIDDEN TESTS",
+    "bound that computes the answer": "mine = g({'a': 1}, 'fp8', 64)\n"
+                                      "check_true('slots', mine['n'] * 16 >= 2_048 + 64 * 6_144, 'every token a slot')",
+    "bound at the hidden value": "check_true('answer', 4 * answer >= 4 * 0.1174, 'x')\n" + HIDDEN
+                                 + "\ncheck_number('answer', answer, 0.1174, answer_kind='value')\n### END HIDDEN TESTS",
 }  # fmt: skip
 CLEAN = {
     "toy input": "check_number('f(2, 3)', f(2, 3), 6, answer_kind='function', hint='2 x 3')",
@@ -276,6 +197,14 @@ CLEAN = {
     "self-consistency": "check_number('answer / f(answer)', answer / f(answer), 1.0, answer_kind='function')",
     "hidden value stays hidden": "check_true('choice is a str', isinstance(choice, str), 'a name')\n" + HIDDEN
                                  + "\ncheck_number('answer', answer, 0.1174, answer_kind='value')\n### END HIDDEN TESTS",
+    "a wide range": "check_true('answer', 0.01 < answer < 1.0, 'a ratio')",
+    "a loose bound": "check_true('answer', answer * 16 >= 1, 'at least')",
+    "membership among the options": "check_true('choice', choice in ('fp8', 'int4', 'bf16'), 'one of the three')",
+    "consistency, abs": "check_true('answer', abs(answer - f(answer, 1)) < 1e-9, 'the same number')",
+    "consistency, bound": "mine = g({'a': 1}, 'fp8', 64)\ncheck_true('n', mine['n'] <= f(answer, 1000), 'at most')",
+    "a hint without the hidden number": "check_true('answer', isinstance(answer, float), 'between 0.01 and 1')\n"
+                                        + HIDDEN + "\ncheck_number('answer', answer, 0.1174, answer_kind='value')\n"
+                                        "### END HIDDEN TESTS",
 }  # fmt: skip
 
 
