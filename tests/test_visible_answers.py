@@ -202,6 +202,8 @@ CLEAN = {
     "membership among the options": "check_true('choice', choice in ('fp8', 'int4', 'bf16'), 'one of the three')",
     "consistency, abs": "check_true('answer', abs(answer - f(answer, 1)) < 1e-9, 'the same number')",
     "consistency, bound": "mine = g({'a': 1}, 'fp8', 64)\ncheck_true('n', mine['n'] <= f(answer, 1000), 'at most')",
+    "bounds of an implication": "check_true('a', answer > 0, 'p')\ncheck_true('b', (answer > 1) is (f(2) > 1), 'q')\n"
+                                "check_true('c', choice != 'x' or answer <= 1, 'r')",
     "a hint without the hidden number": "check_true('answer', isinstance(answer, float), 'between 0.01 and 1')\n"
                                         + HIDDEN + "\ncheck_number('answer', answer, 0.1174, answer_kind='value')\n"
                                         "### END HIDDEN TESTS",

@@ -325,9 +325,24 @@ def expectations(tree, env):
             for f in comp.ifs
             for c in ast.walk(f)
         }
+        # a bound under `or`, `not` or inside another comparison is a case of an implication, not asserted
+        loose = {
+            id(c)
+            for n in ast.walk(condition)
+            if isinstance(n, (ast.BoolOp, ast.UnaryOp, ast.Compare))
+            and (isinstance(n, ast.Compare) or isinstance(n.op, (ast.Or, ast.Not)))
+            for part in (
+                [n.left, *n.comparators]
+                if isinstance(n, ast.Compare)
+                else n.values
+                if isinstance(n, ast.BoolOp)
+                else [n.operand]
+            )
+            for c in ast.walk(part)
+        }
         for node in ast.walk(condition):
             if isinstance(node, ast.Compare) and id(node) not in filters:
-                found += list(_from_compare(node, env, either, bounds))
+                found += list(_from_compare(node, env, either, bounds if id(node) not in loose else []))
     sides = {}
     for line, expr, bound, side in bounds:
         sides.setdefault(ast.unparse(expr), {"expr": expr, "line": line, "lower": [], "upper": []})[
