@@ -3,7 +3,8 @@ neighbours in the same run are graded exactly, hidden-test source reaches no stu
 the run finishes and writes every report.
 
 One temporary course with the real lesson 00 (the cheapest lesson: ex01 `tensor_bytes` + `mlp_weight_bytes`,
-2 points with hidden tests; ex02 `slip`, `mlp_weight_mib` / `mlp_weight_mb`, 1 point) and, when the library has
+2 points with hidden tests; ex02 `slip`, `mlp_weight_mib` / `mlp_weight_mb`, 1 point; ex03 the prediction
+`mlp_share_prediction` and `mlp_share`, computed from `mlp_weight_bytes`, 1 point) and, when the library has
 lesson 02's plain-data scheduler protocol, a mini lesson made of lesson 02's scheduler exercise and test.
 One `grade.py --jobs 2` over a folder mixing honest and hostile submissions.
 """
@@ -35,14 +36,16 @@ EX02 = 'slip = "MB as MiB"\nmlp_weight_mib = mlp_weight_bytes / 2**20\nmlp_weigh
 EX02_LITERAL = 'slip = "MB as MiB"\nmlp_weight_mib = 112.0\nmlp_weight_mb = 117.440512'
 WRONG01 = "def tensor_bytes(shape, bytes_per_element):\n    return 0\n\n\nmlp_weight_bytes = 0"
 WRONG02 = "mlp_weight_mib = 0\nmlp_weight_mb = 0"
+# right only when mlp_weight_bytes is: every attack that corrupts ex01 loses ex03 as well
+EX03 = 'mlp_share_prediction = "over two thirds"\nmlp_share = 32 * 3 * (mlp_weight_bytes / 2) / 8.03e9'
 # distinctive pieces of lesson 00's hidden tests (their source), which no student may ever see
 HIDDEN_SOURCE = ['check_number("tensor_bytes((1000, 64), 0.5)"', "HIDDEN TESTS", 'check_number("MB/MiB ratio"',
                  "2**20 / 1e6, rel_tol=1e-9"]
 
 
-def build(released, ex01=EX01, ex02=EX02):
+def build(released, ex01=EX01, ex02=EX02, ex03=EX03):
     nb = h.answer(copy.deepcopy(released), "ex01_tensor_bytes", ex01)
-    return h.answer(nb, "ex02_units", ex02)
+    return h.answer(h.answer(nb, "ex02_units", ex02), "ex03_mlp_share", ex03)
 
 
 def wrong(attack01="", attack02=""):
@@ -122,36 +125,36 @@ CPU_HOG = ("import os, time\nt0 = time.time(); kids = []\nfor _ in range(4):\n  
 
 # student -> (how to build the notebook, expected points, words the report must contain)
 CASES = {
-    "honest": (lambda r: build(r), 3, ["3 / 3", "ok"]),
-    "blank": (lambda r: r, 0, ["0 / 3"]),
-    "half": (lambda r: build(r, ex02=r.cells[13].source), 2, ["2 / 3"]),
-    "literal": (lambda r: build(r, ex01=WRONG01, ex02=EX02_LITERAL), 1, ["1 / 3"]),
+    "honest": (lambda r: build(r), 4, ["4 / 4", "ok"]),
+    "blank": (lambda r: r, 0, ["0 / 4"]),
+    "half": (lambda r: build(r, ex02=r.cells[13].source), 3, ["3 / 4"]),
+    "literal": (lambda r: build(r, ex01=WRONG01, ex02=EX02_LITERAL), 1, ["1 / 4"]),
     # attacks of issue 6
     "eq_override": (lambda r: build(r, LIAR + "def tensor_bytes(s, b):\n    return Liar()\nmlp_weight_bytes = Liar()",
                                     LIAR + "mlp_weight_mib = LyingInt(7)\nmlp_weight_mb = Liar()"), 0,
-                    ["0 / 3", "not plain data"]),
+                    ["0 / 4", "not plain data"]),
     "patch_checks": (wrong("import longctx.grading as g, numpy, math\n"
                            "g.check_number = g.check_integer = lambda *a, **k: True\n"
-                           "numpy.isclose = math.isclose = lambda *a, **k: True\n"), 0, ["0 / 3"]),
+                           "numpy.isclose = math.isclose = lambda *a, **k: True\n"), 0, ["0 / 4"]),
     "swallow_errors": (wrong("get_ipython().set_custom_exc((BaseException,), lambda *a, **k: None)\n"), 0,
-                       ["0 / 3", "set_custom_exc"]),
+                       ["0 / 4", "set_custom_exc"]),
     "edited_tests": (lambda r: set_test_source(set_test_source(build(r, WRONG01, EX02_LITERAL),
                                                                "test_ex01_tensor_bytes", "pass"),
-                                               "test_ex02_units", "pass"), 1, ["1 / 3"]),
+                                               "test_ex02_units", "pass"), 1, ["1 / 4"]),
     "deleted_tests": (lambda r: delete_cell(delete_cell(build(r), "test_ex01_tensor_bytes"), "test_ex02_units"),
-                      3, ["3 / 3"]),
-    "infinite_loop": (lambda r: build(r, EX01 + "\nwhile True:\n    pass"), 3, ["timed out"]),
-    "os_exit": (lambda r: build(r, ex02="import os\nos._exit(3)"), 2, ["2 / 3", "kernel"]),
-    "sys_exit": (lambda r: build(r, ex02=EX02 + "\nimport sys\nsys.exit(1)"), 3, ["3 / 3"]),
+                      4, ["4 / 4"]),
+    "infinite_loop": (lambda r: build(r, EX01 + "\nwhile True:\n    pass"), 4, ["timed out"]),
+    "os_exit": (lambda r: build(r, ex02="import os\nos._exit(3)"), 2, ["2 / 4", "kernel"]),
+    "sys_exit": (lambda r: build(r, ex02=EX02 + "\nimport sys\nsys.exit(1)"), 4, ["4 / 4"]),
     # numpy.empty reserves without touching: the address-space limit stops it at once
     "memory_bomb": (lambda r: build(r, ex02="import numpy\nblocks = []\nwhile True:\n"
-                                    "    blocks.append(numpy.empty(2**27))"), 2, ["2 / 3", "out of memory", "MemoryError"]),
+                                    "    blocks.append(numpy.empty(2**27))"), 3, ["3 / 4", "out of memory", "MemoryError"]),
     "fork_bomb": (lambda r: build(r, EX01 + "\nimport os, time\nwhile True:\n    if os.fork() == 0:\n"
-                                  "        time.sleep(600)"), 3, ["3 / 3", "process limit"]),
-    "huge_print": (lambda r: build(r, EX01 + "\nprint('x' * 100_000_000)"), 3, ["3 / 3", "output"]),
+                                  "        time.sleep(600)"), 4, ["4 / 4", "process limit"]),
+    "huge_print": (lambda r: build(r, EX01 + "\nprint('x' * 100_000_000)"), 4, ["4 / 4", "output"]),
     "stderr_noise": (lambda r: build(r, "import sys, warnings\n" + EX01.replace(
         "    return n * bytes_per_element", "    warnings.warn('deprecated')\n    print('noise', file=sys.stderr)\n"
-        "    return n * bytes_per_element") + "\nsys.stderr.write('noise\\n' * 1000)"), 3, ["3 / 3"]),
+        "    return n * bytes_per_element") + "\nsys.stderr.write('noise\\n' * 1000)"), 4, ["4 / 4"]),
     "snoop": (lambda r: build(r, ex02=EX02 + "\nimport os, socket\n"
                               "targets = TARGETS_PLACEHOLDER\n"
                               "for t in targets:\n    try:\n        open(t, 'a').write('pwned')\n        print('WROTE', t)\n"
@@ -161,32 +164,32 @@ CASES = {
                               "try:\n    s = socket.socket(socket.AF_UNIX); s.connect('/ctl/grader.sock'); print('SOCKET')\n"
                               "except Exception as e:\n    print('no grader socket', type(e).__name__)\n"
                               "try:\n    socket.create_connection(('1.1.1.1', 80), timeout=2)\n    print('NETWORK')\n"
-                              "except Exception as e:\n    print('no network', type(e).__name__)"), 3, ["3 / 3"]),
+                              "except Exception as e:\n    print('no network', type(e).__name__)"), 4, ["4 / 4"]),
     # attacks of issue 11
-    "input_transformer": (wrong(TRANSFORMER), 0, ["0 / 3", "input_transformers"]),
-    "spec_patch": (wrong(SPEC_PATCH), 0, ["0 / 3", "spec_from_file_location"]),
-    "hooks": (wrong(HOOKS), 0, ["0 / 3"]),
+    "input_transformer": (wrong(TRANSFORMER), 0, ["0 / 4", "input_transformers"]),
+    "spec_patch": (wrong(SPEC_PATCH), 0, ["0 / 4", "spec_from_file_location"]),
+    "hooks": (wrong(HOOKS), 0, ["0 / 4"]),
     "lying_tensor": (lambda r: build(r, LYING_TENSOR + "def tensor_bytes(shape, b):\n    return Tensor()\n"
                                      "mlp_weight_bytes = Tensor()", LYING_TENSOR + "mlp_weight_mib = Tensor()\n"
-                                     "mlp_weight_mb = Tensor()"), 0, ["0 / 3", "not plain data"]),
+                                     "mlp_weight_mb = Tensor()"), 0, ["0 / 4", "not plain data"]),
     "meta_cell": (lambda r: add_cell(build(r, WRONG01, WRONG02), new_code_cell(
         "import builtins\n_real = builtins.__import__\nbuiltins.__import__ = lambda *a, **k: _real(*a, **k)",
         metadata={"nbgrader": {"grade": False, "solution": False, "locked": False, "grade_id": "ex01_tensor_bytes",
-                               "schema_version": 3}}), "ex01_tensor_bytes"), 0, ["0 / 3", "__import__"]),
-    "leak": (lambda r: build(r, LEAK + EX01, EX02 + "\n" + LEAK_SHOW), 3, ["3 / 3"]),
+                               "schema_version": 3}}), "ex01_tensor_bytes"), 0, ["0 / 4", "__import__"]),
+    "leak": (lambda r: build(r, LEAK + EX01, EX02 + "\n" + LEAK_SHOW), 4, ["4 / 4"]),
     "xss": (lambda r: add_cell(build(r, EX01 + "\n" + XSS), new_markdown_cell(XSS_MARKDOWN), "ex02_units"),
-            3, ["3 / 3"]),
-    "ansi_flood": (lambda r: build(r, EX01 + "\n" + ANSI_FLOOD), 3, ["3 / 3", "output"]),
-    "fork_sleepers": (lambda r: build(r, EX01 + "\n" + FORK_SLEEPERS, EX02 + "\n" + COUNT_CHILDREN), 3,
-                      ["3 / 3", "process limit"]),
-    "cpu_hog": (lambda r: build(r, EX01 + "\n" + CPU_HOG), 3, ["3 / 3"]),
+            4, ["4 / 4"]),
+    "ansi_flood": (lambda r: build(r, EX01 + "\n" + ANSI_FLOOD), 4, ["4 / 4", "output"]),
+    "fork_sleepers": (lambda r: build(r, EX01 + "\n" + FORK_SLEEPERS, EX02 + "\n" + COUNT_CHILDREN), 4,
+                      ["4 / 4", "process limit"]),
+    "cpu_hog": (lambda r: build(r, EX01 + "\n" + CPU_HOG), 4, ["4 / 4"]),
     "slow_function": (lambda r: build(r, "import time\ndef tensor_bytes(shape, b):\n    time.sleep(3600)\n"
-                                      "mlp_weight_bytes = 117_440_512", EX02_LITERAL), 1,
-                      ["1 / 3", "did not answer within"]),
-    "huge_answer": (lambda r: build(r, ex02="mlp_weight_mib = [0.5] * 3_000_000\nmlp_weight_mb = 117.44"), 2,
-                    ["2 / 3", "values"]),
+                                      "mlp_weight_bytes = 117_440_512", EX02_LITERAL), 2,
+                      ["2 / 4", "did not answer within"]),
+    "huge_answer": (lambda r: build(r, ex02="mlp_weight_mib = [0.5] * 3_000_000\nmlp_weight_mb = 117.44"), 3,
+                    ["3 / 4", "values"]),
     "answers_objects": (lambda r: build(r, "def tensor_bytes(shape, b):\n    return lambda: 0\n"
-                                        "mlp_weight_bytes = object()"), 0, ["0 / 3", "not plain data"]),
+                                        "mlp_weight_bytes = object()"), 0, ["0 / 4", "not plain data"]),
 }
 ALL_STUDENTS = set(CASES) | {"damaged", "empty", "linker", "surrogate", "deep", "hardlink"}
 
@@ -332,7 +335,7 @@ def test_every_submission_is_in_grades_csv(graded):
     for student in ("damaged", "empty", "surrogate"):
         assert grades[(student, L00)] == 0, h.report(root, student)
     for student in ("linker", "deep", "hardlink"):
-        assert grades[(student, L00)] == 3, h.report(root, student)
+        assert grades[(student, L00)] == 4, h.report(root, student)
 
 
 def test_bad_folders_are_explained(graded):
