@@ -57,10 +57,11 @@ def test_fused_gives_the_reference_logits_on_mixed_steps(seed):
 
 
 def test_the_decode_mask_says_which_row_owns_each_block():
-    from longctx.model.paged_flex import DecodeMask, paged_decodes
+    from longctx.model.paged_flex import DecodeMasks, paged_decodes
 
-    state = DecodeMask(num_blocks=8, block_size=4, device="cpu")
-    paged = paged_decodes([(3, [5, 2, 7], 12), (0, [5, 1], 6)], state)  # block 5 shared; the second ends mid-block
+    masks = DecodeMasks(num_blocks=8, block_size=4, device="cpu")
+    paged = paged_decodes([(3, [5, 2, 7], 12), (0, [5, 1], 6)], masks)  # block 5 shared; the second ends mid-block
+    state = masks.for_rows(2)
     assert state.rank[:2].tolist() == [[-1, -1, 1, -1, -1, 0, -1, 2], [-1, 1, -1, -1, -1, 0, -1, -1]]
     assert state.lens[:2].tolist() == [12, 6] and paged.rows.tolist() == [3, 0]
     m = paged.block_mask  # full blocks skip the mask function on a GPU; the partly filled last one does not
@@ -123,17 +124,45 @@ def test_choice_rules_and_their_errors():
     assert executor.attention_backend_choice.name == "reference"
 
 
-def test_the_decode_mask_is_one_function_over_buffers_refilled_each_step():
+def test_the_decode_mask_is_one_function_per_batch_bucket_over_buffers_refilled_each_step():
     """No new mask function or buffer shape per step (a compiled kernel would recompile for each)."""
-    from longctx.model.paged_flex import DecodeMask, paged_decodes
+    from longctx.model.paged_flex import DecodeMasks, paged_decodes
 
-    state = DecodeMask(num_blocks=16, block_size=4, device="cpu", capacity=2)
-    first = paged_decodes([(0, [3, 9], 6), (1, [2], 3)], state)
+    masks = DecodeMasks(num_blocks=16, block_size=4, device="cpu")
+    first = paged_decodes([(0, [3, 9], 6), (1, [2], 3)], masks)
+    state = masks.for_rows(2)
     mask_mod, rank = state.mask_mod, state.rank
-    second = paged_decodes([(2, [7, 1, 5], 12), (0, [3, 9], 7)], state)
-    assert state.mask_mod is mask_mod and state.rank is rank
-    assert first.block_mask.mask_mod is second.block_mask.mask_mod
-    assert state.rank[0, [7, 1, 5]].tolist() == [0, 1, 2] and state.lens[:2].tolist() == [12, 7]
-    five = paged_decodes([(i, [i], 1) for i in range(5)], state)  # padded to 8 rows: the buffers grow once
-    assert state.capacity == 8 and state.lens.tolist() == [1] * 5 + [0] * 3
+    five = paged_decodes([(i, [i], 1) for i in range(5)], masks)  # padded to 8 rows: its own buffers
+    assert masks.for_rows(8).lens.tolist() == [1] * 5 + [0] * 3
     assert five.block_mask.kv_num_blocks.shape[0] == 8 and five.rows.tolist() == list(range(5))
+    second = paged_decodes([(2, [7, 1, 5], 12), (0, [3, 9], 7)], masks)  # back to two rows after a larger batch
+    assert masks.for_rows(2) is state and state.mask_mod is mask_mod and state.rank is rank
+    assert first.block_mask.mask_mod is second.block_mask.mask_mod
+    assert state.rank[0, [7, 1, 5]].tolist() == [0, 1, 2] and state.lens.tolist() == [12, 7]
+    assert state.rank[1].tolist().count(-1) == 14  # row 1 owns blocks 3 and 9 only: the last step's rows are gone
+
+
+def test_the_compiled_decode_call_compiles_once_per_batch_bucket(monkeypatch):
+    """The CUDA path's compiled call, traced here by dynamo with a counting backend (the graph then runs eagerly
+    on the CPU): batches that grow, shrink and come back, on new block tables and contexts each step, compile
+    once per padded batch size and never again."""
+    from torch._dynamo.testing import CompileCounter
+    from torch.nn.attention.flex_attention import flex_attention
+
+    import longctx.model.paged_flex as paged_flex
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    monkeypatch.setattr(paged_flex, "_compiled", torch.compile(flex_attention, dynamic=True, backend=counter))
+    num_blocks, bs, rng = 32, 16, random.Random(0)
+    keys, values = (torch.randn(1, 2, num_blocks * bs, 16) for _ in range(2))
+    masks = paged_flex.DecodeMasks(num_blocks, bs, "cpu")
+    sizes = [3, 9, 3, 9, 4, 12, 3]  # buckets 4, 16, 4, 16, 4, 16, 4
+    for B in sizes:
+        blocks = rng.sample(range(num_blocks), 2 * B)
+        lens = [rng.randrange(1, 2 * bs + 1) for _ in range(B)]
+        decodes = [(b, blocks[2 * b : 2 * b + 2], lens[b]) for b in range(B)]
+        paged = paged_flex.paged_decodes(decodes, masks)
+        qd = torch.randn(paged_flex.batch_bucket(B), 4, 1, 16)
+        paged_flex._compiled_flex(qd, keys, values, paged.block_mask)
+    assert counter.frame_count == len({paged_flex.batch_bucket(B) for B in sizes}), counter.frame_count

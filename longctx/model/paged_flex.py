@@ -16,8 +16,9 @@ Two ideas, both from how serving engines avoid the reference backend's costs (``
      ``rank * block_size + s % block_size`` is below ``b``'s context length. Eager FlexAttention (a CPU) ignores
      the block lists and evaluates this function everywhere, so ownership must live in it.
    Both are built once per step (cached on the step's metadata) and shared by every layer. The mask
-   function is ONE function over buffers refilled in place (``DecodeMask``), and on CUDA ``flex_attention``
-   is compiled once with dynamic shapes, so a new batch size or new block tables do not recompile it.
+   function is ONE function per padded batch size over buffers refilled in place (``DecodeMask``), and on CUDA
+   ``flex_attention`` is compiled with dynamic shapes, so new block tables or contexts do not recompile it: it
+   compiles once per batch bucket (``tests/test_attention_backends.py`` counts the compilations).
 
 Shapes: q [T, H, d] (the step's rows), pool k/v [num_slots, H_kv, d], block size ``bs``.
 """
@@ -48,21 +49,15 @@ class PagedDecodes:
 
 
 class DecodeMask:
-    """The mask function's state, kept across steps: ``rank`` [capacity, num_blocks] and ``lens`` [capacity]
-    on the device, refilled in place each step, and ONE ``mask_mod`` that reads them. A compiled kernel sees
-    the same function and the same tensor shapes every step (no recompilation); only a batch larger than
-    ``capacity`` reallocates (capacity doubles)."""
+    """The mask function's state for ONE padded batch size: ``rank`` [rows, num_blocks] and ``lens`` [rows] on
+    the device, refilled in place each step, and ONE ``mask_mod`` that reads them. A compiled kernel sees the
+    same function and the same tensor shapes every step with this many rows, so it does not recompile."""
 
-    def __init__(self, num_blocks: int, block_size: int, device, capacity: int = 8):
-        self.num_blocks, self.block_size, self.device = num_blocks, block_size, torch.device(device)
-        self.capacity = 0
-        self._grow(capacity)
-
-    def _grow(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.rank = torch.full((capacity, self.num_blocks), -1, dtype=torch.int32, device=self.device)
-        self.lens = torch.zeros(capacity, dtype=torch.int32, device=self.device)
-        rank, lens, bs = self.rank, self.lens, self.block_size
+    def __init__(self, num_blocks: int, block_size: int, device, rows: int):
+        self.num_blocks, self.block_size, self.device, self.rows = num_blocks, block_size, torch.device(device), rows
+        self.rank = torch.full((rows, num_blocks), -1, dtype=torch.int32, device=self.device)
+        self.lens = torch.zeros(rows, dtype=torch.int32, device=self.device)
+        rank, lens, bs = self.rank, self.lens, block_size
 
         def readable(b, h, q_idx, kv_idx):  # slot kv_idx belongs to row b's context
             r = rank[b, kv_idx // bs]
@@ -71,14 +66,29 @@ class DecodeMask:
         self.mask_mod = readable
 
     def update(self, lens, batch_index, blocks, ranks) -> None:
-        """Rows ``0 … len(lens)-1`` become this step's decodes: ``lens`` [B] on the device, and row
-        ``batch_index[i]`` owns pool block ``blocks[i]`` as its ``ranks[i]``-th block (device tensors)."""
-        B = len(lens)
-        if B > self.capacity:
-            self._grow(max(B, 2 * self.capacity))
-        self.rank[:B] = -1
+        """``lens`` [rows] become this step's context lengths, and row ``batch_index[i]`` owns pool block
+        ``blocks[i]`` as its ``ranks[i]``-th block (device tensors)."""
+        if len(lens) != self.rows:
+            raise ValueError(f"this decode mask has {self.rows} rows; got {len(lens)}")
+        self.rank.fill_(-1)
         self.rank[batch_index, blocks] = ranks
-        self.lens[:B] = lens
+        self.lens.copy_(lens)
+
+
+class DecodeMasks:
+    """One ``DecodeMask`` per padded batch size (``batch_bucket``), made on first use and kept: a batch that
+    shrinks finds the mask function its bucket was compiled with (one buffer shared by all buckets would have
+    to grow, and a grown buffer is a new function: every smaller bucket would compile again). Memory: about
+    ``2 x largest bucket x num_blocks`` int32."""
+
+    def __init__(self, num_blocks: int, block_size: int, device):
+        self.num_blocks, self.block_size, self.device = num_blocks, block_size, torch.device(device)
+        self.by_rows: dict[int, DecodeMask] = {}
+
+    def for_rows(self, rows: int) -> DecodeMask:
+        if rows not in self.by_rows:
+            self.by_rows[rows] = DecodeMask(self.num_blocks, self.block_size, self.device, rows)
+        return self.by_rows[rows]
 
 
 def batch_bucket(num_decodes: int) -> int:
@@ -86,13 +96,14 @@ def batch_bucket(num_decodes: int) -> int:
     return 1 << max(0, num_decodes - 1).bit_length()
 
 
-def paged_decodes(decodes, mask_state: DecodeMask) -> PagedDecodes:
+def paged_decodes(decodes, masks: DecodeMasks) -> PagedDecodes:
     """``decodes``: (row, block_table, kv_len) per decode of the step -> rows and the block mask (see module).
 
     The batch is padded to ``batch_bucket`` rows whose block lists are empty (their output is never read).
     Everything the device needs goes over in ONE copy of one int32 tensor."""
-    B, bs = len(decodes), mask_state.block_size
+    B, bs = len(decodes), masks.block_size
     Bp = batch_bucket(B)
+    mask_state = masks.for_rows(Bp)
     used = [blocks_for_tokens(d[2], bs) for d in decodes] + [0] * (Bp - B)
     width = max(2, max(used))  # >= 2: a width of 1 would make the compiler specialize on it
     tables = torch.zeros((Bp, width), dtype=torch.int32)
@@ -146,7 +157,7 @@ class FusedBackend:
     uses_decode_groups = False
 
     def __init__(self):
-        self._mask_state: DecodeMask | None = None
+        self._masks: DecodeMasks | None = None
 
     def attend(self, q, k, v, k_cache, v_cache, meta, out, probe=None) -> None:
         if probe is not None:
@@ -166,16 +177,16 @@ class FusedBackend:
         if meta.decodes:
             self._decodes(q, k_cache, v_cache, meta, out)
 
-    def _state(self, k_cache, block_size: int, device) -> DecodeMask:
+    def _state(self, k_cache, block_size: int, device) -> DecodeMasks:
         num_slots, num_kv_heads, head_dim = k_cache.shape
         if num_slots * num_kv_heads * head_dim >= 2**31:
             raise ValueError(f"a pool of {num_slots} slots x {num_kv_heads} KV heads x {head_dim} is past the fused "
                              "kernel's 32-bit offsets: use the reference backend or a smaller pool")
-        state = self._mask_state
-        if state is None or (state.num_blocks, state.block_size, state.device) != (
-                num_slots // block_size, block_size, device):
-            state = self._mask_state = DecodeMask(num_slots // block_size, block_size, device)
-        return state
+        masks = self._masks
+        if masks is None or (masks.num_blocks, masks.block_size, masks.device) != (
+                num_slots // block_size, block_size, torch.device(device)):
+            masks = self._masks = DecodeMasks(num_slots // block_size, block_size, device)
+        return masks
 
     def _decodes(self, q, k_cache, v_cache, meta, out) -> None:
         paged = meta.scratch.get("paged_decodes")
