@@ -113,6 +113,8 @@ def test_choice_rules_and_their_errors():
     # on CUDA (decided from the device's type: no GPU needed to test the rule)
     assert choose_backend("auto", "cuda", torch.bfloat16, block_size=16, head_dim=64).name == "fused"
     assert choose_backend("auto", "cuda", torch.float32).name == "reference"
+    with pytest.raises(ValueError, match="bf16 or fp16"):
+        choose_backend("fused", "cuda", torch.float32, block_size=16, head_dim=64)
     small = choose_backend("auto", "cuda", torch.bfloat16, block_size=4, head_dim=64)
     assert small.name == "reference" and "multiple of 16" in small.reason
     with pytest.raises(ValueError, match="head_dim >= 16"):

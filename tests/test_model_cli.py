@@ -115,3 +115,30 @@ def test_generate_shares_a_system_prompt_and_stores_the_pool_in_fp8():
     assert b[1]["prefix_cached_tokens"] % 16 == 0 and b[1]["prefix_cached_tokens"] < b[1]["prompt_tokens"]
     assert b[0]["kv_dtype"] == "fp8" and b[0]["kv_pool_bytes_per_token"] == 2 * 30 * 3 * (64 + 2)
     assert all(r["output_tokens"] == 4 for r in a + b)
+
+
+NO_CUDA = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
+
+
+@NO_CUDA
+@pytest.mark.parametrize(("args", "message"), [
+    (["generate", "--prompt", "hi", "--max-tokens", "3", "--device", "cuda"], "no CUDA device is available"),
+    (["niah", "--lengths", "512", "--device", "cuda:1"], "no CUDA device is available"),
+    (["serve", "--device", "cuda"], "no CUDA device is available"),
+    (["generate", "--prompt", "hi", "--max-tokens", "3", "--device", "gpu"],
+     "--device must be cpu, cuda or cuda:N"),
+])
+def test_placement_errors_are_one_line_before_the_model_loads(args, message):
+    res = run_cli(*args)
+    assert (res.returncode, res.stdout) == (2, "")
+    assert message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+@NO_CUDA
+def test_load_model_on_cuda_without_cuda_says_so():
+    from longctx.model.weights import load_model
+
+    with pytest.raises(ValueError, match="no CUDA device is available.*use --device cpu"):
+        load_model(device="cuda")
+    with pytest.raises(ValueError, match="--dtype must be one of"):
+        load_model(dtype="fp64")

@@ -175,6 +175,11 @@ def test_stop_string_cuts_the_text_and_frees_blocks(server):
         ({"prompt": "hi", "response_format": {"type": "json_object"}}, "response_format"),
         ({"prompt": "hi", "logit_bias": {"x": 1}}, "logit_bias"),
         ({"prompt": "hi", "logit_bias": {"5": 101}}, "logit_bias"),
+        ({"prompt": "hi", "logit_bias": {"9" * 5000: 1}}, "logit_bias"),  # int() of it would raise: never a 500
+        ({"prompt": "hi", "logit_bias": {"\u00b2": 1}}, "logit_bias"),  # a digit to str.isdigit, not to int()
+        ({"prompt": "hi", "stream_options": {"include_usage": True}}, "stream_options"),  # without stream
+        ({"prompt": "hi", "stream": True, "stream_options": {"continuous_usage_stats": True}}, "stream_options"),
+        ({"prompt": ["a", "b", "c", "d", "e"], "n": 64}, "n"),  # 320 sequences: more than the queue's 256
         ({"prompt": "hi", "logprobs": 21}, "logprobs"),
         ({"prompt": "hi", "top_k": -2}, "top_k"),
         ({"prompt": "hi", "repetition_penalty": 0}, "repetition_penalty"),
@@ -345,7 +350,7 @@ def test_bench_cli_against_the_server(server, tmp_path, capsys):
         ("completions", {"prompt": "hi", "stop": ["a", ""]},
          "'stop' must be a non-empty string or a list of non-empty strings"),
         ("completions", {"prompt": "hi", "n": 2, "best_of": 3},
-         "'best_of' must be an integer equal to n (vLLM returns all best_of sequences), got 3"),
+         "'best_of' must be equal to n or left out (every sequence drawn is returned: none are ranked and dropped), got 3"),
         ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
          "'top_logprobs' must be an integer in [0, 20], with logprobs: true, got 2"),
         ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},

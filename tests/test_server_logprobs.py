@@ -45,7 +45,8 @@ def test_echo_prompt_logprobs_equal_transformers(server, hf_reference):
 
     from longctx.model.tokenizer import load_tokenizer
 
-    ids = load_tokenizer().encode(PROMPT)  # 20 tokens: prefilled in chunks of 32 - 1 step, and with a decode
+    ids = load_tokenizer().encode(" ".join([PROMPT + " Madrid."] * 4))  # 84 tokens: prefilled in 3 chunks of
+    assert len(ids) > 2 * 32  # at most 32 (the server's token budget), so the rows cross two chunk boundaries
     out = _post(server, "/v1/completions", {"prompt": [ids], "echo": True, "logprobs": 2, "max_tokens": 1,
                                             "temperature": 0})
     lp = out["choices"][0]["logprobs"]
@@ -60,7 +61,7 @@ def test_echo_prompt_logprobs_equal_transformers(server, hf_reference):
     for p in range(1, len(ids)):  # the 2 most likely tokens plus the prompt's own
         top = lp["top_logprobs"][p]
         assert 1 <= len(top) <= 3 and max(top.values()) == pytest.approx(ref[p - 1].max().item(), abs=1e-3)
-    assert out["choices"][0]["text"].startswith(PROMPT)
+    assert out["choices"][0]["text"].startswith(PROMPT + " Madrid. " + PROMPT)
 
 
 def test_sampled_logprobs_match_the_prompts_and_chat_reports_them(server):
@@ -131,6 +132,14 @@ def test_logit_changes_do_what_they_say(server):
     for extra in ({"ignore_eos": True}, {"min_tokens": 12}):
         long = _post(server, "/v1/chat/completions", {**chat, **extra})
         assert long["usage"]["completion_tokens"] == 12 and long["choices"][0]["finish_reason"] == "length"
+    greedy_id = tok.encode(greedy)[0]  # min_tokens also forbids the stop token ids until it is reached (vLLM)
+    held = _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "temperature": 0, "logprobs": 0,
+                                             "stop_token_ids": [greedy_id], "min_tokens": 2})["choices"][0]
+    assert held["logprobs"]["tokens"][0] != greedy and held["finish_reason"] == "length"
+    oov = httpx.post(server.base_url + "/v1/completions", timeout=30,
+                     json={"prompt": PROMPT, "logit_bias": {str(tok.vocab_size): 5}})
+    assert oov.status_code == 400 and oov.json()["error"]["param"] == "logit_bias", oov.text
+    assert "outside the vocabulary" in oov.json()["error"]["message"]
 
 
 def test_latency_histograms_use_vllms_names(server):

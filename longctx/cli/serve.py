@@ -50,10 +50,12 @@ def run(args) -> int:
         raise ValueError(f"--max-waiting must be >= 0, got {args.max_waiting}")
     from longctx.cli.model import make_cli_press
     from longctx.kv.quant import get_format
+    from longctx.model.device import resolve_placement
     from longctx.serve.launch import SCHEDULERS, run_server
 
     if args.scheduler not in SCHEDULERS:
         raise ValueError(f"--scheduler must be one of {', '.join(SCHEDULERS)}, got {args.scheduler!r}")
+    resolve_placement(args.device, args.dtype)  # a one-line error before the banner and the model
     kv_dtype = None if args.kv_dtype is None else get_format(args.kv_dtype).name
     press = make_cli_press(args.press, args.compression_ratio)  # clear errors before the model loads
     if press is not None and args.prefix_caching:

@@ -3,9 +3,9 @@
 ``Sampler`` is what ``TorchExecutor`` calls after the forward pass: the greedy token (``argmax``) for every
 entry, then, for each entry that produces a token this step and whose sequence carries ``SamplingParams``
 (``longctx.engine.sampling_params``) that need more, vLLM's pipeline on that row: ``logit_bias``, the
-``min_tokens`` EOS mask and the repetition / frequency / presence penalties (``apply_logit_changes``), then for
-a sampled request temperature, top-k and top-p and a draw with the sequence's own seeded generator (created on
-its first draw, advanced by each one, dropped by ``forget``). Greedy requests without changes stay
+``min_tokens`` mask (EOS and the stop token ids) and the repetition / frequency / presence penalties
+(``apply_logit_changes``), then for a sampled request temperature, top-k and top-p and a draw with the
+sequence's own seeded generator (created on its first draw, advanced by each one, dropped by ``forget``). Greedy requests without changes stay
 bit-identical to plain ``argmax``. The log-probabilities a request asks for are recorded on the way
 (``longctx.engine.logprobs``: ``Sampler.logprobs``).
 """
@@ -26,9 +26,10 @@ def apply_logit_changes(logits: torch.Tensor, params: SamplingParams, seq) -> to
     for token, bias in params.logit_bias.items():
         if token < vocab:
             logits[token] += bias
-    eos = getattr(seq, "eos_token_id", None)
-    if params.min_tokens and len(seq.output_token_ids) < params.min_tokens and eos is not None and 0 <= eos < vocab:
-        logits[eos] = float("-inf")
+    if params.min_tokens and len(seq.output_token_ids) < params.min_tokens:
+        eos = getattr(seq, "eos_token_id", None)
+        stops = [t for t in (eos, *params.stop_token_ids) if t is not None and 0 <= t < vocab]
+        logits[stops] = float("-inf")
     outputs = seq.output_token_ids
     if params.repetition_penalty != 1.0:
         seen = torch.tensor(sorted(set(seq.prompt_token_ids) | set(outputs)), dtype=torch.long)

@@ -4,8 +4,8 @@ The fields and their meaning follow vLLM's ``SamplingParams`` (v0.11): ``tempera
 (``argmax``, what ``Engine.add_request`` does when no parameters are given); otherwise the token is drawn
 from ``softmax(logits / temperature)`` restricted to the ``top_k`` most likely tokens and the ``top_p``
 nucleus, with a generator seeded by ``seed`` per request, so a request with a seed is reproducible. Before
-that, in vLLM's order, the logits are changed by ``logit_bias`` (added), ``min_tokens`` (the EOS token is
-impossible until that many tokens came) and the penalties (``repetition_penalty``: a token already in the
+that, in vLLM's order, the logits are changed by ``logit_bias`` (added), ``min_tokens`` (the EOS token and
+``stop_token_ids`` are impossible until that many tokens came) and the penalties (``repetition_penalty``: a token already in the
 prompt or the output has a positive logit divided, a negative one multiplied, by it; ``frequency_penalty``
 times the token's count in the output and ``presence_penalty`` once if it occurs are subtracted). Greedy
 requests see the changed logits too.
@@ -53,6 +53,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     logit_bias: dict[int, float] = field(default_factory=dict, hash=False)
+    stop_token_ids: tuple[int, ...] = ()  # besides EOS, masked too until min_tokens came (vLLM)
     logprobs: int | None = None
     prompt_logprobs: int | None = None
 
@@ -72,6 +73,8 @@ class SamplingParams:
             if isinstance(token, bool) or not isinstance(token, int) or token < 0:
                 raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
             _check_range(f"logit_bias[{token}]", bias, -100.0, 100.0)
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be token ids (integers >= 0), got {self.stop_token_ids!r}")
         _check_count("logprobs", self.logprobs, MAX_LOGPROBS)
         _check_count("prompt_logprobs", self.prompt_logprobs, MAX_LOGPROBS)
 

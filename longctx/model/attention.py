@@ -130,15 +130,15 @@ def choose_backend(requested: str, device, dtype: torch.dtype, pool_in_model_dty
     pool stores K/V in the model's dtype (``pool_in_model_dtype``; False for fp8/int8/int4 or cast pools).
 
     ``auto``: ``fused`` on CUDA in bf16/fp16 with such a pool, else ``reference``. ``fused`` asked for where it
-    cannot serve is an error that says what is allowed: a pool in another format, or on CUDA a block size that
-    is not a multiple of 16 or a head smaller than 16 (the compiled kernels' smallest tiles). On a CPU it is
+    cannot serve is an error that says what is allowed: a pool in another format, or on CUDA a model in fp32, a
+    block size that is not a multiple of 16 or a head smaller than 16 (the compiled kernels' smallest tiles). On a CPU it is
     allowed and runs eagerly."""
     if requested not in BACKEND_NAMES:
         raise ValueError(f"attention backend must be one of {', '.join(BACKEND_NAMES)}; got {requested!r}")
     if requested == "reference":
         return BackendChoice(REFERENCE, requested, "asked for")
     cuda = torch.device(device).type == "cuda"
-    unfit = _unfit_for_fused(cuda, pool_in_model_dtype, block_size, head_dim)
+    unfit = _unfit_for_fused(cuda, dtype, pool_in_model_dtype, block_size, head_dim)
     if requested == "fused":
         if unfit:
             raise ValueError(f"the fused attention backend cannot serve this: {unfit}; use --attention-backend "
@@ -146,15 +146,15 @@ def choose_backend(requested: str, device, dtype: torch.dtype, pool_in_model_dty
         return BackendChoice(_fused(), requested, "asked for" + ("" if cuda else " (on a CPU: eager, slow)"))
     if not cuda:
         return BackendChoice(REFERENCE, requested, "auto: not on CUDA")
-    if dtype not in (torch.bfloat16, torch.float16):
-        return BackendChoice(REFERENCE, requested, f"auto: {dtype} (fused serves bf16/fp16)")
     if unfit:
         return BackendChoice(REFERENCE, requested, f"auto: {unfit}")
     return BackendChoice(_fused(), requested, "auto: CUDA, half precision, pool in the model's dtype")
 
 
-def _unfit_for_fused(cuda: bool, pool_in_model_dtype: bool, block_size, head_dim) -> str | None:
+def _unfit_for_fused(cuda: bool, dtype: torch.dtype, pool_in_model_dtype: bool, block_size, head_dim) -> str | None:
     """Why the fused backend cannot serve (None: it can)."""
+    if cuda and dtype not in (torch.bfloat16, torch.float16):
+        return f"on CUDA it serves bf16 or fp16 models, got {dtype} (--dtype bf16, or the reference backend)"
     if not pool_in_model_dtype:
         return ("it reads the KV pool in place, so the pool must store K/V in the model's dtype; this pool is "
                 "quantized or cast (--kv-dtype fp8/int8/int4 needs the reference backend)")

@@ -115,16 +115,19 @@ def load_state_dict(directory: Path | None = None, device="cpu", dtype=None) -> 
 
 
 def load_model(device="cpu", dtype=None, attention_backend: str = "auto"):
-    """SmolLM2-135M-Instruct as a ``longctx.model.llama.Llama`` in eval mode (float32 by default) on
-    ``device``; ``attention_backend``: ``longctx.model.attention.choose_backend`` (an engine re-chooses it for
-    its pool)."""
+    """SmolLM2-135M-Instruct as a ``longctx.model.llama.Llama`` in eval mode on ``device`` (``cpu``,
+    ``cuda``, ``cuda:N`` or a ``torch.device``; CUDA absent is a one-line ``ValueError``); ``dtype``: a
+    ``torch.dtype``, a ``--dtype`` name (``auto``: fp32 on a CPU, bf16 on CUDA) or None for float32;
+    ``attention_backend``: ``longctx.model.attention.choose_backend`` (an engine re-chooses it per pool)."""
     import torch
 
     from longctx.model.attention import choose_backend
+    from longctx.model.device import resolve_device, resolve_dtype
     from longctx.model.llama import Llama
 
+    device = resolve_device(str(device))
     d = fetch_model()
-    dtype = dtype or torch.float32
+    dtype = resolve_dtype(dtype, device) if isinstance(dtype, str) else dtype or torch.float32
     model = Llama(load_config(d), device="meta", dtype=dtype)
     model.load_state_dict(load_state_dict(d, device=device, dtype=dtype), assign=True)
     model.attention_backend = choose_backend(attention_backend, device, dtype)

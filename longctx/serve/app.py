@@ -15,9 +15,9 @@ and every generated token including the EOS that ended it.
 
 Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``: 400 for bad parameters (the
 request models in ``protocol``, one handler in ``validation``; a body nested too deeply for the JSON parser
-included), 413 for a body over 32 MiB, or a prompt + max_tokens over the context
-length or the KV pool, 404 for an unknown model or route, 503 when ``max_waiting`` requests already wait for
-KV blocks (or the engine loop is down). A client that disconnects (streaming or not) has its request aborted
+included), for a prompt + max_tokens over the context length or the KV pool, and for a batch with more
+sequences (prompts x n) than the queue holds; 413 for a body over 32 MiB; 404 for an unknown model or route;
+503 when ``max_waiting`` requests already wait for KV blocks (retry later) or the engine loop is down. A client that disconnects (streaming or not) has its request aborted
 and its KV blocks freed at the next step boundary (``generation``).
 """
 

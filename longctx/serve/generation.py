@@ -118,6 +118,11 @@ class Generation:
                 if asked:
                     raise APIError(400, f"'{field}' needs logits; this server's executor has none (a cost model)",
                                    field, "invalid_value")
+        bias = {int(k): float(v) for k, v in (req.logit_bias or {}).items()}
+        vocab = self.tokenizer.vocab_size
+        if any(t >= vocab for t in bias):  # vLLM refuses them too
+            raise APIError(400, f"'logit_bias' has token id {max(bias)} outside the vocabulary [0, {vocab})",
+                           "logit_bias", "invalid_value")
         temperature = 1.0 if req.temperature is None else float(req.temperature)
         seed = 0 if not temperature else next(self._seeds) if req.seed is None else req.seed + j  # vLLM's children
         params = SamplingParams(
@@ -125,7 +130,7 @@ class Generation:
             seed=seed, top_k=max(req.top_k or 0, 0), min_tokens=req.min_tokens,
             repetition_penalty=req.repetition_penalty or 1.0, frequency_penalty=req.frequency_penalty or 0.0,
             presence_penalty=req.presence_penalty or 0.0,
-            logit_bias={int(k): float(v) for k, v in (req.logit_bias or {}).items()},
+            logit_bias=bias, stop_token_ids=tuple(sorted(set(req.stop_token_ids or ()))) if req.min_tokens else (),
             logprobs=logprobs, prompt_logprobs=logprobs if req.echo_prompt and logprobs is not None else None,
         )
         return None if params == SamplingParams() else params
@@ -133,6 +138,10 @@ class Generation:
     def submit(self, req: GenerationRequest) -> list[ChoiceRun]:
         """Every sequence of the request, queued (prompt by prompt, ``n`` each), or an error for all of them."""
         prompts = [(text, ids, self.check_fits(len(ids), req)) for text, ids in self.tokenize(req)]
+        if len(prompts) * req.n > max(self.aengine.max_waiting, 1):  # never fits the queue: not a retry-later
+            raise APIError(400, f"this request asks for {len(prompts) * req.n} sequences ({len(prompts)} prompts x "
+                           f"n={req.n}); this server queues at most {self.aengine.max_waiting} (--max-waiting)",
+                           "n", "invalid_value")
         runs: list[ChoiceRun] = []
         try:
             for p, (text, ids, max_tokens) in enumerate(prompts):

@@ -6,7 +6,7 @@ against them, and ``longctx.serve.validation`` turns the first failure into one 
 ``{"error": {"message", "type", "param", "code"}}`` that names the field, says what is allowed and quotes
 what came. Every field OpenAI or vLLM define is either honoured as vLLM honours it or refused with that
 400 (``suffix``, ``min_p``, ``prompt_logprobs``, tools, a non-text ``response_format``, ...); unknown fields
-are ignored, as vLLM does, and so is ``user`` (a caller's label, no effect on the answer in any server).
+are ignored with a warning in the server's log that names them, as vLLM does, and so is ``user`` (a caller's label, no effect on the answer in any server).
 """
 
 from __future__ import annotations
@@ -152,14 +152,23 @@ class GenerationRequest(BaseModel):
     @classmethod
     def _bias_keys_are_token_ids(cls, value):
         for key in value or {}:
-            if not key.isdigit():
-                raise ValueError(f"key {key!r} is not a token id")
+            if not (key.isascii() and key.isdigit()) or len(key) > 18:  # int() of 5,000 digits raises
+                raise ValueError(f"key {key[:40]!r} is not a token id")
         return value
 
     @model_validator(mode="after")
     def _best_of_is_n(self):
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError("best_of != n")
+        return self
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self):  # vLLM's check; and usage per chunk needs usage asked for
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options without stream")
+        if self.stream_options is not None and self.stream_options.continuous_usage_stats \
+                and not self.stream_options.include_usage:
+            raise ValueError("continuous_usage_stats without include_usage")
         return self
 
     @property

@@ -12,6 +12,7 @@ and ``param`` set to the field, as OpenAI does.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 
 from fastapi import Request
@@ -33,7 +34,8 @@ RANGES = {  # the numbers' allowed ranges, as written
 }
 INTEGERS = {  # integer fields: what is allowed
     "max_tokens": "an integer >= 1", "max_completion_tokens": "an integer >= 1", "seed": "an integer",
-    "n": f"an integer in [1, {MAX_N}]", "best_of": "an integer equal to n (vLLM returns all best_of sequences)",
+    "n": f"an integer in [1, {MAX_N}]",
+    "best_of": "equal to n or left out (every sequence drawn is returned: none are ranked and dropped)",
     "logprobs": f"an integer in [0, {MAX_LOGPROBS}] for /v1/completions, true or false for chat",
     "top_logprobs": f"an integer in [0, {MAX_LOGPROBS}], with logprobs: true",
     "top_k": "an integer >= 1, or -1 or 0 for every token", "min_tokens": "an integer >= 0",
@@ -56,11 +58,19 @@ REFUSED = {  # fields this server does not implement: what it says instead of ig
     "stream_options": "'stream_options' must be an object with boolean include_usage, continuous_usage_stats",
     "user": "'user' must be a string",
 }
+LOG = logging.getLogger("longctx.serve")
 MAX_BODY_BYTES = 32 * 2**20  # 32 MiB: a batch of long prompts fits; a larger body is a 413
 NOT_A_NUMBER = ("float_type", "float_parsing", "missing")
 MODEL_CHECKS = {  # a model validator's message -> the field it is about
     "best_of != n": "best_of",
     "top_logprobs without logprobs": "top_logprobs",
+    "stream_options without stream": "stream_options",
+    "continuous_usage_stats without include_usage": "stream_options",
+}
+CROSS_CHECKS = {  # a model validator's message -> what the 400 says
+    "stream_options without stream": "'stream_options' needs \"stream\": true (as vLLM's server says)",
+    "continuous_usage_stats without include_usage": (
+        "'stream_options.continuous_usage_stats' reports usage in every chunk, so it needs include_usage: true"),
 }
 
 
@@ -74,6 +84,9 @@ def _message(field: str, err: dict, body) -> str:
                 f"{MAX_PROMPTS} of either (a list of strings or a list of token-id lists)")
     if field == "messages":
         return _messages_message(err, body)
+    check = next((m for m in CROSS_CHECKS if m in str(err.get("msg", ""))), None)
+    if check is not None:
+        return CROSS_CHECKS[check]
     if field in REFUSED:
         return REFUSED[field]
     if err["type"] in ("none_required", "literal_error") and field not in FIELD_ORDER[:6]:
@@ -134,12 +147,16 @@ async def parse_body(request: Request, model: type[BaseModel]):
     except RecursionError:
         raise APIError(400, "the request body is not valid JSON: nested too deeply", code="invalid_json") from None
     try:
-        return model.model_validate(body)
+        parsed = model.model_validate(body)
     except RecursionError:
         raise APIError(400, "the request body is nested too deeply", code="invalid_value") from None
     except ValidationError as exc:  # located as FastAPI locates body errors: ("body", field, ...)
         errors = [{**err, "loc": ("body", *err["loc"])} for err in exc.errors()]
         raise RequestValidationError(errors, body=body) from None
+    ignored = sorted(set(body) - set(model.model_fields))  # a dict: the model validated it
+    if ignored:  # as vLLM's server does: the request runs, the log names what it ignored
+        LOG.warning("%s: fields present in the request but ignored: %s", request.url.path, ", ".join(ignored)[:300])
+    return parsed
 
 
 def to_api_error(errors: Sequence[dict], body) -> APIError:
