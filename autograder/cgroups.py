@@ -12,13 +12,15 @@
 - **v2**: a cgroup2 mount (/sys/fs/cgroup, or /sys/fs/cgroup/unified on hybrid hosts) and a *delegated*
   cgroup whose `memory`, `pids` and `cpu` controllers the grader may hand to children (memory.max,
   memory.swap.max = 0, pids.max, cpu.max). v2 charges socket buffers and kernel memory to memory.max
-  itself, so `socket_bytes` needs no file of its own there. v2 forbids processes in a cgroup that hands controllers to
-  children, so the grader uses, in this order:
+  itself, so `socket_bytes` needs no file of its own there. v2 forbids processes in a cgroup that hands
+  controllers to children, so the grader uses, in this order:
     1. `$LONGCTX_GRADER_CGROUP`: an empty cgroup made for it (e.g. by the machine's administrator);
     2. the hierarchy's root cgroup, when the grader runs there (a machine without systemd, or a
        container that shares the host's cgroups): `<root>/longctx-grader`;
     3. its own cgroup, when the grader is its only process (`sudo systemd-run --scope -p Delegate=yes
        -- .venv/bin/python autograder/grade.py`): it moves itself into the leaf `<own>/grader` first.
+- a kernel booted with `cgroup.memory=nosocket` or `nokmem` (socket or kernel memory charged to no cgroup,
+  v1 or v2) is refused, like a v1 host without the TCP limit file;
 - otherwise `kind` is None and `problem` says why; `make grade` then refuses to grade (sandbox.check).
 
 `detect` only reads; `CgroupHost.activate()` makes the changes (moves the grader, enables controllers)
@@ -35,6 +37,7 @@ from dataclasses import dataclass
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 PROC_SELF_CGROUP = "/proc/self/cgroup"
+KERNEL_CMDLINE = "/proc/cmdline"
 NEEDED_V2 = ("cpu", "memory", "pids")
 SOCKET_BYTES = 64 * 2**20   # v1: TCP buffers of one cgroup (v2 counts them in memory.max)
 _COUNTER = itertools.count()
@@ -105,12 +108,24 @@ def _controllers(path):
     return set(_read(os.path.join(path, "cgroup.controllers")).split())
 
 
-def detect(root=None, proc_cgroup=None, env=None) -> CgroupHost:
+def _accounting_off(cmdline) -> list[str]:
+    """The memory controller's accounting switched off at boot (`cgroup.memory=nosocket,nokmem`)."""
+    words = _read(cmdline).split()
+    options = {o for w in words if w.startswith("cgroup.memory=") for o in w.split("=", 1)[1].split(",")}
+    return sorted(options & {"nosocket", "nokmem"})
+
+
+def detect(root=None, proc_cgroup=None, env=None, cmdline=None) -> CgroupHost:
     """Which cgroups the grader can use here (reads only; see the module docstring). The defaults are the
-    module's CGROUP_ROOT, PROC_SELF_CGROUP and os.environ, read at each call."""
+    module's CGROUP_ROOT, PROC_SELF_CGROUP, KERNEL_CMDLINE and os.environ, read at each call."""
     root = root or CGROUP_ROOT
     proc_cgroup = proc_cgroup or PROC_SELF_CGROUP
     env = os.environ if env is None else env
+    off = _accounting_off(cmdline or KERNEL_CMDLINE)
+    if off:
+        return CgroupHost(None, problem=f"this kernel was booted with cgroup.memory={','.join(off)}: socket "
+                                        "buffers or kernel memory are charged to no cgroup, so a submission could "
+                                        "take the host's memory past its limit (boot without that option)")
     if _v1_ok(root):
         if not os.path.isfile(_v1_tcp_file(root)):
             return CgroupHost(None, problem=f"cgroup v1 at {root} has no memory.kmem.tcp.limit_in_bytes: a "

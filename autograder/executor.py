@@ -70,86 +70,99 @@ def make_client(nb, job, status):
                         resources={"metadata": {"path": "/"}}, startup_timeout=120)
 
 
-def main():
-    import nbformat
-    from nbclient.exceptions import CellTimeoutError, DeadKernelError
+class NotebookRun:
+    """One run of the notebook in `job`: its cells in order (test cells checked through the grader's link),
+    `status` kept current in the control folder after every cell."""
 
-    with open(os.path.join(CTL, "job.json")) as fh:
-        job = json.load(fh)
-    start = time.monotonic()
-    deadline = start + float(job["deadline_s"])
-    test_cells = set(job.get("test_cells", []))
-    status = {"state": "starting", "cells_done": 0, "failed_cell": None, "detail": "", "kernel_exit": None,
-              "truncated_cells": [], "timeouts": [], "output_cut_at": None}
-    status_path = os.path.join(CTL, "status.json")
-    write_json_atomic(status_path, status)
-    nb = nbformat.read(os.path.join(CTL, "input.ipynb"), as_version=4)
-    outputs = OutputLog(os.path.join(CTL, "outputs.jsonl"), len(nb.cells))
-    client = make_client(nb, job, status)
+    def __init__(self, job, nb, client, status, outputs, status_path):
+        self.job, self.nb, self.client, self.status, self.outputs = job, nb, client, status, outputs
+        self.status_path, self.test_cells = status_path, set(job.get("test_cells", []))
+        self.deadline = time.monotonic() + float(job["deadline_s"])
 
-    def kernel_exit():
+    def kernel_exit(self):
         try:
-            proc = client.km.provisioner.process
+            proc = self.client.km.provisioner.process
             return proc.poll() if proc is not None else None
         except Exception:  # noqa: BLE001
             return None
 
-    def died(index):
-        code = kernel_exit()
-        status.update(state="kernel_died", failed_cell=index, kernel_exit=code, detail=describe_exit(code))
+    def died(self, index):
+        code = self.kernel_exit()
+        self.status.update(state="kernel_died", failed_cell=index, kernel_exit=code, detail=describe_exit(code))
 
-    async def run():
-        grader = await GraderLink.connect(job) if test_cells else None
+    async def run(self):
+        client, status = self.client, self.status
+        grader = await GraderLink.connect(self.job) if self.test_cells else None
         t_kernel = time.monotonic()
         status.update(cells_s=0.0, tests_s=0.0)
         async with client.async_setup_kernel():
             status["state"] = "running"
             status["kernel_start_s"] = round(time.monotonic() - t_kernel, 3)
             status["kernel_start_cpu_s"] = process_cpu_s(client)
-            for index, cell in enumerate(nb.cells):
-                if cell.cell_type != "code":
-                    continue
-                remaining = deadline - time.monotonic()
-                if remaining <= 1:
-                    status.update(state="timeout", failed_cell=index,
-                                  detail=f"the notebook used up its {job['deadline_s']} s time limit")
-                    return
-                client.timeout = int(min(float(job["cell_timeout_s"]), remaining))
-                client.current_index = index
-                t_cell = time.monotonic()
-                is_test = index in test_cells
-                cpu_before = process_cpu_s(client) if is_test else 0.0
-                try:
-                    if is_test:
-                        await grader.check(client, index, deadline)
-                    else:
-                        await client.async_execute_cell(cell, index, execution_count=None)
-                except CellTimeoutError:
-                    if index not in status["timeouts"]:
-                        status["timeouts"].append(index)
-                except DeadKernelError:
-                    died(index)
-                    return
-                finally:
-                    key = "tests_s" if is_test else "cells_s"
-                    status[key] = round(status[key] + time.monotonic() - t_cell, 3)
-                    if is_test:  # the kernel's CPU spent answering the checker
-                        status["answers_cpu_s"] = round(status.get("answers_cpu_s", 0.0) + process_cpu_s(client)
-                                                        - cpu_before, 3)
-                    status["cells_done"] = index + 1
-                    if not is_test:
-                        outputs.append(index, cell)
-                    write_json_atomic(status_path, status)
-                await contain_fork_bomb(client, job, status, index)
-                if not await client.km.is_alive():
-                    died(index)
+            for index, cell in enumerate(self.nb.cells):
+                if cell.cell_type == "code" and not await self.cell(index, cell, grader):
                     return
             status["state"] = "finished"
             if grader is not None:
                 await grader.send({"op": "finished"})
 
+    async def cell(self, index, cell, grader) -> bool:
+        """Run (or check) one code cell; False when the run must stop (time used up, the kernel died)."""
+        from nbclient.exceptions import CellTimeoutError, DeadKernelError
+
+        client, status, job = self.client, self.status, self.job
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 1:
+            status.update(state="timeout", failed_cell=index,
+                          detail=f"the notebook used up its {job['deadline_s']} s time limit")
+            return False
+        client.timeout = int(min(float(job["cell_timeout_s"]), remaining))
+        client.current_index = index
+        t_cell, is_test = time.monotonic(), index in self.test_cells
+        cpu_before = process_cpu_s(client) if is_test else 0.0
+        try:
+            if is_test:
+                await grader.check(client, index, self.deadline)
+            else:
+                await client.async_execute_cell(cell, index, execution_count=None)
+        except CellTimeoutError:
+            if index not in status["timeouts"]:
+                status["timeouts"].append(index)
+        except DeadKernelError:
+            self.died(index)
+            return False
+        finally:
+            key = "tests_s" if is_test else "cells_s"
+            status[key] = round(status[key] + time.monotonic() - t_cell, 3)
+            if is_test:  # the kernel's CPU spent answering the checker
+                status["answers_cpu_s"] = round(status.get("answers_cpu_s", 0.0) + process_cpu_s(client)
+                                                - cpu_before, 3)
+            status["cells_done"] = index + 1
+            if not is_test:
+                self.outputs.append(index, cell)
+            write_json_atomic(self.status_path, status)
+        await contain_fork_bomb(client, job, status, index)
+        if not await client.km.is_alive():
+            self.died(index)
+            return False
+        return True
+
+
+def main():
+    import nbformat
+
+    with open(os.path.join(CTL, "job.json")) as fh:
+        job = json.load(fh)
+    start = time.monotonic()
+    status = {"state": "starting", "cells_done": 0, "failed_cell": None, "detail": "", "kernel_exit": None,
+              "truncated_cells": [], "timeouts": [], "output_cut_at": None}
+    status_path = os.path.join(CTL, "status.json")
+    write_json_atomic(status_path, status)
+    nb = nbformat.read(os.path.join(CTL, "input.ipynb"), as_version=4)
+    outputs = OutputLog(os.path.join(CTL, "outputs.jsonl"), len(nb.cells))
+    run = NotebookRun(job, nb, make_client(nb, job, status), status, outputs, status_path)
     try:
-        asyncio.run(run())
+        asyncio.run(run.run())
     except Exception as exc:  # noqa: BLE001  (a crash here is reported, never hidden)
         if status["state"] in ("starting", "running"):
             status.update(state="error", detail=f"{type(exc).__name__}: {exc}"[:2000])

@@ -83,12 +83,9 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    root = os.path.abspath(args.course_root)
-    venv_bin = os.path.dirname(sys.executable)
-    os.environ["PATH"] = venv_bin + os.pathsep + os.environ.get("PATH", "")  # nbgrader runs `alembic`
-    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+def safe_host(args):
+    """The cgroup host to grade under (its `kind` None with --allow-no-cgroups), or None after saying why
+    this machine cannot grade safely."""
     problems = sandbox.check(**({"allow_no_cgroups": True} if args.allow_no_cgroups else {}))
     host = cgroups.detect()
     if not problems and host.kind:
@@ -96,11 +93,23 @@ def main(argv=None):
             host.activate()
         except OSError as exc:
             problems.append(f"could not set up cgroup {host.kind} limits in {host.base or host.root}: {exc}")
-    if problems:
-        log("make grade: cannot grade safely on this machine:")
-        for problem in problems:
-            log(f"  - {problem}")
-        log("Run `autograder/check_sandbox.sh` for details (see the README's instructor guide).")
+    if not problems:
+        return host
+    log("make grade: cannot grade safely on this machine:")
+    for problem in problems:
+        log(f"  - {problem}")
+    log("Run `autograder/check_sandbox.sh` for details (see the README's instructor guide).")
+    return None
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    root = os.path.abspath(args.course_root)
+    venv_bin = os.path.dirname(sys.executable)
+    os.environ["PATH"] = venv_bin + os.pathsep + os.environ.get("PATH", "")  # nbgrader runs `alembic`
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    host = safe_host(args)
+    if host is None:
         return 2
 
     ctx = start_checker_server(root)  # first: it warms up while nbgrader loads

@@ -105,6 +105,7 @@ def check(allow_no_cgroups: bool = False) -> list[str]:
         problems.append("bubblewrap is installed but cannot create namespaces here "
                         f"({probe.stderr.strip() or probe.returncode}); a container needs to allow "
                         "unshare/mount (e.g. docker --privileged or --security-opt seccomp=unconfined)")
+    problems += [p for p in (seccomp.unprotected_here(),) if p]
     host = cgroups.detect()
     if host.kind is None and not allow_no_cgroups:
         problems.append(f"{host.problem}. Grading without cgroups would leave only per-process limits "

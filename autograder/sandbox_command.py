@@ -1,7 +1,8 @@
 """The bubblewrap command line of one sandbox (autograder/sandbox.py runs it).
 
-The view it builds: /usr, /etc, the Python installation and the virtual environment read-only; the
-course library `longctx/` read-only; the grader's sandbox-side files read-only at /opt/grader; the
+The view it builds: /usr, /etc and the Python installation read-only; the virtual environment read-only
+at /opt/venv, the course library `longctx/` at /opt/course/longctx and the model cache at /opt/model-cache
+(fixed paths: no command line or environment inside names the host's folders); the grader's sandbox-side files read-only at /opt/grader; the
 submission read-only at /submission; size-limited tmpfs mounts at /tmp, /home/student and /run; the
 run's control folder at /ctl; a private /proc whose /proc/sys is read-only (bwrap 0.8 leaves it
 writable); bwrap's minimal /dev. Nothing else of the host or the course.
@@ -29,7 +30,20 @@ def model_cache_dir() -> str:
     return os.path.abspath(os.path.expanduser(os.environ.get("LONGCTX_CACHE_DIR") or "~/.cache/longctx"))
 
 
+VENV = "/opt/venv"             # the grader's virtual environment, inside the sandbox
+COURSE = "/opt/course"         # holds the course library, longctx/ (PYTHONPATH)
+MODEL_CACHE = "/opt/model-cache"
+
+
+def _in_venv() -> bool:
+    return sys.prefix != sys.base_prefix
+
+
 def venv_python() -> str:
+    """The interpreter the sandbox runs: the virtual environment's, at /opt/venv (it finds its pyvenv.cfg
+    next to the path it was started by, so the environment works there), or the plain installation's."""
+    if _in_venv():
+        return os.path.join(VENV, os.path.relpath(sys.executable, sys.prefix))
     return sys.executable
 
 
@@ -46,13 +60,13 @@ def _bind_system() -> list[str]:
 
 
 def _bind_python() -> list[str]:
-    """The Python installation and the virtual environment, read-only, at their own paths.
+    """The Python installation read-only at its own path (the environment's links point into it), and the
+    virtual environment read-only at /opt/venv, so that no process's command line names the course's folder.
 
-    Bound after the private /tmp and home tmpfs mounts, so that a course cloned under /tmp (as CI
-    does) still sees its .venv inside the sandbox.
+    Bound after the private /tmp and home tmpfs mounts, so that a Python installed under /tmp still shows.
     """
-    args = []
-    seen = set()
+    args = ["--ro-bind", sys.prefix, VENV] if _in_venv() else []
+    seen = {sys.prefix} if _in_venv() else set()
     for prefix in (sys.prefix, os.path.realpath(sys.prefix), sys.base_prefix, os.path.realpath(sys.base_prefix),
                    os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))):
         if prefix in seen or prefix == "/usr" or prefix.startswith("/usr/") or prefix == "/":
@@ -62,12 +76,12 @@ def _bind_python() -> list[str]:
     return args
 
 
-def sandbox_env(course_root: str, limits) -> dict:
+def sandbox_env(limits) -> dict:
     py = venv_python()
     threads = str(limits.threads)
     return {
         "HOME": "/home/student", "PATH": f"{os.path.dirname(py)}:/usr/local/bin:/usr/bin:/bin",
-        "PYTHONPATH": course_root, "PYTHONWARNINGS": limits.python_warnings, "PYTHONHASHSEED": "0",
+        "PYTHONPATH": COURSE, "PYTHONWARNINGS": limits.python_warnings, "PYTHONHASHSEED": "0",
         "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg", "LANG": "C.UTF-8", "TERM": "dumb",
         "JUPYTER_PATH": "/ctl/share/jupyter", "JUPYTER_RUNTIME_DIR": "/run/jupyter",
         "JUPYTER_PLATFORM_DIRS": "1", "IPYTHONDIR": "/home/student/.ipython",
@@ -81,7 +95,7 @@ def build_command(*, course_root: str, ctl_dir: str, submission_dir: str, limits
                   extra_ro: list[str] | None = None, seccomp_fd: int | None = None) -> list[str]:
     py = venv_python()
     lib = os.path.join(course_root, "longctx")
-    env = sandbox_env(course_root, limits)
+    env = sandbox_env(limits)
     cmd = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
            "--unshare-uts", "--unshare-cgroup-try", "--hostname", "grader",
            "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_CHOWN",
@@ -92,7 +106,7 @@ def build_command(*, course_root: str, ctl_dir: str, submission_dir: str, limits
            "--size", str(limits.tmpfs_bytes), "--tmpfs", "/home/student",
            "--perms", "0755", "--size", str(RUN_TMPFS_BYTES), "--tmpfs", "/run",
            *_bind_python(),
-           "--ro-bind", lib, lib]
+           "--ro-bind", lib, f"{COURSE}/longctx"]
     for name in SANDBOX_FILES:
         cmd += ["--ro-bind", os.path.join(HERE, name), f"/opt/grader/{name}"]
     cmd += ["--bind", ctl_dir, "/ctl", "--ro-bind", submission_dir, "/submission"]
@@ -101,8 +115,8 @@ def build_command(*, course_root: str, ctl_dir: str, submission_dir: str, limits
             cmd += ["--ro-bind", path, path]
     cache = model_cache_dir()
     if os.path.isdir(cache):  # the dequantized model, read-only, where longctx looks for it
-        cmd += ["--ro-bind", cache, cache]
-        env["LONGCTX_CACHE_DIR"] = cache
+        cmd += ["--ro-bind", cache, MODEL_CACHE]
+        env["LONGCTX_CACHE_DIR"] = MODEL_CACHE
     if seccomp_fd is not None:
         cmd += ["--seccomp", str(seccomp_fd)]
     cmd += ["--clearenv"]

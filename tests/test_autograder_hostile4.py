@@ -212,6 +212,32 @@ def test_cgroup_v1_caps_tcp_buffers_and_a_v1_host_without_the_cap_is_refused(tmp
     assert open(os.path.join(group.paths[0], "memory.kmem.tcp.limit_in_bytes")).read() == str(cgroups.SOCKET_BYTES)
 
 
+@pytest.mark.parametrize("option", ["nosocket", "nokmem", "nobpf,nosocket"])
+def test_a_kernel_that_charges_sockets_or_kernel_memory_to_no_cgroup_is_refused(tmp_path, option):
+    root = tmp_path / "cg"
+    for controller in ("memory", "pids", "cpu"):
+        (root / controller).mkdir(parents=True)
+    (root / "memory" / "memory.kmem.tcp.limit_in_bytes").write_text("9223372036854771712\n")
+    cmdline = tmp_path / "cmdline"
+    cmdline.write_text(f"BOOT_IMAGE=/vmlinuz ro cgroup.memory={option} quiet\n")
+    host = cgroups.detect(str(root), str(tmp_path / "none"), env={}, cmdline=str(cmdline))
+    assert host.kind is None and "cgroup.memory=" in host.problem and option.split(",")[-1] in host.problem
+    cmdline.write_text("BOOT_IMAGE=/vmlinuz ro quiet\n")
+    assert cgroups.detect(str(root), str(tmp_path / "none"), env={}, cmdline=str(cmdline)).kind == "v1"
+
+
+def test_grading_refuses_an_architecture_the_seccomp_filter_does_not_know(tmp_path):
+    import seccomp
+
+    limit = tmp_path / "max_user_namespaces"
+    limit.write_text("15000\n")
+    assert seccomp.unprotected_here("x86_64", str(limit)) is None
+    problem = seccomp.unprotected_here("riscv64", str(limit))
+    assert "riscv64" in problem and "max_user_namespaces=0" in problem
+    limit.write_text("0\n")  # the host allows no user namespaces at all: the filter's main job is done
+    assert seccomp.unprotected_here("riscv64", str(limit)) is None
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0 or cgroups.detect().kind is None, reason="needs root and usable cgroups")
 def test_tcp_buffers_are_charged_on_this_host():
@@ -372,3 +398,5 @@ def test_the_sandbox_proc_shows_no_host_path(graded):
     seen = text.split("CMDLINES ")[1].split("\n")[0]
     assert "1:bwrap --args" in seen, seen
     assert root not in seen and "--bind" not in seen, seen
+    course = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the course's checkout and its .venv
+    assert course not in seen and sys.prefix not in seen and "/opt/venv/bin/" in seen, seen

@@ -17,8 +17,10 @@ Which is which:
   the notebook's values (`0 < on < off`) or read a notebook name on either side, since the student sees
   them and they are not what makes an answer right.
 
-"Expected side": the third argument (or `expected=`) of a `check_*` call; in a comparison (`==`, `<`, `in`,
-...), every operand after the first (the first is the answer under test). A comparison of two of the
+"Expected side": the third argument (or `expected=`) of a `check_*` call; the second argument of
+`isclose` / `allclose` / `assert_allclose` / `array_equal`; in a comparison (`==`, `<`, `in`, ...), every
+operand after the first (the first is the answer under test), and, where the first is a difference or a
+ratio (`abs(answer - expected) < tol`, `answer / expected < 1.01`), its subtracted or dividing side. A comparison of two of the
 notebook's own values is thus a finding too: it holds for any consistent set of made-up numbers.
 """
 
@@ -162,9 +164,26 @@ def _expected_sides(tree):
             expected = [k.value for k in node.keywords if k.arg == "expected"] or node.args[2:3]
             for expr in expected:
                 yield node.lineno, f"{node.func.id}(...)'s expected value", expr
+        elif isinstance(node, ast.Call) and _called(node) in CLOSENESS and len(node.args) >= 2:
+            for expr in node.args[1:2]:  # isclose(answer, expected)
+                yield node.lineno, f"{_called(node)}(...)'s second argument", expr
         elif isinstance(node, ast.Compare):
             for expr in node.comparators:
                 yield node.lineno, "the right side of a comparison", expr
+            left = node.left  # abs(answer - expected) < tolerance: the subtracted side is an expected value
+            if isinstance(left, ast.Call) and _called(left) == "abs" and len(left.args) == 1:
+                left = left.args[0]
+            if isinstance(left, ast.BinOp) and isinstance(left.op, (ast.Sub, ast.Div)):
+                yield node.lineno, "the subtracted (or dividing) side of a compared difference", left.right
+
+
+CLOSENESS = ("isclose", "allclose", "assert_allclose", "array_equal")
+
+
+def _called(call) -> str:
+    """The last part of a call's function name: `math.isclose` -> `isclose`."""
+    func = call.func
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
 
 
 def hidden_lines(source: str) -> set[int]:
@@ -224,6 +243,9 @@ def _toy(test_source, answer_source="x = 3\nrate = x / 2\n"):
     "assert x == rate * 2",                                  # a comparison
     "check_true('x', x < rate * 4, 'no')",                   # a bound from a notebook value
     "for _a, _b in [(1, rate)]:\n    check_integer('x', x, _b)",
+    "assert abs(x - rate * 2) < 1e-9",                       # a difference within a tolerance
+    "assert x / rate < 2.01",                                # a ratio
+    "check_true('x', math.isclose(x, rate * 2), 'no')",      # a closeness call
 ])
 def test_the_audit_catches_a_planted_expected_value(hidden):
     nb = _toy(f"from longctx.grading import check_number, check_integer, check_true\n{BEGIN}\n{hidden}\n{END}")
@@ -235,6 +257,7 @@ def test_the_audit_catches_a_planted_expected_value(hidden):
     "check_number('f(2)', math.sqrt(x), math.sqrt(3))",     # library on a literal
     "_h = [1, 2]\nfor _a, _want in [((1,), 3)]:\n    check_integer('x', x + len(_h), _want)",
     "check_number('flops', x, flops.__name__ and 3)",       # a library name the lesson imports
+    "assert abs(x - 3) < 1e-9 and math.isclose(x, 3.0)",    # difference and closeness against literals
 ])
 def test_the_audit_accepts_literals_the_library_and_the_tests_own_inputs(hidden):
     nb = _toy(f"from longctx.grading import check_number, check_integer\n{BEGIN}\n{hidden}\n{END}")
