@@ -67,8 +67,8 @@ def load_config(root: str, work: str):
         SaveAutoGrades,
     )
 
-    override.Autograde.sanitize_preprocessors = [ClearOutput, DeduplicateIds, RestoreCellRoles, OverwriteKernelspec,
-                                                 OverwriteCells, CheckCellMetadata]
+    override.Autograde.sanitize_preprocessors = [ClearOutput, DeduplicateIds, RestoreCellRoles,
+                                                 OverwriteKernelspec, OverwriteCells, CheckCellMetadata]
 
     override.Autograde.autograde_preprocessors = [ReplayVerdicts, IgnorePattern, ClearMetadataPreprocessor,
                                                   LimitOutput, SaveAutoGrades, AssignLatePenalties,
@@ -97,7 +97,8 @@ def verdict_outputs(verdict, reason):
     from nbformat.v4 import new_output
 
     if verdict is None:
-        return [new_output("error", ename="TestNotCompleted", evalue=reason, traceback=[f"TestNotCompleted: {reason}"])]
+        return [new_output("error", ename="TestNotCompleted", evalue=reason,
+                           traceback=[f"TestNotCompleted: {reason}"])]
     outputs = []
     if verdict.get("stdout"):
         outputs.append(new_output("stream", name="stdout", text=str(verdict["stdout"])[:20000]))
@@ -112,14 +113,16 @@ CURRENT: dict = {}  # the task being done: ctl_dir, stop_reason, notes
 
 
 class ReplayVerdicts(NbGraderPreprocessor):
-    """Stands in for nbgrader's Execute: student cells' outputs from the sandbox, test cells' from the checker."""
+    """Stands in for nbgrader's Execute: student cells' outputs from the sandbox, test cells' from the
+    checker."""
 
     def preprocess(self, nb, resources):
         ctl_dir = CURRENT["ctl_dir"]
         path = os.path.join(ctl_dir, "outputs.jsonl")
         executed = read_outputs(path, len(nb.cells), 4 * MAX_NOTEBOOK_BYTES)
         if executed is None and os.path.exists(path):
-            CURRENT["notes"].append("the executed notebook did not match the submission; its outputs were dropped")
+            CURRENT["notes"].append(
+                "the executed notebook did not match the submission; its outputs were dropped")
         try:
             with open(os.path.join(ctl_dir, "verdicts.json")) as fh:
                 verdicts = {int(k): v for k, v in json.load(fh).items()}

@@ -23,7 +23,8 @@ class Bookkeeper:
 
     def _start(self):
         env = dict(os.environ, PYTHONWARNINGS="ignore")
-        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "bookkeeper.py"), self.root, self.work],
+        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "bookkeeper.py"), self.root,
+                                      self.work],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      env=env, text=True, encoding="utf-8", errors="replace")
         self._replies = queue.Queue()
@@ -48,7 +49,8 @@ class Bookkeeper:
             return None
 
     def ask(self, task, timeout):
-        """The worker's answer, or {"ok": False, "error": ...} after `timeout` s (the worker is then restarted)."""
+        """The worker's answer, or {"ok": False, "error": ...} after `timeout` s (the worker is then
+        restarted)."""
         with self._lock:
             return self._ask(task, timeout)
 

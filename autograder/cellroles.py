@@ -1,4 +1,5 @@
-"""Which cells are tests, answers or plain cells: from the instructor's lesson by grade_id, never from the submission.
+"""Which cells are tests, answers or plain cells: from the instructor's lesson by grade_id, never from
+the submission.
 
 nbgrader's OverwriteCells restores a cell's type, lock, points and (locked cells) source from the
 gradebook, but keeps the student's `grade` and `solution` flags: an unlocked, manually graded code
@@ -69,7 +70,8 @@ def restore_roles(nb, roles: dict):
 class RestoreCellRoles(NbGraderPreprocessor):
     """nbgrader preprocessor: `restore_roles` with the released lesson of resources' assignment."""
 
-    release_directory = Unicode("", help="the grader's own release folder (autograder/.work/release)").tag(config=True)
+    release_directory = Unicode(
+        "", help="the grader's own release folder (autograder/.work/release)").tag(config=True)
 
     def preprocess(self, nb, resources):
         lesson = resources["nbgrader"]["assignment"]

@@ -61,8 +61,9 @@ class CgroupHost:
             os.makedirs(leaf, exist_ok=True)
             _write(os.path.join(leaf, "cgroup.procs"), str(os.getpid()))
             self.move_self = False
+        # case 2: the root hands the controllers down
         if os.path.dirname(self.base.rstrip("/")) == self.root.rstrip("/") and \
-                os.path.basename(self.base) == "longctx-grader":  # case 2: the root hands the controllers down
+                os.path.basename(self.base) == "longctx-grader":
             _write(os.path.join(self.root, "cgroup.subtree_control"), enable)
             os.makedirs(self.base, exist_ok=True)
         _write(os.path.join(self.base, "cgroup.subtree_control"), enable)
@@ -124,35 +125,38 @@ def detect(root=None, proc_cgroup=None, env=None, cmdline=None) -> CgroupHost:
     off = _accounting_off(cmdline or KERNEL_CMDLINE)
     if off:
         return CgroupHost(None, problem=f"this kernel was booted with cgroup.memory={','.join(off)}: socket "
-                                        "buffers or kernel memory are charged to no cgroup, so a submission could "
-                                        "take the host's memory past its limit (boot without that option)")
+                                        "buffers or kernel memory are charged to no cgroup, so a submission "
+                                        "could take the host's memory past its limit (boot without that "
+                                        "option)")
     if _v1_ok(root):
         if not os.path.isfile(_v1_tcp_file(root)):
             return CgroupHost(None, problem=f"cgroup v1 at {root} has no memory.kmem.tcp.limit_in_bytes: a "
-                                            "submission's TCP buffers would be charged to no cgroup (use cgroup v2, "
-                                            "or a kernel with v1 kernel-memory accounting)")
+                                            "submission's TCP buffers would be charged to no cgroup (use "
+                                            "cgroup v2, or a kernel with v1 kernel-memory accounting)")
         return CgroupHost("v1", root=root)
     for mount in (root, os.path.join(root, "unified")):
         if os.path.isfile(os.path.join(mount, "cgroup.controllers")):
             return _detect_v2(mount, proc_cgroup, env)
-    return CgroupHost(None, problem=f"no cgroup hierarchy the grader can write at {root} (neither v1 memory, pids "
-                                    "and cpu nor cgroup v2): a submission's processes together could use all the "
-                                    "machine's memory and CPU")
+    return CgroupHost(None, problem=f"no cgroup hierarchy the grader can write at {root} (neither v1 "
+                                    "memory, pids and cpu nor cgroup v2): a submission's processes together "
+                                    "could use all the machine's memory and CPU")
 
 
 def _detect_v2(mount, proc_cgroup, env):
     missing = [c for c in NEEDED_V2 if c not in _controllers(mount)]
     if missing:
-        return CgroupHost(None, problem=f"cgroup v2 at {mount} offers no {', '.join(missing)} controller(s), so "
-                                        "the grader cannot limit a submission's memory, processes and CPU")
+        return CgroupHost(None, problem=f"cgroup v2 at {mount} offers no {', '.join(missing)} "
+                                        "controller(s), so the grader cannot limit a submission's memory, "
+                                        "processes and CPU")
     if not os.access(mount, os.W_OK):
-        return CgroupHost(None, problem=f"cgroup v2 at {mount} is not writable (run as root, outside a read-only "
-                                        "container mount)")
+        return CgroupHost(None, problem=f"cgroup v2 at {mount} is not writable (run as root, outside a "
+                                        "read-only container mount)")
     delegated = env.get("LONGCTX_GRADER_CGROUP", "")
     if delegated:
         base = os.path.abspath(delegated)
         if not base.startswith(mount.rstrip("/") + "/") or not os.path.isdir(base):
-            return CgroupHost(None, problem=f"LONGCTX_GRADER_CGROUP={delegated} is not a cgroup under {mount}")
+            return CgroupHost(None,
+                              problem=f"LONGCTX_GRADER_CGROUP={delegated} is not a cgroup under {mount}")
         why = _unusable(base)
         return CgroupHost(None, problem=f"LONGCTX_GRADER_CGROUP={delegated}: {why}") if why else \
             CgroupHost("v2", root=mount, base=base)
@@ -165,9 +169,9 @@ def _detect_v2(mount, proc_cgroup, env):
         if procs == {str(os.getpid())} and not _unusable(path, empty=False):
             return CgroupHost("v2", root=mount, base=path, move_self=True)
     return CgroupHost(None, problem=(
-        f"cgroup v2: the grader's cgroup ({own or '?'}) has other processes, so it cannot hand memory, pids and "
-        "cpu limits to a cgroup per submission. Run the grader alone in a delegated scope: `sudo systemd-run "
-        "--scope -p Delegate=yes -- .venv/bin/python autograder/grade.py`, or set "
+        f"cgroup v2: the grader's cgroup ({own or '?'}) has other processes, so it cannot hand memory, "
+        "pids and cpu limits to a cgroup per submission. Run the grader alone in a delegated scope: "
+        "`sudo systemd-run --scope -p Delegate=yes -- .venv/bin/python autograder/grade.py`, or set "
         "LONGCTX_GRADER_CGROUP to an empty cgroup delegated to it"))
 
 
@@ -201,7 +205,8 @@ class Cgroup:
                 mem, pids, cpu = self.paths
                 _write(os.path.join(mem, "memory.limit_in_bytes"), str(memory_bytes))
                 _write_try(os.path.join(mem, "memory.memsw.limit_in_bytes"), str(memory_bytes))
-                _write(os.path.join(mem, "memory.kmem.tcp.limit_in_bytes"), str(min(socket_bytes, memory_bytes)))
+                _write(os.path.join(mem, "memory.kmem.tcp.limit_in_bytes"),
+                       str(min(socket_bytes, memory_bytes)))
                 _write(os.path.join(pids, "pids.max"), str(max_pids))
                 _write(os.path.join(cpu, "cpu.cfs_period_us"), "100000")
                 _write(os.path.join(cpu, "cpu.cfs_quota_us"), quota_us)
@@ -227,7 +232,8 @@ class Cgroup:
 
     def oom_killed(self) -> bool:
         for path in self.paths:
-            events = _read(os.path.join(path, "memory.events")) + _read(os.path.join(path, "memory.oom_control"))
+            events = (_read(os.path.join(path, "memory.events"))
+                      + _read(os.path.join(path, "memory.oom_control")))
             for line in events.splitlines():
                 key, _, value = line.partition(" ")
                 if key == "oom_kill" and value.strip().isdigit() and int(value) > 0:

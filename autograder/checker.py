@@ -104,9 +104,11 @@ class StudentFunction:
         what = f"{self._name}({_args_text(args, kwargs)})"
         try:
             request = {"op": "call", "args": plaindata.encode(list(args), "argument"),
-                       "kwargs": plaindata.encode(dict(kwargs), "argument"), "what": f"what {self._name} returned"}
+                       "kwargs": plaindata.encode(dict(kwargs), "argument"),
+                       "what": f"what {self._name} returned"}
         except plaindata.NotPlainData as exc:  # a test that passes objects: a lesson bug, said plainly
-            raise TypeError(f"the test passes {exc} to {self._name}; tests may pass only plain data") from None
+            raise TypeError(
+                f"the test passes {exc} to {self._name}; tests may pass only plain data") from None
         request["name"] = self._name
         reply = self._channel.ask(request)
         return self._channel.value(reply, what)
@@ -128,8 +130,9 @@ class StudentObject:
 
     def __getattr__(self, attr):
         if attr.startswith("_") or attr not in self.__dict__.get("_init_kwargs", {}):
-            raise AttributeError(f"the checker's stand-in for {self.__dict__.get('_name', '?')} has no attribute "
-                                 f"{attr!r} (only decide(state) and the constructor's keyword arguments)")
+            raise AttributeError(f"the checker's stand-in for {self.__dict__.get('_name', '?')} has no "
+                                 f"attribute {attr!r} (only decide(state) and the constructor's keyword "
+                                 "arguments)")
         return self._init_kwargs[attr]
 
     def decide(self, state):
@@ -155,7 +158,8 @@ class StudentClass:
             request = {"op": "new", "name": self._name, "args": plaindata.encode(list(args), "argument"),
                        "kwargs": plaindata.encode(dict(kwargs), "argument")}
         except plaindata.NotPlainData as exc:
-            raise TypeError(f"the test passes {exc} to {self._name}(); tests may pass only plain data") from None
+            raise TypeError(
+                f"the test passes {exc} to {self._name}(); tests may pass only plain data") from None
         reply = self._channel.ask(request)
         if type(reply.get("ref")) is not int:
             raise KernelError("StudentCodeError", f"{self._name}(...) did not create an object")
@@ -179,9 +183,9 @@ def _resolve(channel, name, namespace):
     else:
         why = str(reply.get("why") or "")[:300]
         raise NotPlainDataError(f"`{name}` is not plain data (a {str(reply.get('type', '?'))[:100]}"
-                                + (f"; {why}" if why and "not plain data" not in why else "") + "): a test can "
-                                "only read numbers, strings, booleans, None, lists, tuples, dicts and numpy arrays "
-                                "from the notebook")
+                                + (f"; {why}" if why and "not plain data" not in why else "")
+                                + "): a test can only read numbers, strings, booleans, None, lists, tuples, "
+                                "dicts and numpy arrays from the notebook")
 
 
 def _cap(text):

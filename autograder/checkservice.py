@@ -24,7 +24,8 @@ CHECKER_MEMORY_BYTES = 2 * 2**30                # per checker child, beyond the 
 
 
 class CheckService:
-    """Listens on ctl_dir/grader.sock for one sandbox; runs a checker child for each test cell it announces."""
+    """Listens on ctl_dir/grader.sock for one sandbox; runs a checker child for each test cell it
+    announces."""
 
     def __init__(self, job, mp_context, limits, checker_cgroup=None):
         self.job, self.ctx, self.limits = job, mp_context, limits
@@ -103,8 +104,9 @@ class CheckService:
             while verdict is None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    verdict = _failed("TestTimeout", f"the test took longer than {self.limits.test_timeout_s:g} s "
-                                                     "(the student's functions are slow or never return)")
+                    verdict = _failed("TestTimeout",
+                                      f"the test took longer than {self.limits.test_timeout_s:g} s "
+                                      "(the student's functions are slow or never return)")
                     break
                 if not parent.poll(min(remaining, 1.0)):
                     cpu.sample()
@@ -132,15 +134,16 @@ class CheckService:
             proc.join(5)
             parent.close()
         if verdict.get("infra"):
-            self.job.notes.append(f"grading problem in {spec.get('grade_id')}: {verdict.get('evalue', '')[:300]}")
+            self.job.notes.append(
+                f"grading problem in {spec.get('grade_id')}: {verdict.get('evalue', '')[:300]}")
         return verdict, max(cpu.seconds, float(verdict.get("cpu_s", 0.0) or 0.0))
 
     def _died(self, cpu):
         """The verdict of a checker child that died without one: its CPU limit, or a grader problem."""
         limit = self.child_limits["cpu_s"]
         if cpu.seconds >= limit - 1.5:
-            return _failed("TestCpuLimit", f"checking this test used more than {limit} s of the grader's CPU (the "
-                                           "notebook's answers are too expensive to check)")
+            return _failed("TestCpuLimit", f"checking this test used more than {limit} s of the grader's CPU "
+                                           "(the notebook's answers are too expensive to check)")
         return _failed("GraderError", "the checker process stopped unexpectedly", infra=True)
 
 

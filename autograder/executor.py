@@ -88,7 +88,8 @@ class NotebookRun:
 
     def died(self, index):
         code = self.kernel_exit()
-        self.status.update(state="kernel_died", failed_cell=index, kernel_exit=code, detail=describe_exit(code))
+        self.status.update(state="kernel_died", failed_cell=index, kernel_exit=code,
+                           detail=describe_exit(code))
 
     async def run(self):
         client, status = self.client, self.status
@@ -170,7 +171,8 @@ def main():
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     status["executor_cpu_s"] = round(own.ru_utime + own.ru_stime, 3)       # this process, from its start
     status["executor_max_rss_kib"] = own.ru_maxrss
-    status["kernel_cpu_s"] = round(kids.ru_utime + kids.ru_stime, 3)       # the kernel (start + cells + answers)
+    # the kernel (start + cells + answers)
+    status["kernel_cpu_s"] = round(kids.ru_utime + kids.ru_stime, 3)
     write_json_atomic(status_path, status)
 
 

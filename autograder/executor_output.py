@@ -13,12 +13,14 @@ import json
 import os
 
 NOTE = "\n[the grader truncated this cell's output after {cap} characters]\n"
-NOTEBOOK_NOTE = "\n[the grader dropped this cell's output: the notebook's outputs passed {cap} characters in total]\n"
+NOTEBOOK_NOTE = ("\n[the grader dropped this cell's output: the notebook's outputs passed {cap} characters "
+                 "in total]\n")
 OUTPUT_KINDS = ("stream", "display_data", "execute_result", "error", "update_display_data")
 
 
 def content_size(obj, limit):
-    """About how many characters `obj` takes as JSON (every key, string and number counts); stops past `limit`."""
+    """About how many characters `obj` takes as JSON (every key, string and number counts); stops past
+    `limit`."""
     total, stack = 0, [obj]
     while stack and total <= limit:
         item = stack.pop()
@@ -100,7 +102,8 @@ class OutputCaps:
 
 
 class OutputLog:
-    """/ctl/outputs.jsonl: a header line {"cells": n}, then {"cell": i, "outputs": [...]} per executed cell."""
+    """/ctl/outputs.jsonl: a header line {"cells": n}, then {"cell": i, "outputs": [...]} per executed
+    cell."""
 
     def __init__(self, path, n_cells):
         self.path = path

@@ -112,7 +112,8 @@ class SafeFeedback(Preprocessor):
         from nbformat import from_dict
 
         try:
-            root = self.config.CourseDirectory.root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            root = (self.config.CourseDirectory.root
+                    or os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         except AttributeError:
             root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         lesson = str(resources.get("nbgrader", {}).get("assignment") or resources.get("assignment_id") or "")

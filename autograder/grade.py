@@ -65,7 +65,8 @@ def parse_args(argv):
     p.add_argument("--student", action="append", default=[], help="grade only this student (repeatable)")
     p.add_argument("--course-root", default=os.path.dirname(HERE), help=argparse.SUPPRESS)
     p.add_argument("--wall-s", type=float, default=600.0, help="time limit per notebook (s)")
-    p.add_argument("--cell-timeout-s", type=float, default=120.0, help="time limit per cell of the notebook (s)")
+    p.add_argument("--cell-timeout-s", type=float, default=120.0,
+                   help="time limit per cell of the notebook (s)")
     p.add_argument("--test-timeout-s", type=float, default=300.0,
                    help="time limit per test cell, all its calls of the student's code included (s)")
     p.add_argument("--checker-cpu-s", type=float, default=60.0,
@@ -124,8 +125,9 @@ def main(argv=None):
     os.chmod(work, 0o700)
     config = bookkeeper.load_config(root, work)
     sol_dir = os.path.join(root, "solutions")
-    solutions = sorted(d for d in os.listdir(sol_dir)
-                       if os.path.isfile(os.path.join(sol_dir, d, f"{d}.ipynb"))) if os.path.isdir(sol_dir) else []
+    solutions = (sorted(d for d in os.listdir(sol_dir)
+                        if os.path.isfile(os.path.join(sol_dir, d, f"{d}.ipynb")))
+                 if os.path.isdir(sol_dir) else [])
     found, skipped, ids = discover(root, set(args.lesson), set(args.student), set(solutions))
     for student, lesson, why in skipped:
         log(f"skipped {clean(student)}/{clean(lesson)}: {clean(why)}")
@@ -133,7 +135,8 @@ def main(argv=None):
         log("no submissions found under autograder/submitted/<student>/<lesson>/")
         return 0
 
-    lesson_info = register_lessons(bookkeeper.make_api(config), root, work, sorted({lesson for *_, lesson in found}))
+    lesson_info = register_lessons(bookkeeper.make_api(config), root, work,
+                                   sorted({lesson for *_, lesson in found}))
     if lesson_info is None:
         return 1
     keeper, feedback_keeper = Bookkeeper(root, work), Bookkeeper(root, work)
@@ -162,7 +165,8 @@ def main(argv=None):
 
 
 def register_lessons(api, root, work, lessons):
-    """nbgrader's generate_assignment for each lesson (creates the gradebook); the test cells from solutions/."""
+    """nbgrader's generate_assignment for each lesson (creates the gradebook); the test cells from
+    solutions/."""
     lesson_info = {}
     for lesson in lessons:
         result = api.generate_assignment(lesson, force=True, create=True)

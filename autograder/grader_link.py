@@ -1,4 +1,5 @@
-"""The executor's side of the grader's socket: announces test cells and relays checker requests (in the sandbox).
+"""The executor's side of the grader's socket: announces test cells and relays checker requests (in the
+sandbox).
 
 At a test cell the executor tells the grader (over /ctl/grader.sock, which the kernel's uid cannot
 reach) which cell it is; while the grader's checker runs, this relays the checker's requests ("describe
@@ -56,7 +57,8 @@ class GraderLink:
                                       "_lcg_s.modules['_lcg_serve'] = _lcg_m\n"
                                       "del _lcg_s, _lcg_t, _lcg_m", expect_reply=False)
         while True:
-            line = await asyncio.wait_for(self.reader.readline(), timeout=max(5.0, deadline - time.monotonic() + 60))
+            line = await asyncio.wait_for(self.reader.readline(),
+                                          timeout=max(5.0, deadline - time.monotonic() + 60))
             if not line:
                 raise ConnectionError("the grader closed the connection")
             request = json.loads(line)
@@ -111,9 +113,9 @@ class GraderLink:
                 replies.append("error: " + str(msg["content"].get("ename", ""))[:100])
 
         try:
-            reply = await client.kc.execute_interactive(code, silent=True, store_history=False, allow_stdin=False,
-                                                        stop_on_error=False, timeout=self.call_timeout_s,
-                                                        output_hook=hook)
+            reply = await client.kc.execute_interactive(code, silent=True, store_history=False,
+                                                        allow_stdin=False, stop_on_error=False,
+                                                        timeout=self.call_timeout_s, output_hook=hook)
         except TimeoutError:
             try:
                 await client.km.interrupt_kernel()
@@ -121,9 +123,11 @@ class GraderLink:
                 pass
             return f"!the student's code did not answer within {self.call_timeout_s:g} s (it was interrupted)"
         if not expect_reply:
-            return True if reply.get("content", {}).get("status") == "ok" else (replies[-1][:200] if replies else "")
+            return (True if reply.get("content", {}).get("status") == "ok"
+                    else (replies[-1][:200] if replies else ""))
         if size[0] > MAX_REPLY_BYTES:
-            return f"!the notebook's answer was larger than {MAX_REPLY_BYTES // 2**20} MiB (the limit of one answer)"
+            return (f"!the notebook's answer was larger than {MAX_REPLY_BYTES // 2**20} MiB (the limit of "
+                    "one answer)")
         if not replies:
             return "!the notebook's kernel gave no answer"
         return replies[-1]

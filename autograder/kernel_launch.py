@@ -1,4 +1,5 @@
-"""Start the notebook kernel inside the sandbox as the student's uid, with no capabilities and resource limits.
+"""Start the notebook kernel inside the sandbox as the student's uid, with no capabilities and resource
+limits.
 
 Called by the executor (its own uid, with CAP_SETUID/SETGID/KILL) through the `lcgrader` kernelspec:
     python kernel_launch.py CONNECTION_FILE

@@ -60,8 +60,8 @@ class Job:
 def autograde(job, keeper):
     """nbgrader's autograde for one executed submission; any failure stays this submission's."""
     t0 = time.monotonic()
-    reply = keeper.ask({"op": "autograde", "student": job.student, "lesson": job.lesson, "ctl_dir": job.ctl_dir,
-                        "stop_reason": stop_reason(job)}, AUTOGRADE_TIMEOUT_S)
+    reply = keeper.ask({"op": "autograde", "student": job.student, "lesson": job.lesson,
+                        "ctl_dir": job.ctl_dir, "stop_reason": stop_reason(job)}, AUTOGRADE_TIMEOUT_S)
     job.notes += [clean(n) for n in reply.get("notes", [])]
     if not reply.get("ok") or reply.get("error"):
         job.error = clean(reply.get("error") or "autograde failed")[-1500:]
@@ -81,7 +81,8 @@ def feedback(job, keeper):
     fb = keeper.ask({"op": "feedback", "student": job.student, "lesson": job.lesson}, FEEDBACK_TIMEOUT_S)
     if not fb.get("ok"):
         job.notes.append("feedback could not be generated: " + clean(fb.get("error") or "")[-300:])
-        shutil.rmtree(os.path.join(keeper.root, "autograder", "feedback", job.student, job.lesson), ignore_errors=True)
+        shutil.rmtree(os.path.join(keeper.root, "autograder", "feedback", job.student, job.lesson),
+                      ignore_errors=True)
     job.timings["feedback_s"] = time.monotonic() - t0
     job.timings["feedback_cpu_s"] = float(fb.get("cpu_s", 0.0))
 
@@ -155,7 +156,8 @@ class Run:
         t0, cpu0 = time.monotonic(), time.thread_time()
         try:
             shutil.rmtree(os.path.dirname(job.ctl_dir), ignore_errors=True)
-            job.staged_dir, notes = stage(self.root, self.work, job.folder or job.student, job.student, job.lesson)
+            job.staged_dir, notes = stage(self.root, self.work, job.folder or job.student, job.student,
+                                          job.lesson)
             job.notes += notes
             t_check = time.monotonic()
             problem = self.validate(job)
@@ -174,7 +176,8 @@ class Run:
         with self.lock:
             self.done_count += 1
             r = job.result
-            state = f"{r.state} in {r.elapsed_s:.1f} s{(' - ' + r.detail) if r.detail else ''}" if r else job.error
+            state = (f"{r.state} in {r.elapsed_s:.1f} s{(' - ' + r.detail) if r.detail else ''}" if r
+                     else job.error)
             log(f"[{self.done_count:>3}/{self.total}] executed {job.student}/{job.lesson}: {clean(state)}")
         self.finished.put(job)
 
@@ -182,8 +185,9 @@ class Run:
         uid, service = self.uids.get(), None
         try:
             service = CheckService(job, self.ctx, self.limits, self.checker_cgroup)
-            job.result = sandbox.run(course_root=self.root, ctl_dir=job.ctl_dir, submission_dir=job.staged_dir,
-                                     uid=uid, limits=self.limits, test_cells=test_cells, extra_ro=self.extra_ro,
+            job.result = sandbox.run(course_root=self.root, ctl_dir=job.ctl_dir,
+                                     submission_dir=job.staged_dir, uid=uid, limits=self.limits,
+                                     test_cells=test_cells, extra_ro=self.extra_ro,
                                      cgroup_host=self.cgroup_host)
         finally:
             self.uids.put(uid)
@@ -216,7 +220,8 @@ class Run:
     def done(self, job):
         """Bookkeeping is over for `job`: keep what the report needs, remove its work folders."""
         job.oom_note = looks_out_of_memory(job)
-        for folder in (os.path.dirname(job.ctl_dir), os.path.join(self.work, "staged", job.student, job.lesson)):
+        for folder in (os.path.dirname(job.ctl_dir),
+                       os.path.join(self.work, "staged", job.student, job.lesson)):
             if folder:
                 shutil.rmtree(folder, ignore_errors=True)
                 try:

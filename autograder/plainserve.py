@@ -36,7 +36,8 @@ def _answer(request):
     if op in ("call", "new"):
         target = ns.get(request["name"], None) if "name" in request else _OBJECTS.get(request.get("ref"))
         if target is None:
-            return {"ok": False, "ename": "NameError", "evalue": f"name {request.get('name')!r} is not defined"}
+            return {"ok": False, "ename": "NameError",
+                    "evalue": f"name {request.get('name')!r} is not defined"}
         args = decode(request["args"])
         kwargs = decode(request["kwargs"])
         result = target(*args, **kwargs)

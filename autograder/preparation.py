@@ -20,9 +20,10 @@ from staging import clean
 
 # Words in the student's own code that a reviewer may want to look at; they change no score.
 SUSPICIOUS = ["set_custom_exc", "run_cell", "sys.modules", "builtins", "__builtins__", "__import__", "ctypes",
-              "os._exit", "settrace", "setprofile", "gc.get_referrers", "inspect.currentframe", "sys._getframe",
-              "TorchFunctionMode", "__torch_function__", "__class__ =", "exec(", "eval(", "longctx.grading",
-              "input_transformers", "events.register", "showtraceback", "spec_from_file_location"]
+              "os._exit", "settrace", "setprofile", "gc.get_referrers", "inspect.currentframe",
+              "sys._getframe", "TorchFunctionMode", "__torch_function__", "__class__ =", "exec(", "eval(",
+              "longctx.grading", "input_transformers", "events.register", "showtraceback",
+              "spec_from_file_location"]
 
 
 @dataclass
@@ -64,7 +65,8 @@ def sanitize(nb, job, config):
     )
 
     resources = {"unique_key": job.lesson, "nbgrader": {"assignment": job.lesson, "student": job.student,
-                                                        "notebook": job.lesson, "db_url": config.CourseDirectory.db_url}}
+                                                        "notebook": job.lesson,
+                                                        "db_url": config.CourseDirectory.db_url}}
     for klass in (ClearOutput, DeduplicateIds, RestoreCellRoles, OverwriteKernelspec, OverwriteCells,
                   CheckCellMetadata):
         nb, resources = klass(config=config).preprocess(nb, resources)
@@ -102,7 +104,8 @@ def prepare(job, config, work, lesson: LessonInfo, problem=""):
             gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
             if gid in lesson.tests:  # the instructor's source, hidden tests included; nothing else is checked
                 source = lesson.tests[gid]
-                job.test_plans[index] = dict(checker.plan(source, lesson.sources), source=source, grade_id=gid)
+                job.test_plans[index] = dict(checker.plan(source, lesson.sources), source=source,
+                                             grade_id=gid)
                 test_cells.append(index)
             cell.source = ""           # never enters the sandbox
             cell.metadata = nbformat.from_dict({})

@@ -38,10 +38,11 @@ def write_timings(path, jobs, elapsed, n_jobs):
     for job in jobs:
         r = job.result
         status = r.status if r is not None else {}
-        keys = ("cells_s", "kernel_start_s", "kernel_start_cpu_s", "executor_cpu_s", "kernel_cpu_s", "answers_cpu_s",
-                "executor_max_rss_kib")
+        keys = ("cells_s", "kernel_start_s", "kernel_start_cpu_s", "executor_cpu_s", "kernel_cpu_s",
+                "answers_cpu_s", "executor_max_rss_kib")
         rows.append({"student": job.student, "lesson": job.lesson, "state": r.state if r else "not run",
-                     "sandbox_s": r.elapsed_s if r else 0.0, **{k: status.get(k, 0.0) for k in keys}, **job.timings})
+                     "sandbox_s": r.elapsed_s if r else 0.0, **{k: status.get(k, 0.0) for k in keys},
+                     **job.timings})
     with open(path, "w") as fh:
         json.dump({"elapsed_s": elapsed, "jobs": n_jobs, "submissions": rows}, fh, indent=1)
 
@@ -79,14 +80,15 @@ def report_lines(job):
     r = job.result
     lines = [f"{job.lesson}: {_score_text(job)} - {_status_text(job)}"]
     if r is not None:
-        lines.append(f"  ran {r.elapsed_s:.1f} s; {clean(r.detail)}" if r.detail else f"  ran {r.elapsed_s:.1f} s")
+        lines.append(f"  ran {r.elapsed_s:.1f} s; {clean(r.detail)}" if r.detail
+                     else f"  ran {r.elapsed_s:.1f} s")
         if r.timeouts:
             lines.append(f"  cells stopped by the per-cell time limit: {', '.join(map(str, r.timeouts))}")
         if r.truncated_cells:
             lines.append(f"  cells whose output was cut: {', '.join(map(str, r.truncated_cells))}")
         if r.output_cut_at is not None:
-            lines.append(f"  output truncated: the notebook's outputs passed the grader's total cap; outputs from "
-                         f"cell {r.output_cut_at} on were dropped")
+            lines.append(f"  output truncated: the notebook's outputs passed the grader's total cap; outputs "
+                         f"from cell {r.output_cut_at} on were dropped")
         if r.process_limit_cells:
             lines.append("  process limit: cells " + ", ".join(map(str, r.process_limit_cells)) +
                          " left too many processes behind (a fork bomb?); they were stopped")
@@ -99,8 +101,9 @@ def report_lines(job):
                          "(autograder/README.md: Manually graded answers)")
             continue
         mark = "graded" if name in job.hand_graded else "passed" if score >= max_score else "FAILED"
-        lines.append(f"  [{mark}] {clean(name)}: {score:g}/{max_score:g}" + (f" - {clean(message)}" if message and
-                                                                     (score < max_score or mark == "graded") else ""))
+        lines.append(f"  [{mark}] {clean(name)}: {score:g}/{max_score:g}"
+                     + (f" - {clean(message)}" if message and (score < max_score or mark == "graded")
+                        else ""))
     for note in job.notes:
         lines.append(f"  note: {clean(note)}")
     if job.flags:
@@ -125,23 +128,26 @@ def write_reports(root, jobs, skipped, aliases=None):
     for student, js in by_student.items():
         lines = [f"Grading report for {student}", "=" * (21 + len(student)), ""]
         if student in aliases:
-            lines += [f"(the folder autograder/submitted/{clean(aliases[student])[:200]} has a name that cannot be a "
-                      f"student id; it was graded as {student})", ""]
+            lines += [f"(the folder autograder/submitted/{clean(aliases[student])[:200]} has a name that "
+                      f"cannot be a student id; it was graded as {student})", ""]
         for job in js:
             try:
                 lines += report_lines(job)
             except Exception as exc:  # noqa: BLE001
-                lines.append(f"{job.lesson}: {job.score:g} points (the report could not be written: {clean(repr(exc))})")
+                lines.append(f"{job.lesson}: {job.score:g} points (the report could not be written: "
+                             f"{clean(repr(exc))})")
             lines.append("")
         for s, lesson, why in skipped:
             if s == student:
                 lines.append(f"{clean(lesson)}: skipped - {clean(why)}")
-        with open(os.path.join(folder, f"{student}.txt"), "w", encoding="utf-8", errors="backslashreplace") as fh:
+        with open(os.path.join(folder, f"{student}.txt"), "w", encoding="utf-8",
+                  errors="backslashreplace") as fh:
             fh.write(_lines("\n".join(lines)) + "\n")
 
 
 def looks_out_of_memory(job):
-    """Why the notebook looks out of memory ('' if not), from its cells' outputs (read before they are removed)."""
+    """Why the notebook looks out of memory ('' if not), from its cells' outputs (read before they are
+    removed)."""
     outputs = read_outputs(os.path.join(job.ctl_dir, "outputs.jsonl"), None, 8 * MAX_NOTEBOOK_BYTES) \
         if job.ctl_dir else None
     text = json.dumps(outputs)[: 8 * MAX_NOTEBOOK_BYTES] if outputs else ""
@@ -168,7 +174,8 @@ def print_summary(jobs, elapsed, skipped=(), aliases=None):
     for student, lesson, why in skipped:
         log(f"{clean(student):<20} {clean(lesson):<28} {'0':>5}/{'-':<5}  skipped: {clean(why)}")
     log(f"\n{len(jobs)} submission(s) graded in {elapsed:.0f} s. grades.csv, feedback/ and reports/ are in "
-        "autograder/." + (f" {len(skipped)} folder(s) skipped (listed above with the reason)." if skipped else ""))
+        "autograder/."
+        + (f" {len(skipped)} folder(s) skipped (listed above with the reason)." if skipped else ""))
     waiting = [job for job in jobs if job.pending]
     if waiting:
         answers = sum(len(job.pending) for job in waiting)

@@ -60,7 +60,8 @@ class Limits:
     call_timeout_s: float = 20.0     # one call of the student's code made by a checker
     test_timeout_s: float = 300.0    # one test cell's checker, all its calls included
     checker_cpu_s: float = 60.0      # CPU seconds of one test cell's checker child (RLIMIT_CPU)
-    python_warnings: str = "ignore"  # PYTHONWARNINGS in the kernel; "default" shows them (the course's own tests)
+    # PYTHONWARNINGS in the kernel; "default" shows them (the course's own tests)
+    python_warnings: str = "ignore"
 
     def cgroup_memory_bytes(self) -> int:
         """The run's total: the kernel, its two tmpfs mounts, the executor and bwrap."""
@@ -98,8 +99,8 @@ def check(allow_no_cgroups: bool = False) -> list[str]:
                         "`dnf install bubblewrap`")
     if problems:
         return problems
-    probe = subprocess.run(["bwrap", "--die-with-parent", "--unshare-pid", "--unshare-net", "--ro-bind", "/", "/",
-                            "--proc", "/proc", "--dev", "/dev", "--", "/bin/true"],
+    probe = subprocess.run(["bwrap", "--die-with-parent", "--unshare-pid", "--unshare-net", "--ro-bind", "/",
+                            "/", "--proc", "/proc", "--dev", "/dev", "--", "/bin/true"],
                            capture_output=True, text=True, timeout=60)
     if probe.returncode != 0:
         problems.append("bubblewrap is installed but cannot create namespaces here "
@@ -154,7 +155,8 @@ def _job_file(uid: int, limits: Limits, test_cells) -> dict:
     return {"uid": uid, "gid": uid, "executor_uid": uid + EXECUTOR_UID_OFFSET, "deadline_s": limits.wall_s,
             "cell_timeout_s": limits.cell_timeout_s, "max_cell_output_chars": limits.max_cell_output_chars,
             "max_notebook_output_chars": limits.max_notebook_output_chars,
-            "executor_memory_bytes": limits.executor_memory_bytes, "executor_file_bytes": limits.executor_file_bytes,
+            "executor_memory_bytes": limits.executor_memory_bytes,
+            "executor_file_bytes": limits.executor_file_bytes,
             "memory_bytes": limits.memory_bytes, "cpu_s": int(limits.wall_s * max(1, limits.threads)) + 60,
             "max_processes": limits.max_processes, "max_file_bytes": limits.max_file_bytes,
             "test_cells": sorted(test_cells or []), "socket": "/ctl/grader.sock",
@@ -200,8 +202,9 @@ def run(*, course_root: str, ctl_dir: str, submission_dir: str, uid: int, limits
     args_fd, cmd = options_fd(cmd)
     fds = (args_fd,) + ((seccomp_fd,) if seccomp_fd is not None else ())
     try:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=cgroup.enter if cgroup else None, pass_fds=fds)
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=cgroup.enter if cgroup else None, pass_fds=fds)
     finally:
         for fd in fds:
             os.close(fd)
@@ -218,7 +221,8 @@ def run(*, course_root: str, ctl_dir: str, submission_dir: str, uid: int, limits
     oom = cgroup.oom_killed() if cgroup else False
     if cgroup:
         cgroup.remove()
-    return _result(_read_status(os.path.join(ctl_dir, "status.json")), proc, killed, oom, elapsed, log, limits)
+    return _result(_read_status(os.path.join(ctl_dir, "status.json")), proc, killed, oom, elapsed, log,
+                   limits)
 
 
 def _result(status, proc, killed, oom, elapsed, log, limits) -> RunResult:

@@ -2,10 +2,10 @@
 
 The view it builds: /usr, /etc and the Python installation read-only; the virtual environment read-only
 at /opt/venv, the course library `longctx/` at /opt/course/longctx and the model cache at /opt/model-cache
-(fixed paths: no command line or environment inside names the host's folders); the grader's sandbox-side files read-only at /opt/grader; the
-submission read-only at /submission; size-limited tmpfs mounts at /tmp, /home/student and /run; the
-run's control folder at /ctl; a private /proc whose /proc/sys is read-only (bwrap 0.8 leaves it
-writable); bwrap's minimal /dev. Nothing else of the host or the course.
+(fixed paths: no command line or environment inside names the host's folders); the grader's sandbox-side
+files read-only at /opt/grader; the submission read-only at /submission; size-limited tmpfs mounts at
+/tmp, /home/student and /run; the run's control folder at /ctl; a private /proc whose /proc/sys is
+read-only (bwrap 0.8 leaves it writable); bwrap's minimal /dev. Nothing else of the host or the course.
 
 bwrap reads its options from a memfd (`--args FD`, `options_fd`): the sandbox's /proc/1 (bwrap's own
 process) then shows `bwrap --args N -- python /opt/grader/sandbox_init.py`, not the host paths of the
@@ -67,7 +67,8 @@ def _bind_python() -> list[str]:
     """
     args = ["--ro-bind", sys.prefix, VENV] if _in_venv() else []
     seen = {sys.prefix} if _in_venv() else set()
-    for prefix in (sys.prefix, os.path.realpath(sys.prefix), sys.base_prefix, os.path.realpath(sys.base_prefix),
+    for prefix in (sys.prefix, os.path.realpath(sys.prefix), sys.base_prefix,
+                   os.path.realpath(sys.base_prefix),
                    os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))):
         if prefix in seen or prefix == "/usr" or prefix.startswith("/usr/") or prefix == "/":
             continue
@@ -98,8 +99,8 @@ def build_command(*, course_root: str, ctl_dir: str, submission_dir: str, limits
     env = sandbox_env(limits)
     cmd = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
            "--unshare-uts", "--unshare-cgroup-try", "--hostname", "grader",
-           "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_CHOWN",
-           "--cap-add", "CAP_KILL",
+           "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
+           "--cap-add", "CAP_CHOWN", "--cap-add", "CAP_KILL",
            *_bind_system(),
            "--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev",
            "--perms", "1777", "--size", str(limits.tmpfs_bytes), "--tmpfs", "/tmp",
@@ -128,7 +129,8 @@ def build_command(*, course_root: str, ctl_dir: str, submission_dir: str, limits
 
 def options_fd(cmd: list[str]) -> tuple[int, list[str]]:
     """(fd, short command): bwrap's options (everything before `--`) moved into a memfd that bwrap reads with
-    `--args FD`. The fd is close-on-exec here; the caller passes it to bwrap (pass_fds) and closes it after."""
+    `--args FD`. The fd is close-on-exec here; the caller passes it to bwrap (pass_fds) and closes it
+    after."""
     split = cmd.index("--")
     data = b"".join(arg.encode("utf-8", "surrogateescape") + b"\0" for arg in cmd[1:split])
     fd = os.memfd_create("bwrap-options")

@@ -1,4 +1,5 @@
-"""The sandbox's first process (root, with CAP_SETUID/SETGID/CHOWN/KILL only): set up, then become the executor.
+"""The sandbox's first process (root, with CAP_SETUID/SETGID/CHOWN/KILL only): set up, then become the
+executor.
 
     python /opt/grader/sandbox_init.py            (bwrap's command, see autograder/sandbox_command.py)
 
@@ -53,7 +54,8 @@ def main():
         os.chmod(folder, 0o755)
         os.chown(folder, executor_uid, executor_uid)
     give_tree("/ctl", executor_uid)
-    for which, key in ((resource.RLIMIT_AS, "executor_memory_bytes"), (resource.RLIMIT_FSIZE, "executor_file_bytes")):
+    for which, key in ((resource.RLIMIT_AS, "executor_memory_bytes"),
+                       (resource.RLIMIT_FSIZE, "executor_file_bytes")):
         _, hard = resource.getrlimit(which)
         soft = int(job[key]) if hard == resource.RLIM_INFINITY else min(int(job[key]), hard)
         resource.setrlimit(which, (soft, hard))

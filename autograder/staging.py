@@ -118,8 +118,10 @@ def discover(root, lessons_filter, students_filter, solutions):
 def lesson_files(root, lesson) -> list[str]:
     """The files a lesson declares: the regular files it ships in solutions/<lesson>/ (its notebook first)."""
     folder = os.path.join(root, "solutions", lesson)
-    extra = sorted(n for n in (os.listdir(folder) if os.path.isdir(folder) else []) if n != f"{lesson}.ipynb" and SAFE_NAME.fullmatch(n)
-                   and os.path.isfile(os.path.join(folder, n)) and not os.path.islink(os.path.join(folder, n)))
+    extra = sorted(n for n in (os.listdir(folder) if os.path.isdir(folder) else [])
+                   if n != f"{lesson}.ipynb" and SAFE_NAME.fullmatch(n)
+                   and os.path.isfile(os.path.join(folder, n))
+                   and not os.path.islink(os.path.join(folder, n)))
     return [f"{lesson}.ipynb"] + extra
 
 
@@ -144,7 +146,8 @@ def stage(root, work, folder, student, lesson):
     ignored = [n for n in names if n not in wanted]
     for name in ignored[:MAX_NOTES]:
         notes.append(TIMESTAMP_NOTE if name == "timestamp.txt" else
-                     f"ignored {clean(ascii(name))[:200]}: only the notebook (and files the lesson ships) is graded")
+                     f"ignored {clean(ascii(name))[:200]}: only the notebook (and files the lesson ships) is "
+                     "graded")
     if len(ignored) > MAX_NOTES:
         notes.append(f"ignored {len(ignored) - MAX_NOTES} more files and folders")
     for name in (n for n in wanted if n in names):
@@ -195,8 +198,8 @@ def read_notebook(path, max_cells=None):
     data = json.loads(raw)
     cells = data.get("cells") if isinstance(data, dict) else None
     if max_cells is not None and isinstance(cells, list) and len(cells) > max_cells:
-        raise ValueError(f"the notebook has {len(cells):,} cells, more than the {max_cells} this lesson allows "
-                         "(twice the released lesson's)")
+        raise ValueError(f"the notebook has {len(cells):,} cells, more than the {max_cells} this lesson "
+                         "allows (twice the released lesson's)")
     nb = nbformat.reads(json.dumps(_clean_strings(data)), as_version=4)
     nbformat.validate(nb)
     return nb
