@@ -48,7 +48,8 @@ def measured_steps(record: dict, model: str = "llama-3-8b", sources=SOURCES,
         raise ValueError(f"unknown sources {sorted(unknown)}; allowed: {', '.join(SOURCES)}")
     rows = {s: [r for r in record.get(s, []) if r["model"] == model and row_backend(record, r) == backend]
             for s in SOURCES}
-    out = [("prefill_chunks", MeasuredStep(((n, s),), t)) for r in rows["prefill_chunks"] for n, s, t in r["chunks"]]
+    out = [("prefill_chunks", MeasuredStep(((n, s),), t))
+           for r in rows["prefill_chunks"] for n, s, t in r["chunks"]]
     out += [("decode", MeasuredStep(((1, r["context_tokens"]),) * r["batch_size"], r["step_s"]))
             for r in rows["decode"]]
     return [(src, s) for src, s in out if src in sources]
@@ -75,7 +76,8 @@ class CalibrationReport:
 
 
 def calibrate_from_record(record: dict, model: str = "llama-3-8b", fit_sources=SOURCES,
-                          hardware: HardwareSpec | str | None = None, backend: str = "reference") -> CalibrationReport:
+                          hardware: HardwareSpec | str | None = None,
+                          backend: str = "reference") -> CalibrationReport:
     """Fit the cost model of ``model`` (as recorded) to the steps of ``fit_sources``; predict every step.
     ``hardware`` defaults to the record's measured ceilings."""
     if model not in record["models"]:
@@ -85,7 +87,8 @@ def calibrate_from_record(record: dict, model: str = "llama-3-8b", fit_sources=S
                                  kv_dtype=record["dtype"])
     cal = calibrate(executor, [s for _, s in measured_steps(record, model, tuple(fit_sources), backend)])
     tuned = executor.with_factors(cal.factors)
-    rows = [(src, s, tuned.step_time_s(s.sequences)) for src, s in measured_steps(record, model, backend=backend)]
+    rows = [(src, s, tuned.step_time_s(s.sequences))
+            for src, s in measured_steps(record, model, backend=backend)]
     return CalibrationReport(cal, tuned, tuple(fit_sources), rows)
 
 
@@ -107,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("record", nargs="?", default=str(record_path("h200")), help="a gpu-bench record")
     p.add_argument("--model", default="llama-3-8b", help="which recorded model to calibrate")
     p.add_argument("--fit", default=",".join(SOURCES), help=f"sources to fit on (of {','.join(SOURCES)})")
-    p.add_argument("--hardware", default=None, help="registry GPU (h100, h200) instead of the measured ceilings")
+    p.add_argument("--hardware", default=None,
+                   help="registry GPU (h100, h200) instead of the measured ceilings")
     p.add_argument("--backend", default="reference", help="the attention backend whose steps to calibrate on")
     p.add_argument("--json", action="store_true", help="print factors and per-source errors as JSON")
     args = p.parse_args(argv)

@@ -117,7 +117,8 @@ def summarize(result: dict) -> dict:
     n = len(rows)
     parts.update(wall_per_sub=result["wall_s"] / n, per_min=60.0 * n / result["wall_s"])
     cpu = {
-        "nb_cpu": mean(r.get("kernel_cpu_s", 0.0) - r.get("kernel_start_cpu_s", 0.0) - r.get("answers_cpu_s", 0.0)
+        "nb_cpu": mean(r.get("kernel_cpu_s", 0.0) - r.get("kernel_start_cpu_s", 0.0)
+                       - r.get("answers_cpu_s", 0.0)
                        for r in rows),
         "kernel_cpu": mean(r.get("kernel_start_cpu_s", 0.0) for r in rows),
         "executor_cpu": mean(r.get("executor_cpu_s", 0.0) for r in rows),
@@ -135,13 +136,14 @@ def grader_of(rev: str, tmp: str) -> str:
     """The autograder/ folder of git revision `rev`, extracted under tmp."""
     dest = os.path.join(tmp, "grader-" + rev.replace("/", "_"))
     os.makedirs(dest)
-    archive = subprocess.run(["git", "-C", REPO, "archive", rev, "autograder"], capture_output=True, check=True)
+    archive = subprocess.run(["git", "-C", REPO, "archive", rev, "autograder"], capture_output=True,
+                             check=True)
     subprocess.run(["tar", "-x", "-C", dest], input=archive.stdout, check=True)
     return os.path.join(dest, "autograder")
 
 
-WALLS = ["notebook", "kernel", "sandbox", "checks", "prepare", "gradebook", "feedback", "overhead", "wall_per_sub",
-         "per_min"]
+WALLS = ["notebook", "kernel", "sandbox", "checks", "prepare", "gradebook", "feedback", "overhead",
+         "wall_per_sub", "per_min"]
 CPUS = ["nb_cpu", "kernel_cpu", "executor_cpu", "checks_cpu", "prepare_cpu", "gradebook_cpu", "feedback_cpu",
         "overhead_cpu"]
 
@@ -162,12 +164,15 @@ def main(argv=None):
             roots[name] = make_course(os.path.join(tmp, name), args.lesson, folder)
             submit(roots[name], args.lesson, args.submissions)
         results = [(name, run(roots[name], j)) for j in args.jobs for name, _ in graders]
-    print(f"lesson {args.lesson}, {args.submissions} submissions, {os.cpu_count()} cores; means per submission")
+    print(f"lesson {args.lesson}, {args.submissions} submissions, {os.cpu_count()} cores; "
+          "means per submission")
     print("wall seconds (per_min = submissions graded per minute):")
-    print(f"{'grader':>10} {'jobs':>4} {'load':>5} " + " ".join(f"{c:>12}" for c in WALLS) + f" {'run wall s':>11}")
+    print(f"{'grader':>10} {'jobs':>4} {'load':>5} " + " ".join(f"{c:>12}" for c in WALLS)
+          + f" {'run wall s':>11}")
     summaries = [(name, result, summarize(result)) for name, result in results]
     for name, result, s in summaries:
-        print(f"{name:>10} {result['jobs']:>4} {result['load']:>5.1f} " + " ".join(f"{s[c]:>12.2f}" for c in WALLS)
+        print(f"{name:>10} {result['jobs']:>4} {result['load']:>5.1f} "
+              + " ".join(f"{s[c]:>12.2f}" for c in WALLS)
               + f" {result['wall_s']:>11.1f}")
     print("CPU seconds (independent of the machine's load; nb_cpu = the student's cells):")
     print(f"{'grader':>10} {'jobs':>4} " + " ".join(f"{c:>13}" for c in CPUS))

@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         ok = row["error"] is None and row["wall_s"] <= BUDGET_S and row["peak_bytes"] <= BUDGET_BYTES
         over |= not ok
         verdict = "ok" if ok else ("ERROR " + row["error"] if row["error"] else "OVER BUDGET")
-        print(f"{row['lesson']:<26} {row['wall_s']:9.1f} {row['peak_bytes'] / 2**30:11.2f}  {verdict}", flush=True)
+        print(f"{row['lesson']:<26} {row['wall_s']:9.1f} {row['peak_bytes'] / 2**30:11.2f}  {verdict}",
+              flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 1 if over else 0

@@ -1,14 +1,15 @@
-"""Monolithic vs chunked prefill as a *client* of `python -m longctx serve` sees them, at two loads, on a quiet
+"""Monolithic vs chunked prefill as a *client* of `python -m longctx serve` sees them, at two loads, \
+on a quiet
 machine (load-gated, with provenance).
 
-Scenario (``longctx.lessons.stall_server``): ``num_chat`` users stream long chat answers; one second later ``num_long``
-requests with ``--long-prompt-tokens``-token prompts arrive. For each load and each scheduler a fresh server
-is started (``ServerProcess``, 127.0.0.1, ``--threads`` torch threads) and the scenario runs ``--repeats``
-times on it, one after the other (each repeat its own seed: its own story topics and long documents). The
-streaming client times every chunk by vLLM's rule (``longctx.bench.client_metrics``) and the script keeps, per row,
-the chat users' TTFT and ITL percentiles, each chat user's worst gap, each long request's TTFT, and chat
-goodput: chat requests with TTFT <= ``--slo-ttft-s`` and no gap over ``--slo-itl-s``, with its 95 % Wilson
-interval, and Fisher's exact test of chunked against monolithic at each load.
+Scenario (``longctx.lessons.stall_server``): ``num_chat`` users stream long chat answers; one second later
+``num_long`` requests with ``--long-prompt-tokens``-token prompts arrive. For each load and each scheduler a
+fresh server is started (``ServerProcess``, 127.0.0.1, ``--threads`` torch threads) and the scenario runs
+``--repeats`` times on it, one after the other (each repeat its own seed: its own story topics and long
+documents). The streaming client times every chunk by vLLM's rule (``longctx.bench.client_metrics``) and the
+script keeps, per row, the chat users' TTFT and ITL percentiles, each chat user's worst gap, each long
+request's TTFT, and chat goodput: chat requests with TTFT <= ``--slo-ttft-s`` and no gap over ``--slo-itl-s``,
+with its 95 % Wilson interval, and Fisher's exact test of chunked against monolithic at each load.
 
 Load and provenance as in ``niah_grid.py`` (the house pattern, imported from there): the script REFUSES to
 start (exit status 3) when the one-minute load average exceeds ``--threads``, the cores its server uses; it
@@ -39,9 +40,9 @@ RECORD_VERSION = 2  # 2: load-gated, vLLM's chunk rule, repeats, Wilson interval
 
 
 def rows_started_quiet(loads_before_rows, threads: int) -> bool:
-    """Whether every row started at a one-minute load average within the cores the server uses. ``wait_for_quiet``
-    lets a row start while *other* work stays under them (its own last server may still be in the average); the
-    record is evidence only if the whole load was under them too."""
+    """Whether every row started at a one-minute load average within the cores the server uses.
+    ``wait_for_quiet`` lets a row start while *other* work stays under them (its own last server may still be
+    in the average); the record is evidence only if the whole load was under them too."""
     return all(load <= threads for load in loads_before_rows)
 
 
@@ -103,7 +104,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="scenario runs per row, on the same server")
     ap.add_argument("--slo-ttft-s", type=float, default=2.0, help="chat goodput: TTFT bound (s)")
     ap.add_argument("--slo-itl-s", type=float, default=1.0, help="chat goodput: worst-gap bound (s)")
-    ap.add_argument("--force", action="store_true", help="record despite the load (marks the record unusable)")
+    ap.add_argument("--force", action="store_true",
+                    help="record despite the load (marks the record unusable)")
     ap.add_argument("--out", type=Path, default=RECORDED / "serving_cpu.json")
     args = ap.parse_args(argv)
     if args.repeats < 1:
@@ -118,10 +120,11 @@ def main(argv=None) -> int:
     meta.update(
         benchmark="serving_cpu", record_version=RECORD_VERSION,
         model="SmolLM2-135M-Instruct on `python -m longctx serve` (fp32 KV, CPU), client longctx.bench",
-        method=(f"longctx.lessons.stall_server, {args.repeats} repeats per row on one server: chat users stream "
-                f"{args.chat_max_tokens}-token answers; 1 s later {args.long_prompt_tokens}-token prompts arrive; "
-                f"client-side timestamps, every chunk with choices timed (vLLM's rule); chat goodput = chat "
-                f"requests with TTFT <= {args.slo_ttft_s} s and worst gap <= {args.slo_itl_s} s"),
+        method=(f"longctx.lessons.stall_server, {args.repeats} repeats per row on one server: chat users "
+                f"stream {args.chat_max_tokens}-token answers; 1 s later {args.long_prompt_tokens}-token "
+                f"prompts arrive; client-side timestamps, every chunk with choices timed (vLLM's rule); "
+                f"chat goodput = chat requests with TTFT <= {args.slo_ttft_s} s and worst gap <= "
+                f"{args.slo_itl_s} s"),
         slo_ttft_s=args.slo_ttft_s, slo_itl_s=args.slo_itl_s, token_budget=args.token_budget,
         kv_blocks=args.kv_blocks, load_average_1min_before_rows=[],
     )  # fmt: skip
@@ -140,7 +143,8 @@ def main(argv=None) -> int:
             chunk["repeats_met"], chunk["repeats"], mono["repeats_met"], mono["repeats"])
     if meta["usable"] and not rows_started_quiet(meta["load_average_1min_before_rows"], args.threads):
         meta["usable"] = False  # a row started on a machine busier than the cores it uses: not evidence
-        print(f"a row started above {args.threads} of load average: the record is marked unusable", file=sys.stderr)
+        print(f"a row started above {args.threads} of load average: the record is marked unusable",
+              file=sys.stderr)
     import os
 
     meta["load_average_1min_end"] = round(os.getloadavg()[0], 2)
@@ -158,8 +162,10 @@ def format_rows(rows) -> str:
         long_ = sorted(x for x in r["long_ttft_ms"] if x is not None)
         med = long_[len(long_) // 2] if long_ else float("nan")
         lines.append(
-            f"{r['load']:<6} {r['scheduler']:<11} {r['chat_ttft_ms']['p50']:>10.0f}/{r['chat_ttft_ms']['p99']:<10.0f}"
-            f"{r['chat_itl_ms']['p50']:>10.0f}/{r['chat_itl_ms']['p99']:<9.0f} {max(r['chat_worst_gap_ms']):>17.0f} "
+            f"{r['load']:<6} {r['scheduler']:<11} "
+            f"{r['chat_ttft_ms']['p50']:>10.0f}/{r['chat_ttft_ms']['p99']:<10.0f}"
+            f"{r['chat_itl_ms']['p50']:>10.0f}/{r['chat_itl_ms']['p99']:<9.0f} "
+            f"{max(r['chat_worst_gap_ms']):>17.0f} "
             f"{med:>17.0f} {r['chat_good']:>4}/{r['chat_completed']:<5}")
     return "\n".join(lines)
 
