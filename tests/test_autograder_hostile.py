@@ -39,8 +39,8 @@ WRONG02 = "mlp_weight_mib = 0\nmlp_weight_mb = 0"
 # right only when mlp_weight_bytes is: every attack that corrupts ex01 loses ex03 as well
 EX03 = 'mlp_share_prediction = "over two thirds"\nmlp_share = 32 * 3 * (mlp_weight_bytes / 2) / 8.03e9'
 # distinctive pieces of lesson 00's hidden tests (their source), which no student may ever see
-HIDDEN_SOURCE = ['check_number("tensor_bytes((1000, 64), 0.5)"', "HIDDEN TESTS", 'check_number("MB/MiB ratio"',
-                 "2**20 / 1e6, rel_tol=1e-9"]
+HIDDEN_SOURCE = ['check_number("tensor_bytes((1000, 64), 0.5)"', "HIDDEN TESTS",
+                 'check_number("MB/MiB ratio"', "2**20 / 1e6, rel_tol=1e-9"]
 
 
 def build(released, ex01=EX01, ex02=EX02, ex03=EX03):
@@ -63,7 +63,8 @@ def delete_cell(nb, grade_id):
 
 
 def add_cell(nb, cell, before_grade_id):
-    index = next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == before_grade_id)
+    index = next(i for i, c in enumerate(nb.cells)
+                 if c.metadata.get("nbgrader", {}).get("grade_id") == before_grade_id)
     nb.cells.insert(index, cell)
     return nb
 
@@ -77,11 +78,14 @@ SPEC_PATCH = ("import importlib.util, sys, types\nfake = types.ModuleType('longc
               "for n in ('check_number', 'check_integer', 'check_array', 'check_true'):\n"
               "    setattr(fake, n, lambda *a, **k: True)\n"
               "real = importlib.util.spec_from_file_location\n"
-              "class Loader:\n    def create_module(self, spec): return fake\n    def exec_module(self, m): pass\n"
-              "importlib.util.spec_from_file_location = lambda name, *a, **k: importlib.util.spec_from_loader(name, Loader())\n"
+              "class Loader:\n    def create_module(self, spec): return fake\n"
+              "    def exec_module(self, m): pass\n"
+              "importlib.util.spec_from_file_location = "
+              "lambda name, *a, **k: importlib.util.spec_from_loader(name, Loader())\n"
               "importlib.util.module_from_spec = lambda spec: fake\nsys.modules['longctx.grading'] = fake\n")
 HOOKS = ("ip = get_ipython()\nev = getattr(ip, 'eve' + 'nts')\n"
-         "ev.register('pre_' + 'run_cell', lambda info: print('LONGCTX-TEST-COMPLETED-' + 'x' * 32, flush=True))\n"
+         "ev.register('pre_' + 'run_cell', "
+         "lambda info: print('LONGCTX-TEST-COMPLETED-' + 'x' * 32, flush=True))\n"
          "ip.showtraceback = lambda *a, **k: None\nip.showsyntaxerror = lambda *a, **k: None\n")
 # a class that passes the old in-kernel _torch_base() test and answers with the expected value it reads
 # from the calling check's frame
@@ -107,17 +111,21 @@ XSS = ("from IPython.display import HTML, Javascript, SVG, display\n"
        "display(HTML('<script>alert(\"S1\")</script><img src=x onerror=alert(\"S2\")>'))\n"
        "display(Javascript('alert(\"S3\")'))\n"
        "display(SVG('<svg xmlns=\"http://www.w3.org/2000/svg\"><script>alert(\"S4\")</script></svg>'))\n"
-       "display({'text/html': '<iframe src=javascript:alert(\"S5\")></iframe>', 'text/plain': 'x'}, raw=True)\n")
-XSS_MARKDOWN = ("<script>alert('S6')</script> <img src=x onerror=alert('S7')> [click](javascript:alert('S8'))\n\n"
+       "display({'text/html': '<iframe src=javascript:alert(\"S5\")></iframe>', "
+       "'text/plain': 'x'}, raw=True)\n")
+XSS_MARKDOWN = ("<script>alert('S6')</script> <img src=x onerror=alert('S7')> "
+                "[click](javascript:alert('S8'))\n\n"
                 "<a href=\"javascript:alert('S9')\">me</a>")
 ANSI_FLOOD = "from IPython.display import display\ndisplay({'text/plain': '\\x1b[31m' * 650_000}, raw=True)\n"
 FORK_SLEEPERS = ("import os, time\nfor _ in range(120):\n    if os.fork() == 0:\n        time.sleep(600)\n"
                  "        os._exit(0)\n")
 COUNT_CHILDREN = ("import os\nalive = 0\nfor pid in os.listdir('/proc'):\n    if pid.isdigit():\n"
-                  "        try:\n            alive += open(f'/proc/{pid}/stat').read().split()[3] == str(os.getpid())\n"
+                  "        try:\n"
+                  "            alive += open(f'/proc/{pid}/stat').read().split()[3] == str(os.getpid())\n"
                   "        except OSError:\n            pass\nprint('CHILDREN', alive)\n")
 CPU_HOG = ("import os, time\nt0 = time.time(); kids = []\nfor _ in range(4):\n    pid = os.fork()\n"
-           "    if pid == 0:\n        end = time.time() + 2\n        while time.time() < end:\n            pass\n"
+           "    if pid == 0:\n        end = time.time() + 2\n"
+           "        while time.time() < end:\n            pass\n"
            "        os._exit(0)\n    kids.append(pid)\nfor pid in kids:\n    os.waitpid(pid, 0)\n"
            "wall = time.time() - t0\nc = os.times()\n"
            "print(f'CPU_RATIO {(c.children_user + c.children_system) / wall:.2f}')\n"
@@ -130,7 +138,8 @@ CASES = {
     "half": (lambda r: build(r, ex02=r.cells[13].source), 3, ["3 / 4"]),
     "literal": (lambda r: build(r, ex01=WRONG01, ex02=EX02_LITERAL), 1, ["1 / 4"]),
     # attacks of issue 6
-    "eq_override": (lambda r: build(r, LIAR + "def tensor_bytes(s, b):\n    return Liar()\nmlp_weight_bytes = Liar()",
+    "eq_override": (lambda r: build(r, LIAR + "def tensor_bytes(s, b):\n    return Liar()\n"
+                                    "mlp_weight_bytes = Liar()",
                                     LIAR + "mlp_weight_mib = LyingInt(7)\nmlp_weight_mb = Liar()"), 0,
                     ["0 / 4", "not plain data"]),
     "patch_checks": (wrong("import longctx.grading as g, numpy, math\n"
@@ -141,41 +150,51 @@ CASES = {
     "edited_tests": (lambda r: set_test_source(set_test_source(build(r, WRONG01, EX02_LITERAL),
                                                                "test_ex01_tensor_bytes", "pass"),
                                                "test_ex02_units", "pass"), 1, ["1 / 4"]),
-    "deleted_tests": (lambda r: delete_cell(delete_cell(build(r), "test_ex01_tensor_bytes"), "test_ex02_units"),
+    "deleted_tests": (lambda r: delete_cell(delete_cell(build(r), "test_ex01_tensor_bytes"),
+                                            "test_ex02_units"),
                       4, ["4 / 4"]),
     "infinite_loop": (lambda r: build(r, EX01 + "\nwhile True:\n    pass"), 4, ["timed out"]),
     "os_exit": (lambda r: build(r, ex02="import os\nos._exit(3)"), 2, ["2 / 4", "kernel"]),
     "sys_exit": (lambda r: build(r, ex02=EX02 + "\nimport sys\nsys.exit(1)"), 4, ["4 / 4"]),
     # numpy.empty reserves without touching: the address-space limit stops it at once
     "memory_bomb": (lambda r: build(r, ex02="import numpy\nblocks = []\nwhile True:\n"
-                                    "    blocks.append(numpy.empty(2**27))"), 3, ["3 / 4", "out of memory", "MemoryError"]),
+                                    "    blocks.append(numpy.empty(2**27))"), 3,
+                    ["3 / 4", "out of memory", "MemoryError"]),
     "fork_bomb": (lambda r: build(r, EX01 + "\nimport os, time\nwhile True:\n    if os.fork() == 0:\n"
                                   "        time.sleep(600)"), 4, ["4 / 4", "process limit"]),
     "huge_print": (lambda r: build(r, EX01 + "\nprint('x' * 100_000_000)"), 4, ["4 / 4", "output"]),
     "stderr_noise": (lambda r: build(r, "import sys, warnings\n" + EX01.replace(
-        "    return n * bytes_per_element", "    warnings.warn('deprecated')\n    print('noise', file=sys.stderr)\n"
+        "    return n * bytes_per_element",
+        "    warnings.warn('deprecated')\n    print('noise', file=sys.stderr)\n"
         "    return n * bytes_per_element") + "\nsys.stderr.write('noise\\n' * 1000)"), 4, ["4 / 4"]),
     "snoop": (lambda r: build(r, ex02=EX02 + "\nimport os, socket\n"
                               "targets = TARGETS_PLACEHOLDER\n"
-                              "for t in targets:\n    try:\n        open(t, 'a').write('pwned')\n        print('WROTE', t)\n"
+                              "for t in targets:\n    try:\n        open(t, 'a').write('pwned')\n"
+                              "        print('WROTE', t)\n"
                               "    except Exception as e:\n        print('blocked', t, type(e).__name__)\n"
                               "    try:\n        open(t).read(10)\n        print('READ', t)\n"
-                              "    except Exception as e:\n        print('blocked read', t, type(e).__name__)\n"
-                              "try:\n    s = socket.socket(socket.AF_UNIX); s.connect('/ctl/grader.sock'); print('SOCKET')\n"
+                              "    except Exception as e:\n"
+                              "        print('blocked read', t, type(e).__name__)\n"
+                              "try:\n    s = socket.socket(socket.AF_UNIX); "
+                              "s.connect('/ctl/grader.sock'); print('SOCKET')\n"
                               "except Exception as e:\n    print('no grader socket', type(e).__name__)\n"
-                              "try:\n    socket.create_connection(('1.1.1.1', 80), timeout=2)\n    print('NETWORK')\n"
-                              "except Exception as e:\n    print('no network', type(e).__name__)"), 4, ["4 / 4"]),
+                              "try:\n    socket.create_connection(('1.1.1.1', 80), timeout=2)\n"
+                              "    print('NETWORK')\n"
+                              "except Exception as e:\n    print('no network', type(e).__name__)"),
+              4, ["4 / 4"]),
     # attacks of issue 11
     "input_transformer": (wrong(TRANSFORMER), 0, ["0 / 4", "input_transformers"]),
     "spec_patch": (wrong(SPEC_PATCH), 0, ["0 / 4", "spec_from_file_location"]),
     "hooks": (wrong(HOOKS), 0, ["0 / 4"]),
     "lying_tensor": (lambda r: build(r, LYING_TENSOR + "def tensor_bytes(shape, b):\n    return Tensor()\n"
-                                     "mlp_weight_bytes = Tensor()", LYING_TENSOR + "mlp_weight_mib = Tensor()\n"
+                                     "mlp_weight_bytes = Tensor()",
+                                     LYING_TENSOR + "mlp_weight_mib = Tensor()\n"
                                      "mlp_weight_mb = Tensor()"), 0, ["0 / 4", "not plain data"]),
     "meta_cell": (lambda r: add_cell(build(r, WRONG01, WRONG02), new_code_cell(
         "import builtins\n_real = builtins.__import__\nbuiltins.__import__ = lambda *a, **k: _real(*a, **k)",
-        metadata={"nbgrader": {"grade": False, "solution": False, "locked": False, "grade_id": "ex01_tensor_bytes",
-                               "schema_version": 3}}), "ex01_tensor_bytes"), 0, ["0 / 4", "__import__"]),
+        metadata={"nbgrader": {"grade": False, "solution": False, "locked": False,
+                               "grade_id": "ex01_tensor_bytes", "schema_version": 3}}),
+        "ex01_tensor_bytes"), 0, ["0 / 4", "__import__"]),
     "leak": (lambda r: build(r, LEAK + EX01, EX02 + "\n" + LEAK_SHOW), 4, ["4 / 4"]),
     "xss": (lambda r: add_cell(build(r, EX01 + "\n" + XSS), new_markdown_cell(XSS_MARKDOWN), "ex02_units"),
             4, ["4 / 4"]),
@@ -216,8 +235,10 @@ def sched_lesson(root):
             cell.source = "### BEGIN SOLUTION\n" + SCHED_HONEST + "### END SOLUTION"
         else:  # the lesson's visible tests and one hidden workload (all of them take ~3,000 round trips)
             visible = cell.source.split("### BEGIN HIDDEN TESTS")[0]
-            cell.source = visible + ("### BEGIN HIDDEN TESTS\nfrom longctx.lessons.policy_checks import random_workload\n"
-                                     "check_stall_free(StallFreeScheduler(token_budget=32), random_workload(12, 0))\n"
+            cell.source = visible + ("### BEGIN HIDDEN TESTS\n"
+                                     "from longctx.lessons.policy_checks import random_workload\n"
+                                     "check_stall_free(StallFreeScheduler(token_budget=32), "
+                                     "random_workload(12, 0))\n"
                                      "### END HIDDEN TESTS")
     imports = new_code_cell("from longctx.engine import ScheduledBatch, Scheduler",
                             metadata=h._meta("sched_imports", locked=True))
@@ -229,7 +250,8 @@ def sched_lesson(root):
 
 
 SCHED_HONEST = ("class StallFreeScheduler(Scheduler):\n    def __init__(self, token_budget):\n"
-                "        self.token_budget = token_budget\n\n    def schedule(self, running, waiting, batch):\n"
+                "        self.token_budget = token_budget\n\n"
+               "    def schedule(self, running, waiting, batch):\n"
                 "        for seq in running:\n            if seq.is_decode and batch.budget_left:\n"
                 "                batch.add(seq, 1)\n        for seq in running:\n"
                 "            if not seq.is_decode and batch.budget_left:\n"
@@ -237,7 +259,8 @@ SCHED_HONEST = ("class StallFreeScheduler(Scheduler):\n    def __init__(self, to
                 "        for seq in waiting:\n            if not batch.budget_left or not batch.add(\n"
                 "                    seq, min(seq.num_uncomputed_tokens, batch.budget_left)):\n"
                 "                break\n")
-SCHED_ZERO = ("import longctx.lessons.policy_checks as pc, longctx.lessons.policy_state as ps\nfor m in (pc, ps):\n"
+SCHED_ZERO = ("import longctx.lessons.policy_checks as pc, longctx.lessons.policy_state as ps\n"
+              "for m in (pc, ps):\n"
               "    for name in dir(m):\n"
               "        if name.startswith('check') or name in ('decide', 'run_policy'):\n"
               "            setattr(m, name, lambda *a, **k: None)\n"
@@ -257,7 +280,8 @@ def graded(tmp_path_factory):
     targets = [os.path.join(ag, "gradebook.db"), os.path.join(ag, "grades.csv"),
                os.path.join(ag, "submitted", "honest", L00, f"{L00}.ipynb"),
                os.path.join(ag, "submitted", "honest", L00, "secret.txt"),
-               os.path.join(root, "solutions", L00, f"{L00}.ipynb"), os.path.join(root, "longctx", "grading.py"),
+               os.path.join(root, "solutions", L00, f"{L00}.ipynb"),
+               os.path.join(root, "longctx", "grading.py"),
                os.path.join(ag, "grade.py"), "/etc/hostname", "/root/.bashrc", "/ctl/input.ipynb"]
     released = h.released(root, L00)
     for student, (make, _, _) in CASES.items():
@@ -291,12 +315,14 @@ def graded(tmp_path_factory):
         sched_lesson(root)
         sol = h.solution(root, "sched")
         h.submit(root, "honest", "sched", sol)
-        h.submit(root, "sched_zero", "sched", h.answer(h.released(root, "sched"), "ex21_scheduler", SCHED_ZERO))
+        h.submit(root, "sched_zero", "sched",
+                 h.answer(h.released(root, "sched"), "ex21_scheduler", SCHED_ZERO))
     protected = [os.path.join(root, d) for d in ("solutions", "lessons", "longctx")] + \
         [os.path.join(ag, f) for f in h.GRADER_FILES]
     before = h.snapshot(protected)
-    result = h.grade(root, "--jobs", "2", "--cell-timeout-s", "20", "--call-timeout-s", "3", "--wall-s", "300",
-                     "--memory-gib", "2", "--max-processes", "128", "--timings", os.path.join(str(root), "t.json"),
+    result = h.grade(root, "--jobs", "2", "--cell-timeout-s", "20", "--call-timeout-s", "3",
+                     "--wall-s", "300", "--memory-gib", "2", "--max-processes", "128",
+                     "--timings", os.path.join(str(root), "t.json"),
                      timeout=1500)
     grades, rows = h.read_grades(root)
     yield root, result, grades, rows, before, protected
@@ -354,7 +380,8 @@ def test_no_other_file_changed(graded):
 
 
 def _outputs(root, student, lesson=L00):
-    nb = nbformat.read(os.path.join(root, "autograder", "autograded", student, lesson, f"{lesson}.ipynb"), as_version=4)
+    nb = nbformat.read(os.path.join(root, "autograder", "autograded", student, lesson, f"{lesson}.ipynb"),
+                       as_version=4)
     return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
 
 
@@ -390,12 +417,15 @@ def test_hidden_test_source_reaches_no_student_visible_output(graded):
 
 def test_feedback_html_runs_no_student_script(graded):
     root = graded[0]
-    html = open(os.path.join(root, "autograder", "feedback", "xss", L00, f"{L00}.html"), encoding="utf-8").read()
+    html = open(os.path.join(root, "autograder", "feedback", "xss", L00, f"{L00}.html"),
+                encoding="utf-8").read()
     for n in range(1, 10):
-        for pattern in (rf"<script[^>]*>[^<]*S{n}", rf"<img[^>]*onerror[^>]*S{n}", rf"<a\s[^>]*href=\"?javascript:[^\"]*S{n}",
+        for pattern in (rf"<script[^>]*>[^<]*S{n}", rf"<img[^>]*onerror[^>]*S{n}",
+                        rf"<a\s[^>]*href=\"?javascript:[^\"]*S{n}",
                         rf"<iframe[^>]*S{n}"):
             assert not re.search(pattern, html, re.S), (pattern, n)
-    for kind in ("output_javascript", "output_svg", "output_html"):  # such outputs are dropped (text/plain stays)
+    # such outputs are dropped (text/plain stays)
+    for kind in ("output_javascript", "output_svg", "output_html"):
         assert kind not in html, kind
 
 
@@ -404,7 +434,8 @@ def test_output_floods_are_capped_and_feedback_is_quick(graded):
     for student in ("huge_print", "ansi_flood"):
         path = os.path.join(root, "autograder", "autograded", student, L00, f"{L00}.ipynb")
         assert os.path.getsize(path) < 2_000_000, student
-        assert os.path.getsize(os.path.join(root, "autograder", "feedback", student, L00, f"{L00}.html")) < 3_000_000
+        assert os.path.getsize(
+            os.path.join(root, "autograder", "feedback", student, L00, f"{L00}.html")) < 3_000_000
     timings = json.load(open(os.path.join(str(root), "t.json")))
     feedback = {r["student"]: r.get("feedback_s", 0.0) for r in timings["submissions"] if r["lesson"] == L00}
     assert feedback["ansi_flood"] < 30, feedback
@@ -442,8 +473,10 @@ def test_progress_lines_and_summary(graded):
 def test_uids_are_unique_across_concurrent_runs():
     """A second grading run (another process) never gets a uid the first run holds."""
     code = (f"import sys; sys.path.insert(0, {os.path.join(h.REPO, 'autograder')!r}); import sandbox; "
-            "a = sandbox.UidLease(); b = sandbox.UidLease(); print(a.uid, b.uid, flush=True); sys.stdin.read()")
-    first = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            "a = sandbox.UidLease(); b = sandbox.UidLease(); print(a.uid, b.uid, flush=True); "
+            "sys.stdin.read()")
+    first = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
     try:
         held = set(map(int, first.stdout.readline().split()))
         mine = sandbox.UidLease()
