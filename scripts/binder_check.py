@@ -144,8 +144,9 @@ class BinderEnv:
         keep = {k: v for k, v in os.environ.items() if k in ("LANG", "LC_ALL", "TERM", "TZ") or k.startswith(
             ("PIP_", "SSL_CERT", "REQUESTS_CA", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy",
              "https_proxy", "no_proxy"))}
-        return {**keep, "HOME": str(self.home), "USER": "jovyan", "PATH": f"{self.env / 'bin'}:/usr/local/bin:"
-                "/usr/bin:/bin", "PYTHONUNBUFFERED": "1", "SHELL": "/bin/bash",
+        return {**keep, "HOME": str(self.home), "USER": "jovyan",
+                "PATH": f"{self.env / 'bin'}:/usr/local/bin:/usr/bin:/bin", "PYTHONUNBUFFERED": "1",
+                "SHELL": "/bin/bash",
                 "JUPYTER_RUNTIME_DIR": str(self.home / ".local/share/jupyter/runtime")}
 
 
@@ -330,20 +331,22 @@ def run_limited(cmd: list[str], *, env: dict, cwd: Path, timeout_s: float, name:
             rss.stop()
             out.seek(0)
             text = out.read().decode(errors="replace")
-        return LimitedRun(proc.returncode, wall_s, group.peak_bytes(), rss.peak_bytes, group.oom_kills(), text)
+        return LimitedRun(proc.returncode, wall_s, group.peak_bytes(), rss.peak_bytes, group.oom_kills(),
+                          text)
     finally:
         group.remove()
 
 
 # -- what runs inside the limits --------------------------------------------------------------------
 
-EXECUTE = r'''
+EXECUTE = (r'''
 import json, sys, time
 import nbformat
 from nbclient import NotebookClient
 path, out = sys.argv[1], sys.argv[2]
 nb = nbformat.read(path, as_version=4)
-client = NotebookClient(nb, timeout=1200, kernel_name="python3", resources={"metadata": {"path": sys.argv[3]}})
+client = NotebookClient(nb, timeout=1200, kernel_name="python3", '''
+           r'''resources={"metadata": {"path": sys.argv[3]}})
 result = {"cells": 0, "error": None}
 start = time.perf_counter()
 try:
@@ -359,7 +362,7 @@ except Exception as exc:
     result["error"] = f"{type(exc).__name__}: {str(exc)[-1500:]}"
 result["execute_s"] = time.perf_counter() - start
 json.dump(result, open(out, "w"))
-'''
+''')
 
 LOAD_MODEL = r'''
 import time
@@ -371,8 +374,8 @@ print(f"load_model_s={time.perf_counter() - start:.2f}")
 
 
 def _commit(ref: str = "HEAD") -> str:
-    done = subprocess.run(["git", "log", "-1", "--format=%h %cd", "--date=format:%Y-%m-%d %H:%M", ref], cwd=ROOT,
-                          capture_output=True, text=True)
+    done = subprocess.run(["git", "log", "-1", "--format=%h %cd", "--date=format:%Y-%m-%d %H:%M", ref],
+                          cwd=ROOT, capture_output=True, text=True)
     return done.stdout.strip() or "unknown"
 
 
@@ -394,14 +397,16 @@ def measure_launch(be: BinderEnv, timeout_s: float = 600) -> dict:
              f"t = time.perf_counter()\n"
              f"while True:\n"
              f"    try:\n"
-             f"        urllib.request.urlopen('http://127.0.0.1:{port}/api/status?token=binder-check', timeout=2)\n"
+             f"        urllib.request.urlopen('http://127.0.0.1:{port}/api/status?token=binder-check', "
+             f"timeout=2)\n"
              f"        break\n"
              f"    except OSError:\n"
              f"        if p.poll() is not None or time.perf_counter() - t > 300: sys.exit('no server')\n"
              f"        time.sleep(0.1)\n"
              f"print(f'server_ready_s={{time.perf_counter() - t:.2f}}')\n"
              f"p.terminate(); p.wait(30)\n")
-    run = run_limited([be.python, "-c", probe], env=be.environ(), cwd=be.repo, timeout_s=timeout_s, name="lab")
+    run = run_limited([be.python, "-c", probe], env=be.environ(), cwd=be.repo, timeout_s=timeout_s,
+                      name="lab")
     found = re.search(r"server_ready_s=([\d.]+)", run.output)
     launch["jupyterlab_ready_s"] = float(found.group(1)) if found else None
     launch["jupyterlab_rss_bytes"] = run.rss_peak_bytes
@@ -450,7 +455,8 @@ def _gib(n: int) -> str:
 def _print_row(row: dict) -> None:
     verdict = "ok" if row["ok"] else ("OUT OF MEMORY" if row["oom_kills"] else "FAILED")
     print(f"| {row['lesson']:<26} | {row['first_cell_s']:>10.1f} | {row['wall_s']:>8.1f} | "
-          f"{_gib(row['cgroup_peak_bytes']):>11} | {_gib(row['rss_peak_bytes']):>9} | {verdict} |", flush=True)
+          f"{_gib(row['cgroup_peak_bytes']):>11} | {_gib(row['rss_peak_bytes']):>9} | {verdict} |",
+          flush=True)
     if row["error"]:
         plain = re.sub(r"\x1b\[[0-9;]*m", "", row["error"])
         lines = [line for line in plain.splitlines() if line.strip()]
@@ -463,8 +469,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=ROOT / ".ci-output" / "binder")
     parser.add_argument("--reuse", action="store_true", help="keep an environment built before (still reruns "
                         "postBuild on a fresh copy of the repository)")
-    parser.add_argument("--working-tree", action="store_true", help="build from the working tree (uncommitted "
-                        "and untracked, not ignored, files) instead of the last commit, which is what Binder builds")
+    parser.add_argument("--working-tree", action="store_true",
+                        help="build from the working tree (uncommitted and untracked, not ignored, files) "
+                        "instead of the last commit, which is what Binder builds")
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per lesson (default 1200)")
     parser.add_argument("--json", type=Path, help="also write the results as JSON")
     args = parser.parse_args(argv)
@@ -478,20 +485,24 @@ def main(argv: list[str] | None = None) -> int:
     be, timings = build(args.workdir.resolve(), args.reuse, log, args.working_tree)
     version = subprocess.run([be.python, "-c", "import platform; print(platform.python_version())"],
                              capture_output=True, text=True).stdout.strip()
-    print(f"Python {version} (binder/runtime.txt: {runtime_python_version()}); pip install -r binder/requirements.txt "
+    print(f"Python {version} (binder/runtime.txt: {runtime_python_version()}); "
+          f"pip install -r binder/requirements.txt "
           f"{timings['environment_s']:.0f} s, postBuild {timings['postbuild_s']:.0f} s", flush=True)
     checks = doctor(be)
-    shipped = {name: checks.get(name, {"ok": False, "detail": "not reported"}) for name in ("model file", "model cache")}
+    shipped = {name: checks.get(name, {"ok": False, "detail": "not reported"})
+               for name in ("model file", "model cache")}
     for name, check in shipped.items():
         print(f"{'ok' if check['ok'] else '!!'} {name}: {check['detail']}", flush=True)
     launch = measure_launch(be)
     print(f"first launch under the limits: JupyterLab answers after {launch['jupyterlab_ready_s']} s "
-          f"(server resident memory {_gib(launch['jupyterlab_rss_bytes'])} GiB, on top of a lesson's kernel); "
-          f"the first load_model() (from the image's cache) takes {launch['first_load_model_s']} s", flush=True)
-    print(f"\nlessons (solution notebooks, every cell) under {MEMORY_LIMIT_BYTES / 2**30:.0f} GiB, {CPU_LIMIT:g} CPU, "
-          f"no network; {os.cpu_count()} cores on this machine, shared; load average "
+          f"(server resident memory {_gib(launch['jupyterlab_rss_bytes'])} GiB, on top of a lesson's "
+          f"kernel); the first load_model() (from the image's cache) takes {launch['first_load_model_s']} s",
+          flush=True)
+    print(f"\nlessons (solution notebooks, every cell) under {MEMORY_LIMIT_BYTES / 2**30:.0f} GiB, "
+          f"{CPU_LIMIT:g} CPU, no network; {os.cpu_count()} cores on this machine, shared; load average "
           f"{os.getloadavg()[0]:.1f} at the start; built from {BUILT_FROM}")
-    print(f"| {'lesson':<26} | {'first cell':>10} | {'wall (s)':>8} | {'cgroup peak':>11} | {'RSS peak':>9} | verdict |")
+    print(f"| {'lesson':<26} | {'first cell':>10} | {'wall (s)':>8} | {'cgroup peak':>11} | "
+          f"{'RSS peak':>9} | verdict |")
     print(f"|{'-' * 28}|{'-' * 12}:|{'-' * 9}:|{'-' * 12}:|{'-' * 10}:|---------|")
     rows = run_lessons(be, args.lessons, args.timeout)
     ok = all(r["ok"] for r in rows) and all(c["ok"] for c in shipped.values()) and \
@@ -500,9 +511,10 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "built_from": BUILT_FROM,
                                          "python": version, "timings": timings,
                                          "shipped": shipped, "launch": launch, "rows": rows}, indent=1))
-    print("first cell: seconds from the kernel's start until the first code cell has run (the learner's wait); "
-          "wall: the whole notebook, kernel start included; peaks in GiB: cgroup = resident memory + page "
-          "cache charged to the run (what the limit counts), RSS = resident memory of the process tree")
+    print("first cell: seconds from the kernel's start until the first code cell has run (the learner's "
+          "wait); wall: the whole notebook, kernel start included; peaks in GiB: cgroup = resident memory "
+          "+ page cache charged to the run (what the limit counts), RSS = resident memory of the process "
+          "tree")
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
     print("all lessons ran within Binder's limits" if ok else "NOT every lesson ran within Binder's limits")
     return 0 if ok else 1

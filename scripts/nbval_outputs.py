@@ -70,12 +70,14 @@ def ends_quietly(source: str) -> bool:
 def notebook_path(lesson: str, root: Path = ROOT) -> Path:
     path = root / "solutions" / lesson / f"{lesson}.ipynb"
     if not path.is_file():
-        raise SystemExit(f"no solution notebook {path.relative_to(root)}: lesson ids are {', '.join(lesson_ids(root))}")
+        raise SystemExit(f"no solution notebook {path.relative_to(root)}: lesson ids are "
+                         f"{', '.join(lesson_ids(root))}")
     return path
 
 
 def execute_copy(path: Path, timeout_s: float):
-    """Execute a copy of ``path`` in a temporary folder (kernel of this interpreter); returns the executed nb."""
+    """Execute a copy of ``path`` in a temporary folder (kernel of this interpreter); returns the executed
+    nb."""
     from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
     from nbval.kernel import CURRENT_ENV_KERNEL_NAME, NbvalKernelspecManager
@@ -89,7 +91,8 @@ def execute_copy(path: Path, timeout_s: float):
         km = KernelManager(kernel_name=CURRENT_ENV_KERNEL_NAME, kernel_spec_manager=NbvalKernelspecManager())
         client = NotebookClient(nb, km=km, timeout=timeout_s, allow_errors=False,
                                 resources={"metadata": {"path": scratch}})
-        client.execute(cwd=scratch, stderr=subprocess.DEVNULL)  # the kernel's own log (tracebacks come as outputs)
+        # the kernel's own log (tracebacks come as outputs)
+        client.execute(cwd=scratch, stderr=subprocess.DEVNULL)
     return nb
 
 
@@ -134,7 +137,8 @@ def merge_outputs(current, executed) -> tuple[list[str], list[str]]:
             continue
         done = ran.get(cell.get("id"))
         if done is None or done.source != cell.source:
-            refusals.append(f"{where}: {'not in the executed copy' if done is None else 'source changed while it ran'}")
+            refusals.append(
+                f"{where}: {'not in the executed copy' if done is None else 'source changed while it ran'}")
             continue
         outputs = recordable(done.outputs)
         if not outputs:

@@ -58,7 +58,8 @@ def release(out_dir: Path, lessons: list[str] | None = None, root: Path = ROOT) 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "lessons", help="release directory (default lessons/)")
+    parser.add_argument("--out", type=Path, default=ROOT / "lessons",
+                        help="release directory (default lessons/)")
     parser.add_argument("lessons", nargs="*", help="lesson ids (default: every lesson in solutions/)")
     args = parser.parse_args(argv)
     for path in release(args.out.resolve(), args.lessons or None):
