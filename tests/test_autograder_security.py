@@ -1,4 +1,5 @@
-"""The grader against a hostile class, round three (issue 23): one test per hole, each failing on the old grader.
+"""The grader against a hostile class, round three (issue 23): one test per hole, each failing on the old
+grader.
 
 1. a forged test cell carrying a manually graded code answer's grade_id never runs outside the sandbox;
 2. links the kernel plants are never followed by the sandbox's privileged processes; the executor is
@@ -46,19 +47,22 @@ ODD_FOLDERS = ["-dash", "with space", "Jos\u00e9 Garc\u00eda", "x" * 120]
 
 
 def lesson_notebook():
-    """Two autograded exercises (a function called with a long argument, a value) and a manually graded code answer."""
+    """Two autograded exercises (a function called with a long argument, a value) and a manually graded code
+    answer."""
     m = h._meta
     cells = [
         new_markdown_cell("# Security lesson", metadata=m("intro", locked=True)),
         new_code_cell("def total(xs):\n    ### BEGIN SOLUTION\n    return sum(xs)\n    ### END SOLUTION",
                       metadata=m("total", solution=True)),
         new_code_cell("from longctx.grading import check_integer\n"
-                      "check_integer('total of 0..2999', total(list(range(3000))), 4498500, answer_kind='function')",
+                      "check_integer('total of 0..2999', total(list(range(3000))), 4498500, "
+                      "answer_kind='function')",
                       metadata=m("test_total", grade=True, locked=True, points=2)),
         # nbgrader's manually graded *code* answer: unlocked, real points, its source kept by OverwriteCells
         new_code_cell("### BEGIN SOLUTION\nexplanation = 'a sum'\n### END SOLUTION",
                       metadata=m("explain_code", solution=True, grade=True, points=2)),
-        new_code_cell("### BEGIN SOLUTION\nanswer_c = 7\n### END SOLUTION", metadata=m("answer_c", solution=True)),
+        new_code_cell("### BEGIN SOLUTION\nanswer_c = 7\n### END SOLUTION",
+                      metadata=m("answer_c", solution=True)),
         new_code_cell("import resource\nfrom longctx.grading import check_integer\n"
                       "print('CHECKER_RLIMIT_CPU', resource.getrlimit(resource.RLIMIT_CPU)[0])\n"
                       "print('CHECKER_CGROUP', open('/proc/self/cgroup').read().replace(chr(10), ' '))\n"
@@ -75,18 +79,20 @@ def cell_of(nb, grade_id):
 
 
 def forged(released, marker):
-    """Item 1: the written code answer's cell, re-labelled as a test cell, with code that writes on the host."""
+    """Item 1: the written code answer's cell, re-labelled as a test cell, with code that writes on the
+    host."""
     cell = cell_of(released, "explain_code")
     cell.metadata["nbgrader"]["solution"] = False
     cell.source = (f"import os\nopen({marker!r}, 'w').write('ran outside the sandbox')\n"
-                   "print('SOLUTIONS', os.listdir(os.path.join(os.path.dirname(os.path.dirname(" + repr(marker) +
-                   ")), 'solutions')))")
+                   "print('SOLUTIONS', os.listdir(os.path.join(os.path.dirname(os.path.dirname("
+                   + repr(marker) + ")), 'solutions')))")
     return released
 
 
 # links where the old executor (root) wrote long requests: to a root-owned /proc/sys entry that only this
 # sandbox sees (its own UTS namespace's hostname), and to a file of the student's own
-PLANT = ("import os\nBAIT = '/home/student/bait.txt'\nopen(BAIT, 'w').write('untouched')\nos.chmod(BAIT, 0o600)\n"
+PLANT = ("import os\nBAIT = '/home/student/bait.txt'\nopen(BAIT, 'w').write('untouched')\n"
+         "os.chmod(BAIT, 0o600)\n"
          "os.makedirs('/tmp/.longctx-grader', exist_ok=True)\n"
          "os.symlink('/proc/sys/kernel/hostname', '/tmp/.longctx-grader/request.json.tmp')\n"
          "os.symlink(BAIT, '/tmp/.longctx-grader/request.json')\n"
@@ -98,7 +104,8 @@ INSPECT = ("import os\nprint('BAIT', open(BAIT).read()[:30], oct(os.stat(BAIT).s
            "status = open(f'/proc/{os.getppid()}/status').read()\n"
            "print('EXECUTOR_UID', [l for l in status.splitlines() if l.startswith('Uid:')][0].split()[1])\n"
            "limits = open(f'/proc/{os.getppid()}/limits').read()\n"
-           "print('EXECUTOR_AS', [l for l in limits.splitlines() if l.startswith('Max address space')][0].split()[3])\n"
+           "print('EXECUTOR_AS', "
+           "[l for l in limits.splitlines() if l.startswith('Max address space')][0].split()[3])\n"
            "mounts = [l.split() for l in open('/proc/self/mountinfo')]\n"
            "print('PROCSYS', [m[5].split(',')[0] for m in mounts if m[4] == '/proc/sys'])\n"
            "st = os.statvfs('/run')\nprint('RUN_BYTES', st.f_blocks * st.f_frsize)\n")
@@ -128,8 +135,10 @@ def graded(tmp_path_factory):
     h.submit(root, "planter", LESSON, planter)
     h.submit(root, "flooder", LESSON, h.answer(solution(), "answer_c", "answer_c = 7\n" + FLOOD))
     h.submit(root, "keyring", LESSON, h.answer(solution(), "answer_c", "answer_c = 7\n" + ADD_KEY))
-    h.submit(root, "bigreply", LESSON, h.answer(solution(), "total", "def total(xs):\n    return ['x' * 1000] * 14_000"))
-    h.submit(root, "timestamp", LESSON, solution(), extra_files={"timestamp.txt": "2000-01-01 00:00:00.000000 UTC"})
+    h.submit(root, "bigreply", LESSON,
+             h.answer(solution(), "total", "def total(xs):\n    return ['x' * 1000] * 14_000"))
+    h.submit(root, "timestamp", LESSON, solution(),
+             extra_files={"timestamp.txt": "2000-01-01 00:00:00.000000 UTC"})
     bomb = solution()
     bomb.cells += [new_markdown_cell("") for _ in range(5_000)]
     h.submit(root, "cellbomb", LESSON, bomb)
@@ -141,7 +150,8 @@ def graded(tmp_path_factory):
 
 
 def outputs(root, student):
-    nb = nbformat.read(os.path.join(root, "autograder", "autograded", student, LESSON, f"{LESSON}.ipynb"), as_version=4)
+    nb = nbformat.read(os.path.join(root, "autograder", "autograded", student, LESSON, f"{LESSON}.ipynb"),
+                       as_version=4)
     return "".join(o.get("text", "") + str(o.get("data", "")) for c in nb.cells if c.cell_type == "code"
                    for o in c.get("outputs", []))
 
@@ -205,7 +215,8 @@ def test_item3_output_caps_count_whole_messages_and_the_notebook_total():
     for cell in range(6):
         outs = kept.setdefault(cell, [])
         for _ in range(2):  # 2 MiB per message, all of it in metadata and MIME keys
-            msg = {"msg_type": "display_data", "content": {"data": {"k" * 2**20: ""}, "metadata": {"m": "y" * 2**20},
+            msg = {"msg_type": "display_data", "content": {"data": {"k" * 2**20: ""},
+                                                           "metadata": {"m": "y" * 2**20},
                                                            "transient": {"display_id": "d"}}}
             out = caps.admit(msg, cell, outs, nbformat.v4.new_output)
             if out is not None:
@@ -213,9 +224,11 @@ def test_item3_output_caps_count_whole_messages_and_the_notebook_total():
                 outs.append(out)
     assert status["output_cut_at"] == 2  # 10 MiB in total: two cells of 4 MiB, then nothing
     assert [len(kept[c]) for c in range(6)] == [2, 2, 1, 1, 1, 1], kept.keys()
-    assert all(kept[c][0]["output_type"] == "stream" and "in total" in kept[c][0]["text"] for c in range(2, 6))
+    assert all(kept[c][0]["output_type"] == "stream" and "in total" in kept[c][0]["text"]
+               for c in range(2, 6))
     assert status["truncated_cells"] == [2, 3, 4, 5]
-    errors = [caps.admit({"msg_type": "error", "content": {"ename": "E" * 6 * 2**20, "evalue": "v", "traceback": []}},
+    errors = [caps.admit({"msg_type": "error",
+                          "content": {"ename": "E" * 6 * 2**20, "evalue": "v", "traceback": []}},
                          0, kept[0], nbformat.v4.new_output) for _ in range(1000)]
     assert sum(e is not None for e in errors) == 1  # past a cap: one short error per cell, not a thousand
     assert len(errors[0]["content"]["ename"]) <= 200
@@ -245,7 +258,8 @@ def test_item4_cgroup_v2_limits_are_written_in_a_delegated_subtree(tmp_path):
     host = cgroups.detect(root, proc, env={})
     assert (host.kind, host.base) == ("v2", os.path.join(root, "longctx-grader")), host
     host.activate()
-    assert set(open(os.path.join(root, "cgroup.subtree_control")).read().split()) == {"+cpu", "+memory", "+pids"}
+    assert set(open(os.path.join(root, "cgroup.subtree_control")).read().split()) == {"+cpu", "+memory",
+                                                                                      "+pids"}
     group = cgroups.Cgroup(host, "run", memory_bytes=5 * 2**30, max_pids=320, cpus=2)
     path = group.paths[0]
     assert os.path.dirname(path) == host.base
@@ -282,7 +296,8 @@ def test_item4_without_usable_cgroups_the_grader_refuses_and_says_why(tmp_path, 
     monkeypatch.setattr(cgroups, "PROC_SELF_CGROUP", proc)
     host = cgroups.detect()
     assert host.kind is None and host.problem
-    words = {"shared": "Delegate=yes", "no_controllers": "memory, pids", "nothing": "no cgroup hierarchy"}[case]
+    words = {"shared": "Delegate=yes", "no_controllers": "memory, pids",
+             "nothing": "no cgroup hierarchy"}[case]
     assert words in host.problem, host.problem
     if PROBLEMS and not any("cgroup" in p for p in PROBLEMS):
         pytest.skip("; ".join(PROBLEMS))  # no root or bubblewrap: grade.py stops before the cgroups anyway
@@ -294,8 +309,9 @@ def test_item4_without_usable_cgroups_the_grader_refuses_and_says_why(tmp_path, 
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _host_has_v2() or os.geteuid() != 0, reason="this host has no usable cgroup v2 (v1 here: see the "
-                                                          "fake-root tests and the v1 run in test_autograder_hostile)")
+@pytest.mark.skipif(not _host_has_v2() or os.geteuid() != 0,
+                    reason="this host has no usable cgroup v2 (v1 here: see the "
+                           "fake-root tests and the v1 run in test_autograder_hostile)")
 def test_item4_cgroup_v2_limits_hold_on_this_host(tmp_path):
     import cgroups
 
@@ -340,7 +356,8 @@ def test_item6_timestamp_txt_never_sets_the_submission_time(graded):
 
 # ----------------------------------------------------------------------------- item 7
 @pytest.mark.slow
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "aarch64"), reason="key syscall numbers known here only")
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "aarch64"),
+                    reason="key syscall numbers known here only")
 def test_item7_key_management_calls_are_denied(graded):
     root, *_ = graded
     text = outputs(root, "keyring")
@@ -363,8 +380,9 @@ def test_item8_checkers_are_limited_and_huge_answers_refused(graded):
 @pytest.mark.slow
 def test_item9_odd_folder_names_are_graded_under_an_alias(graded):
     root, result, grades, *_ = graded
-    aliases = {s for s, lesson in grades if lesson == LESSON} - {"honest", "forger", "planter", "flooder", "keyring",
-                                                                   "bigreply", "timestamp", "cellbomb"}
+    aliases = {s for s, lesson in grades if lesson == LESSON} - {"honest", "forger", "planter", "flooder",
+                                                                   "keyring", "bigreply", "timestamp",
+                                                                   "cellbomb"}
     assert len(aliases) == len(ODD_FOLDERS), (aliases, result.stdout[-3000:])
     for alias in aliases:
         assert grades[(alias, LESSON)] == 3, h.report(root, alias)
@@ -413,6 +431,7 @@ def test_item7_the_seccomp_program_denies_the_key_calls():
     assert ops[-1] == (0x06, 0, 0, 0x00050001)  # deny: EPERM
     deny = len(ops) - 1
     denied = {k for i, (code, jt, _, k) in enumerate(ops) if code == 0x15 and jt and i + 1 + jt == deny}
-    assert denied == {248, 249, 250}  # add_key, request_key, keyctl; user namespaces: test_autograder_hostile4
+    # add_key, request_key, keyctl; user namespaces: test_autograder_hostile4
+    assert denied == {248, 249, 250}
     assert seccomp.sandbox_filter("sparc") is None
     assert ctypes.sizeof(ctypes.c_uint32) == 4
