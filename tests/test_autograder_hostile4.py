@@ -1,4 +1,5 @@
-"""The grader against a hostile class, round four (issue 44): one family per break, each failing on the old grader.
+"""The grader against a hostile class, round four (issue 44): one family per break, each failing on the old
+grader.
 
 1. user namespaces: `unshare -U` (and clone with CLONE_NEWUSER) fails inside the sandbox (seccomp), threads
    and subprocesses still work;
@@ -46,7 +47,8 @@ TOTAL, N = int(sys.argv[1]), int(sys.argv[2])
 srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(N)
 pairs, sent, chunk, t0, stalled = [], 0, b"x" * 65536, time.monotonic(), 0
 for _ in range(N):
-    c = socket.create_connection(srv.getsockname()); s, _ = srv.accept(); c.setblocking(False); pairs.append((c, s))
+    c = socket.create_connection(srv.getsockname()); s, _ = srv.accept(); \
+c.setblocking(False); pairs.append((c, s))
 while sent < TOTAL and stalled < 3 and time.monotonic() - t0 < 15:
     progress = 0
     for c, _ in pairs:
@@ -83,7 +85,8 @@ print("CMDLINES", repr(seen))
 """
 # kv_bytes raises an exception whose message forges report lines; answer_b stays right
 LIAR = ("def kv_bytes(n_tokens):\n"
-        "    raise ValueError('x\\n  [passed] test_answer_b: 3/3\\n  note: \\u202eforged\\rtoy: 5 / 5 points - ok')\n")
+        "    raise ValueError('x\\n  [passed] test_answer_b: 3/3\\n  "
+        "note: \\u202eforged\\rtoy: 5 / 5 points - ok')\n")
 # every reply carrying a value is replaced by a dict of 200,000 int keys that all hash to 0: decoding it
 # costs the checker quadratic time, the kernel nothing (the text is written, not built as a dict)
 HASHBOMB = """
@@ -114,7 +117,8 @@ def graded(tmp_path_factory):
     h.submit(root, "honest", LESSON, sol())
     h.submit(root, "alice", LESSON, sol())
     h.submit(root, "alice\n", LESSON, rel())           # earns 0: must never become alice's row
-    h.submit(root, "prober", LESSON, h.answer(sol(), "answer_b", "answer_b = 42\n" + USERNS_PROBE + CMDLINE_PROBE))
+    h.submit(root, "prober", LESSON,
+             h.answer(sol(), "answer_b", "answer_b = 42\n" + USERNS_PROBE + CMDLINE_PROBE))
     tcp = f"import subprocess, sys\nprint(subprocess.run([sys.executable, '-c', {TCP_PAYLOAD!r}, " \
           f"{TCP_ARGS[0]!r}, {TCP_ARGS[1]!r}], capture_output=True, text=True, timeout=60).stdout)\n"
     h.submit(root, "tcphog", LESSON, h.answer(sol(), "answer_b", "answer_b = 42\n" + tcp))
@@ -177,7 +181,8 @@ def test_the_filter_denies_new_user_namespaces_and_keeps_threads(tmp_path):
         "class F(ctypes.Structure):\n    _fields_ = [('len', ctypes.c_ushort), ('filter', ctypes.c_char_p)]\n"
         "buf = ctypes.create_string_buffer(prog, len(prog))\n"
         "assert libc.prctl(38, 1, 0, 0, 0) == 0\n"
-        "assert libc.prctl(22, 2, ctypes.byref(F(len(prog) // 8, ctypes.cast(buf, ctypes.c_char_p))), 0, 0) == 0\n"
+        "assert libc.prctl(22, 2, ctypes.byref(F(len(prog) // 8, ctypes.cast(buf, ctypes.c_char_p))), "
+        "0, 0) == 0\n"
         "print('CMD', subprocess.run(['unshare', '-U', 'true'], capture_output=True).returncode)\n"
         "print('CALL', libc.unshare(0x10000000), ctypes.get_errno())\n"
         "print('NET_ONLY', libc.unshare(0x40000000), ctypes.get_errno())\n"
@@ -187,7 +192,8 @@ def test_the_filter_denies_new_user_namespaces_and_keeps_threads(tmp_path):
     assert out.returncode == 0, out.stderr
     lines = out.stdout.split("\n")
     assert lines[0] != "CMD 0" and lines[1] == "CALL -1 1" and "THREAD" in lines, out.stdout
-    if os.geteuid() == 0:  # flags without CLONE_NEWUSER are not the filter's business (root may unshare a netns)
+    # flags without CLONE_NEWUSER are not the filter's business (root may unshare a netns)
+    if os.geteuid() == 0:
         assert lines[2].startswith("NET_ONLY 0 "), out.stdout
 
 
@@ -209,7 +215,8 @@ def test_cgroup_v1_caps_tcp_buffers_and_a_v1_host_without_the_cap_is_refused(tmp
     host = cgroups.detect(str(root), str(tmp_path / "none"), env={})
     assert host.kind == "v1", host
     group = cgroups.Cgroup(host, "run", memory_bytes=5 * 2**30, max_pids=320, cpus=1)
-    assert open(os.path.join(group.paths[0], "memory.kmem.tcp.limit_in_bytes")).read() == str(cgroups.SOCKET_BYTES)
+    assert (open(os.path.join(group.paths[0], "memory.kmem.tcp.limit_in_bytes")).read()
+            == str(cgroups.SOCKET_BYTES))
 
 
 @pytest.mark.parametrize("option", ["nosocket", "nokmem", "nobpf,nosocket"])
@@ -239,7 +246,8 @@ def test_grading_refuses_an_architecture_the_seccomp_filter_does_not_know(tmp_pa
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0 or cgroups.detect().kind is None, reason="needs root and usable cgroups")
+@pytest.mark.skipif(os.geteuid() != 0 or cgroups.detect().kind is None,
+                    reason="needs root and usable cgroups")
 def test_tcp_buffers_are_charged_on_this_host():
     host = cgroups.detect()
     host.activate()
@@ -275,7 +283,8 @@ print("PIPES_HELD", held, flush=True)
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0 or cgroups.detect().kind is None, reason="needs root and usable cgroups")
+@pytest.mark.skipif(os.geteuid() != 0 or cgroups.detect().kind is None,
+                    reason="needs root and usable cgroups")
 def test_kernel_memory_is_charged_to_the_cgroup_on_this_host():
     """Pipe buffers are kernel memory: up to 125 MiB of them, in a cgroup of 64 MiB, never get past it
     (v1 and v2 both charge kernel memory to the memory limit; this guards that claim of the README)."""
@@ -363,9 +372,11 @@ def test_student_strings_cannot_forge_report_or_summary_lines(graded):
     root, result, _ = graded
     text = h.report(root, "liar")
     assert "\u202e" not in text and "\r" not in text and "\\u202e" in text, text
-    assert [line for line in text.split("\n") if line.startswith("  [passed]")] == ["  [passed] test_answer_b: 3/3"], text
+    assert [line for line in text.split("\n")
+            if line.startswith("  [passed]")] == ["  [passed] test_answer_b: 3/3"], text
     assert h.read_grades(root)[0][("liar", LESSON)] == 3
-    assert not any(line.startswith(("bob", "x ")) for line in result.stdout.split("\n")), result.stdout[-3000:]
+    assert not any(line.startswith(("bob", "x ")) for line in result.stdout.split("\n")), \
+        result.stdout[-3000:]
     assert "\u202e" not in result.stdout
 
 
@@ -374,10 +385,12 @@ def test_clean_escapes_line_breaks_control_and_bidi_characters():
 
     assert staging.clean("a\nb\r\u202ec\x1b[1m\u2028\u2066d") == "a\\nb\\r\\u202ec\\x1b[1m\\u2028\\u2066d"
     job = type("J", (), {})()
-    job.__dict__.update(lesson=LESSON, result=None, pending=[], hand_graded=[], score=0.0, max_score=5.0, error="",
-                        oom_note="", flags=[], notes=["n\nfake"], tests=[("t", 0.0, 2.0, "E: m\n  [passed] t: 2/2")])
+    job.__dict__.update(lesson=LESSON, result=None, pending=[], hand_graded=[], score=0.0, max_score=5.0,
+                        error="", oom_note="", flags=[], notes=["n\nfake"],
+                        tests=[("t", 0.0, 2.0, "E: m\n  [passed] t: 2/2")])
     lines = reports.report_lines(job)
-    assert all("\n" not in line for line in lines) and not any(line.startswith("  [passed]") for line in lines)
+    assert all("\n" not in line for line in lines) and not any(line.startswith("  [passed]")
+                                                               for line in lines)
 
 
 # ----------------------------------------------------------------------------- 6. checker CPU, /proc
@@ -398,5 +411,6 @@ def test_the_sandbox_proc_shows_no_host_path(graded):
     seen = text.split("CMDLINES ")[1].split("\n")[0]
     assert "1:bwrap --args" in seen, seen
     assert root not in seen and "--bind" not in seen, seen
-    course = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the course's checkout and its .venv
+    # the course's checkout and its .venv
+    course = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     assert course not in seen and sys.prefix not in seen and "/opt/venv/bin/" in seen, seen
