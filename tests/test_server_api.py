@@ -175,10 +175,12 @@ def test_stop_string_cuts_the_text_and_frees_blocks(server):
         ({"prompt": "hi", "response_format": {"type": "json_object"}}, "response_format"),
         ({"prompt": "hi", "logit_bias": {"x": 1}}, "logit_bias"),
         ({"prompt": "hi", "logit_bias": {"5": 101}}, "logit_bias"),
-        ({"prompt": "hi", "logit_bias": {"9" * 5000: 1}}, "logit_bias"),  # int() of it would raise: never a 500
+        # int() of it would raise: never a 500
+        ({"prompt": "hi", "logit_bias": {"9" * 5000: 1}}, "logit_bias"),
         ({"prompt": "hi", "logit_bias": {"\u00b2": 1}}, "logit_bias"),  # a digit to str.isdigit, not to int()
         ({"prompt": "hi", "stream_options": {"include_usage": True}}, "stream_options"),  # without stream
-        ({"prompt": "hi", "stream": True, "stream_options": {"continuous_usage_stats": True}}, "stream_options"),
+        ({"prompt": "hi", "stream": True, "stream_options": {"continuous_usage_stats": True}},
+         "stream_options"),
         ({"prompt": ["a", "b", "c", "d", "e"], "n": 64}, "n"),  # 320 sequences: more than the queue's 256
         ({"prompt": "hi", "logprobs": 21}, "logprobs"),
         ({"prompt": "hi", "top_k": -2}, "top_k"),
@@ -213,7 +215,8 @@ def test_other_error_cases(server):
     _assert_openai_error(httpx.post(url + "/v1/nope", json={}), 404)
     _assert_openai_error(httpx.post(url + "/v1/completions", content=b"{not json"), 400)
     _assert_openai_error(httpx.post(url + "/v1/completions", json=[1, 2]), 400)
-    no_model = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})  # vLLM: the served model
+    # vLLM: the served model
+    no_model = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})
     assert no_model.status_code == 200 and no_model.json()["model"] == MODEL
     bad_role = {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}
     _assert_openai_error(httpx.post(url + "/v1/chat/completions", json=bad_role), 400, "messages")
@@ -223,7 +226,8 @@ def test_other_error_cases(server):
 
 
 def test_kv_pool_too_small_is_400_and_full_queue_is_503(tokenizer):
-    with Server(tokenizer, num_blocks=4, max_waiting=1, step_s=0.1) as s:  # A holds the pool ~5.5 s: room to queue B, then C
+    # A holds the pool ~5.5 s: room to queue B, then C
+    with Server(tokenizer, num_blocks=4, max_waiting=1, step_s=0.1) as s:
         big = {"model": MODEL, "prompt": "hello", "max_tokens": 100}  # 101 tokens > 4 x 16 slots
         err = _assert_openai_error(httpx.post(s.url + "/v1/completions", json=big), 400, "max_tokens")
         assert err["code"] == "kv_cache_too_small"
@@ -343,17 +347,20 @@ def test_bench_cli_against_the_server(server, tmp_path, capsys):
         ("completions", {"prompt": "hi", "temperature": 3}, "'temperature' must be in [0.0, 2.0], got 3"),
         ("completions", {"prompt": "hi", "temperature": "x"}, "'temperature' must be a number, got 'x'"),
         ("completions", {"prompt": "hi", "top_p": 0}, "'top_p' must be in (0.0, 1.0], got 0"),
-        ("completions", {"prompt": "hi", "max_tokens": True}, "'max_tokens' must be an integer >= 1, got True"),
+        ("completions", {"prompt": "hi", "max_tokens": True},
+         "'max_tokens' must be an integer >= 1, got True"),
         ("completions", {"prompt": "hi", "n": 0}, "'n' must be an integer in [1, 64], got 0"),
         ("completions", {"prompt": "hi", "suffix": "x"},
          "'suffix' is not supported by this server (no fill-in-the-middle)"),
         ("completions", {"prompt": "hi", "stop": ["a", ""]},
          "'stop' must be a non-empty string or a list of non-empty strings"),
         ("completions", {"prompt": "hi", "n": 2, "best_of": 3},
-         "'best_of' must be equal to n or left out (every sequence drawn is returned: none are ranked and dropped), got 3"),
+         "'best_of' must be equal to n or left out (every sequence drawn is returned: none are ranked and "
+         "dropped), got 3"),
         ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
          "'top_logprobs' must be an integer in [0, 20], with logprobs: true, got 2"),
-        ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+        ("chat/completions",
+         {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
          "'tools' is not supported by this server: SmolLM2's chat template has no tool calling"),
         ("completions", {"prompt": "hi", "stream": "yes"}, "'stream' must be true or false, got 'yes'"),
         ("completions", {"prompt": "hi", "seed": 1.5}, "'seed' must be an integer, got 1.5"),
@@ -367,20 +374,23 @@ def test_bench_cli_against_the_server(server, tmp_path, capsys):
          "messages[0].content: only parts of type 'text' are supported"),
         ("chat/completions", {"messages": [{"role": "user", "content": 3}]},
          "messages[0].content must be a string, a list of text parts or null, got int"),
-        ("chat/completions", {"messages": []}, "'messages' must be a non-empty list of {role, content} objects"),
+        ("chat/completions", {"messages": []},
+         "'messages' must be a non-empty list of {role, content} objects"),
     ],
 )
 def test_validation_messages_say_what_is_wrong_and_what_is_allowed(server, path, payload, message):
     """The request models' one validation handler keeps the messages the hand-written parser gave."""
     err = _assert_openai_error(httpx.post(f"{server.url}/v1/{path}", json={"model": MODEL, **payload}), 400)
-    assert err["message"] == message and err["code"] == "invalid_value" and err["type"] == "invalid_request_error"
+    assert (err["message"] == message and err["code"] == "invalid_value"
+            and err["type"] == "invalid_request_error")
 
 
 def test_the_body_must_be_a_json_object_whatever_its_content_type(server):
     url = server.url + "/v1/completions"
     err = _assert_openai_error(httpx.post(url, content=b"{not json"), 400)
     assert err["message"].startswith("the request body is not valid JSON: Expecting property name")
-    assert _assert_openai_error(httpx.post(url, json=[1, 2]), 400)["message"] == "the request body must be a JSON object"
+    assert (_assert_openai_error(httpx.post(url, json=[1, 2]), 400)["message"]
+            == "the request body must be a JSON object")
     form = httpx.post(url, content=b'{"model": "%s", "prompt": "x", "max_tokens": 2}' % MODEL.encode(),
                       headers={"content-type": "application/x-www-form-urlencoded"})  # what curl -d sends
     assert form.status_code == 200 and form.json()["usage"]["completion_tokens"] == 2
@@ -405,7 +415,8 @@ def test_batches_n_many_stop_strings_and_chat_roles(server, tokenizer):
     ids = tokenizer.encode("hi")
     r = httpx.post(url, json={"prompt": [ids, ids + ids], "n": 2, "max_tokens": 3}).json()
     assert [c["index"] for c in r["choices"]] == [0, 1, 2, 3]
-    assert r["usage"] == {"prompt_tokens": 3 * len(ids), "completion_tokens": 12, "total_tokens": 3 * len(ids) + 12}
+    assert r["usage"] == {"prompt_tokens": 3 * len(ids), "completion_tokens": 12,
+                          "total_tokens": 3 * len(ids) + 12}
     stops = ["zzz", "yyy", "xxx", "www", " brown"]  # more than OpenAI's 4, as vLLM allows
     r = httpx.post(url, json={"prompt": "hi", "max_tokens": 10, "stop": stops}).json()
     assert r["choices"][0]["text"] == " the quick" and r["choices"][0]["finish_reason"] == "stop"
@@ -426,7 +437,8 @@ def test_ignore_eos_generates_max_tokens(tokenizer):
         assert stopped["usage"]["completion_tokens"] == 2 and stopped["choices"][0]["finish_reason"] == "stop"
         full = httpx.post(url, json={"prompt": "hi", "max_tokens": 8, "ignore_eos": True}).json()
         assert full["usage"]["completion_tokens"] == 8 and full["choices"][0]["finish_reason"] == "length"
-        refused = httpx.post(url, json={"prompt": "hi", "min_tokens": 4})  # needs logits: a cost model has none
+        # needs logits: a cost model has none
+        refused = httpx.post(url, json={"prompt": "hi", "min_tokens": 4})
         _assert_openai_error(refused, 400, "min_tokens")
 
 
@@ -461,5 +473,6 @@ def test_tokenize_detokenize_version_and_tokenizer_info(server, tokenizer):
     ],
 )
 def test_vllms_extra_fields_not_implemented_are_refused_by_name(server, path, payload, param):
-    err = _assert_openai_error(httpx.post(f"{server.url}/v1/{path}", json={"model": MODEL, **payload}), 400, param)
+    err = _assert_openai_error(httpx.post(f"{server.url}/v1/{path}", json={"model": MODEL, **payload}), 400,
+                               param)
     assert err["message"].startswith(f"'{param}' is not supported by this server")
