@@ -51,7 +51,8 @@ def numbers_in(text: str) -> list[float]:
 def candidates(got: float, text: str) -> set[float]:
     """Every value simple arithmetic on the message's numbers and the learner's answer gives."""
     numbers = numbers_in(text)
-    pool = list(numbers) + [a * b for a in numbers for b in numbers] + [a / b for a in numbers for b in numbers if b]
+    pool = (list(numbers) + [a * b for a in numbers for b in numbers]
+            + [a / b for a in numbers for b in numbers if b])
     out = set()
     for n in pool:
         out |= {n, -n, got * n, got + n, got - n, got * (1 + n / 100), got * (1 - n / 100)}
@@ -119,7 +120,8 @@ def _random_ratio(rng: random.Random, tol: float) -> float:
         r = 1 + rng.choice((-1, 1)) * rng.uniform(1.05 * tol, 0.6)
     elif kind < 0.85:
         factor = rng.choice(SLIP_FACTORS)
-        r = (factor if rng.random() < 0.5 else 1 / factor) * (1 + rng.uniform(-0.05, 0.05) * (rng.random() < 0.7))
+        r = ((factor if rng.random() < 0.5 else 1 / factor)
+             * (1 + rng.uniform(-0.05, 0.05) * (rng.random() < 0.7)))
     else:
         r = rng.choice((0.0, -1.0, -2.0, -1e3, -(1 + rng.uniform(-0.2, 0.2))))
     return r
@@ -163,8 +165,8 @@ def _integer_cases(n=600, seed=28):
 
 def test_value_messages_of_check_number_give_nothing_away():
     leaks = [(got, exp, rel, abs_, why) for got, exp, rel, abs_ in _float_cases()
-             if (why := recovered(check_number, got, exp, rel, abs_, rel_tol=rel, abs_tol=abs_, answer_kind="value",
-                                  unit="B"))]
+             if (why := recovered(check_number, got, exp, rel, abs_, rel_tol=rel, abs_tol=abs_,
+                                  answer_kind="value", unit="B"))]
     assert not leaks, f"{len(leaks)} value messages give the expected value away, e.g. {leaks[:3]}"
 
 
@@ -183,8 +185,8 @@ def test_value_messages_of_check_array_give_nothing_away():
         answer = right[:where] + [got] + right[where:]
 
         def message_for(e, answer=answer, right=right, where=where, rel=rel, abs_=abs_):
-            return _message(check_array, answer, right[:where] + [e] + right[where:], rel_tol=rel, abs_tol=abs_,
-                            answer_kind="value")
+            return _message(check_array, answer, right[:where] + [e] + right[where:], rel_tol=rel,
+                            abs_tol=abs_, answer_kind="value")
 
         leak = _leak(message_for(exp), got, exp, rel, abs_, False, message_for)
         if leak:
@@ -195,12 +197,13 @@ def test_value_messages_of_check_array_give_nothing_away():
 def test_the_attack_recovers_function_messages_which_show_the_expected_value():
     """The attack has teeth: a function-kind message (expected value shown by design) is recovered."""
     cases = [case for case in _float_cases(300, seed=3) if case[2] >= 1e-4]  # shown to 6 significant digits
-    hits = sum(bool(recovered(check_number, got, exp, rel, abs_, rel_tol=rel, abs_tol=abs_, answer_kind="function"))
+    hits = sum(bool(recovered(check_number, got, exp, rel, abs_, rel_tol=rel, abs_tol=abs_,
+                              answer_kind="function"))
                for got, exp, rel, abs_ in cases)
     assert hits >= 0.95 * len(cases), (hits, len(cases))
     ints = _integer_cases(300, seed=3)
-    assert sum(bool(recovered(check_integer, got, exp, integer=True, answer_kind="function")) for got, exp in ints) \
-        >= 0.95 * len(ints)
+    assert sum(bool(recovered(check_integer, got, exp, integer=True, answer_kind="function"))
+               for got, exp in ints) >= 0.95 * len(ints)
 
 
 @pytest.mark.parametrize("got, expected, words", [
@@ -250,7 +253,8 @@ def _notebooks(folder):
 
 
 def _parse(source):
-    return ast.parse("\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()))
+    return ast.parse("\n".join("" if line.lstrip().startswith(("%", "!")) else line
+                               for line in source.splitlines()))
 
 
 def _is_test(cell):
@@ -316,7 +320,8 @@ def test_every_lesson_check_names_the_right_answer_kind():
         counted[kind] += 1
         right = "function" if _calls_any(node.args[1], callables) else "value"
         if kind != right:
-            problems.append(f"{where}: answer_kind={kind!r} for {ast.unparse(node.args[1])!r} (should be {right!r})")
+            problems.append(f"{where}: answer_kind={kind!r} for {ast.unparse(node.args[1])!r} "
+                            f"(should be {right!r})")
     assert not problems, "\n".join(problems)
     assert counted["value"] and counted["function"], counted
 
@@ -325,7 +330,8 @@ def _constant(node):
     """The value of an expression made of number literals and arithmetic, else None."""
     ops = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
            ast.Div: lambda a, b: a / b, ast.Pow: lambda a, b: a ** b, ast.FloorDiv: lambda a, b: a // b}
-    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+    if (isinstance(node, ast.Constant) and isinstance(node.value, (int, float))
+            and not isinstance(node.value, bool)):
         return node.value
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         inner = _constant(node.operand)
@@ -347,12 +353,15 @@ def test_value_hints_do_not_quote_the_expected_value():
         expected = _constant(node.args[2])
         if expected is None:
             continue
-        rel = _constant(keywords["rel_tol"]) if "rel_tol" in keywords else (0.0 if node.func.id == "check_integer" else 1e-2)
+        rel = (_constant(keywords["rel_tol"]) if "rel_tol" in keywords
+               else (0.0 if node.func.id == "check_integer" else 1e-2))
         abs_ = _constant(keywords["abs_tol"]) if "abs_tol" in keywords else 0.0
-        if max(rel * abs(expected), abs_) >= 0.5 * abs(expected) > 0:  # a range check ("is a fraction"), not an answer
+        # a range check ("is a fraction"), not an answer
+        if max(rel * abs(expected), abs_) >= 0.5 * abs(expected) > 0:
             continue
         numbers = numbers_in(hint.value)
-        pool = numbers + [a * b for a in numbers for b in numbers] + [a / b for a in numbers for b in numbers if b] \
+        pool = numbers + [a * b for a in numbers for b in numbers] \
+            + [a / b for a in numbers for b in numbers if b] \
             + [a + b for a in numbers for b in numbers] + [a - b for a in numbers for b in numbers]
         near = [n for n in pool if abs(n - expected) <= max(rel * abs(expected), abs_, 1e-12 * abs(expected))]
         if near:
@@ -371,7 +380,8 @@ def _displays(source):
         return ""
     value = tree.body[-1].value
     silent = SILENT_CALLS | {n.name for n in tree.body if isinstance(n, ast.FunctionDef)
-                             and not any(isinstance(r, ast.Return) and r.value is not None for r in ast.walk(n))}
+                             and not any(isinstance(r, ast.Return) and r.value is not None
+                                         for r in ast.walk(n))}
     if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in silent:
         return ""
     return f"ends with the expression {ast.unparse(value)[:80]!r}, which Jupyter would display"
