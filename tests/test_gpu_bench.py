@@ -33,7 +33,8 @@ def test_toy_run_writes_a_valid_record_with_every_section(toy_record):
     path, rec = toy_record
     assert load_record(path=path) == rec
     assert rec["errors"] == []
-    assert rec["toy"] is True and rec["device"]["key"] == "cpu" and rec["device"]["torch"] == torch.__version__
+    assert (rec["toy"] is True and rec["device"]["key"] == "cpu"
+            and rec["device"]["torch"] == torch.__version__)
     assert rec["dtype"] == "fp32" and "commit" in rec["device"]  # provenance: the code that measured (git)
     assert set(rec["models"]) == {"llama-3-8b"}  # the name readers look up; TOY's shape in a toy run
     assert rec["models"]["llama-3-8b"]["config"]["name"] == "toy"
@@ -42,7 +43,8 @@ def test_toy_run_writes_a_valid_record_with_every_section(toy_record):
     for backend in ("reference", "fused"):  # side by side: every point with each backend, each row naming it
         sizes = [r["chunk_size"] for r in rec["prefill_chunks"] if r["attention_backend"] == backend]
         assert sizes == list(BenchConfig.toy().chunk_sizes), backend
-        points = [(r["batch_size"], r["context_tokens"]) for r in rec["decode"] if r["attention_backend"] == backend]
+        points = [(r["batch_size"], r["context_tokens"]) for r in rec["decode"]
+                  if r["attention_backend"] == backend]
         assert len(points) == len(rec["decode"]) // 2 and points, backend
     for r in rec["prefill_chunks"]:  # every token of the prompt prefilled once, each chunk after the previous
         assert sum(n for n, _, _ in r["chunks"]) == r["prompt_tokens"]
@@ -52,14 +54,15 @@ def test_toy_run_writes_a_valid_record_with_every_section(toy_record):
 
 def test_summary_mentions_each_part(toy_record):
     text = "\n".join(summary_lines(toy_record[1]))
-    for word in ("ceilings", "prefill", "decode reference", "decode fused", "layer", "toy run", "stall", "capstone",
-                 "commit"):
+    for word in ("ceilings", "prefill", "decode reference", "decode fused", "layer", "toy run", "stall",
+                 "capstone", "commit"):
         assert word in text
 
 
 def test_the_schema_names_the_new_sections():
     assert {"stall", "capstone", "prefill_chunks", "decode"} <= set(GpuRecord.model_fields)
-    assert set(SECTION_WEIGHTS) == {"ceilings", "prefill_chunks", "decode", "attention_share", "stall", "capstone"}
+    assert set(SECTION_WEIGHTS) == {"ceilings", "prefill_chunks", "decode", "attention_share", "stall",
+                                    "capstone"}
 
 
 def test_toy_stall_has_every_cell_with_its_runs(toy_record):
@@ -67,7 +70,8 @@ def test_toy_stall_has_every_cell_with_its_runs(toy_record):
     cells = {(r["long_prompt"], r["token_budget"]) for r in rec["stall"]}
     assert cells == {(L, b) for L in cfg.stall_long_prompts for b in (None, *cfg.stall_budgets)}
     for r in rec["stall"]:
-        assert r["n"] == len(r["runs"]) == cfg.stall_repeats  # >= 3 runs per cell after a warm-up: n and spread
+        # >= 3 runs per cell after a warm-up: n and spread
+        assert r["n"] == len(r["runs"]) == cfg.stall_repeats
         assert r["attention_backend"] == "reference" and r["decoders"] == cfg.stall_decoders  # auto on a CPU
         assert r["scheduler"] == ("monolithic" if r["token_budget"] is None else "chunked")
         for run in r["runs"]:
@@ -77,8 +81,8 @@ def test_toy_stall_has_every_cell_with_its_runs(toy_record):
         assert s["worst_gap_s"]["min"] <= s["worst_gap_s"]["median"] <= s["worst_gap_s"]["max"]
     chunked = [r for r in rec["stall"] if r["token_budget"] is not None]
     # a chunked run takes at least ceil(prompt / (budget - decoders)) steps to the long prompt's first token
-    assert all(run["steps"] >= -(-r["long_prompt"] // (r["token_budget"] - cfg.stall_decoders)) for r in chunked
-               for run in r["runs"])
+    assert all(run["steps"] >= -(-r["long_prompt"] // (r["token_budget"] - cfg.stall_decoders))
+               for r in chunked for run in r["runs"])
 
 
 def test_toy_capstone_holds_every_user_at_once_per_kv_dtype(toy_record):
@@ -88,15 +92,18 @@ def test_toy_capstone_holds_every_user_at_once_per_kv_dtype(toy_record):
     for r in rows.values():
         assert r["peak_resident"] == r["users"] == cfg.capstone_users and r["full_batch_decode_steps"] >= 1
         assert r["preemptions"] == 0 and r["n"] == 1 and r["gpu_mem_peak_gib"] is None  # no GPU: not measured
-        assert 0 < r["ttft_median_s"] <= r["ttft_p90_s"] <= r["ttft_max_s"] and r["itl_median_s"] <= r["itl_max_s"]
-    assert rows["fp8"]["pool_bytes"] < rows["fp32"]["pool_bytes"] and rows["fp8"]["pool_blocks"] == rows["fp32"]["pool_blocks"]
+        assert (0 < r["ttft_median_s"] <= r["ttft_p90_s"] <= r["ttft_max_s"]
+                and r["itl_median_s"] <= r["itl_max_s"])
+    assert (rows["fp8"]["pool_bytes"] < rows["fp32"]["pool_bytes"]
+            and rows["fp8"]["pool_blocks"] == rows["fp32"]["pool_blocks"])
 
 
 def test_an_engine_run_past_the_deadline_is_stopped_and_skipped():
     rec = {"errors": [], "skipped": [], "models": {}}
     run = Run(rec, BenchConfig.toy(), torch.device("cpu"), torch.float32, lambda _msg: None)
     run.deadline = 0.0  # long past
-    assert run.point("stall run", lambda: serving_sections.stall_run(run, "llama-3-8b", 128, 32), timed=False) is None
+    assert run.point("stall run", lambda: serving_sections.stall_run(run, "llama-3-8b", 128, 32),
+                     timed=False) is None
     assert rec["errors"] == [] and rec["skipped"] == ["stall run (time cap: stopped after 0 steps)"]
 
 
@@ -132,7 +139,8 @@ def test_bad_sections_and_cap_are_value_errors():
         BenchConfig.toy(sections=("warp",))
     with pytest.raises(ValueError, match="time_cap_s"):
         BenchConfig(time_cap_s=0)
-    with pytest.raises(ValueError, match="unknown attention backend 'flash'; allowed: auto, reference, fused"):
+    with pytest.raises(ValueError,
+                       match="unknown attention backend 'flash'; allowed: auto, reference, fused"):
         BenchConfig.toy(attention_backends=("reference", "flash"))
     with pytest.raises(ValueError, match="stall_repeats"):
         BenchConfig.toy(stall_repeats=0)
@@ -148,8 +156,8 @@ def test_gpu_bench_without_cuda_says_so_in_one_line(capsys):
     assert lines[0].startswith("no CUDA device:") and "use --toy to test the harness on the CPU" in lines[0]
 
 
-@pytest.mark.parametrize("args", [["--time-cap-s", "-1"], ["--sections", "warp"], ["--attention-backends", "x"],
-                                  ["--attention-backend", "flash"]])
+@pytest.mark.parametrize("args", [["--time-cap-s", "-1"], ["--sections", "warp"],
+                                  ["--attention-backends", "x"], ["--attention-backend", "flash"]])
 def test_gpu_bench_bad_arguments_exit_2_in_one_line(args, capsys):
     assert main(["gpu-bench", "--toy", *args]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
