@@ -237,8 +237,8 @@ def test_grading_imports_nothing_but_itself():
     for path in pathlib.Path(grading.__file__).parent.glob("*.py"):
         src = path.read_text()
         imports = [line.strip() for line in src.splitlines() if line.strip().startswith(("import ", "from "))]
-        assert all(line.startswith("from longctx.grading") or line == "import functools" for line in imports), \
-            (path.name, imports)
+        assert all(line.startswith("from longctx.grading") or line == "import functools"
+                   for line in imports), (path.name, imports)
         assert "longctx.engine" not in src and "longctx.model" not in src
 
 
@@ -278,7 +278,8 @@ def test_value_message_has_name_answer_unit_direction_factor_and_hint_but_not_th
 # ---------------------------------------------------------------- the plain-data boundary of `make grade`
 
 @pytest.mark.parametrize("value", [None, True, 0, -7, 2**80, 1.5, "héllo", [1, [2.5, None]], (1, "a"),
-                                   {256: 0.031, "k": [1, 2], (1, 2): None}, np.arange(6, dtype=np.int32).reshape(2, 3),
+                                   {256: 0.031, "k": [1, 2], (1, 2): None},
+                                   np.arange(6, dtype=np.int32).reshape(2, 3),
                                    np.float32(1.25), np.int64(7), np.bool_(True), [math.inf, -math.inf]])
 def test_plain_data_round_trip_keeps_types(value):
     back = plaindata.decode(plaindata.loads(plaindata.dumps(plaindata.encode(value))))
@@ -303,15 +304,17 @@ class _Liar(int):
 
 
 @pytest.mark.parametrize("value, words", [(object(), "answer is a object"), (_Liar(3), "_Liar"),
-                                          ([1, lambda: 0], r"answer\[1\] is a function"), ({object(): 1}, "key"),
+                                          ([1, lambda: 0], r"answer\[1\] is a function"),
+                                         ({object(): 1}, "key"),
                                           (np.array(["a"]), "dtype"), ([0] * 3_000_000, "values")])
 def test_plain_data_refuses_objects_with_a_clear_message(value, words):
     with pytest.raises(plaindata.NotPlainData, match=words):
         plaindata.encode(value, "answer")
 
 
-@pytest.mark.parametrize("text", ['{"$": "x", "v": 1}', '[1, 2]', '{"a": 1}', '{"$": "nd", "dtype": "object", '
-                                  '"shape": [1], "v": [1]}', 'NaN', '{"$": "nd", "dtype": "int8", "shape": [2], "v": [1]}',
+@pytest.mark.parametrize("text", ['{"$": "x", "v": 1}', '[1, 2]', '{"a": 1}',
+                                  '{"$": "nd", "dtype": "object", "shape": [1], "v": [1]}', 'NaN',
+                                  '{"$": "nd", "dtype": "int8", "shape": [2], "v": [1]}',
                                   '{"$": "d", "v": [[{"$": "l", "v": []}, 1]]}'])
 def test_plain_data_decoding_is_strict(text):
     with pytest.raises(ValueError):
@@ -319,10 +322,12 @@ def test_plain_data_decoding_is_strict(text):
 
 
 def test_checker_plan_asks_the_kernel_only_for_notebook_names():
-    test = ("from longctx.grading import check_number\nfor t in (1, 2):\n    check_number('x', f(t), g(t), answer_kind='function')\n"
-            "check_number('y', answer, memory.kv(specs.get_model('m')), answer_kind='value')\nlocal = 3\nprint(local, len([1]))")
-    lesson = ["from longctx import memory, specs\nimport numpy as np", "def f(t):\n    return t", "answer = 4",
-              "g = lambda t: t"]
+    test = ("from longctx.grading import check_number\nfor t in (1, 2):\n"
+            "    check_number('x', f(t), g(t), answer_kind='function')\n"
+            "check_number('y', answer, memory.kv(specs.get_model('m')), answer_kind='value')\n"
+            "local = 3\nprint(local, len([1]))")
+    lesson = ["from longctx import memory, specs\nimport numpy as np", "def f(t):\n    return t",
+              "answer = 4", "g = lambda t: t"]
     plan = checker.plan(test, lesson)
     assert plan == {"imports": ["from longctx import memory", "from longctx import specs"],
                     "kernel_names": ["answer", "f", "g"]}
@@ -378,8 +383,10 @@ def _check(source, names, lesson=()):
 
 
 TEST = ("from longctx.grading import check_number, check_integer\n"
-        "check_number('kv(3)', kv(3), 6, answer_kind='function')\ncheck_integer('answer', answer, 42, answer_kind='value')\n"
-        "### BEGIN HIDDEN TESTS\ncheck_number('kv(1000)', kv(1000), 2000, answer_kind='function')\n### END HIDDEN TESTS")
+        "check_number('kv(3)', kv(3), 6, answer_kind='function')\n"
+        "check_integer('answer', answer, 42, answer_kind='value')\n"
+        "### BEGIN HIDDEN TESTS\ncheck_number('kv(1000)', kv(1000), 2000, answer_kind='function')\n"
+        "### END HIDDEN TESTS")
 
 
 def test_checker_passes_right_answers_and_never_sends_the_test_source():

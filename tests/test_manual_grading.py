@@ -31,19 +31,24 @@ RUBRIC = "Rubric: 2 points for 'one key and one value per token', 1 point for 'p
 GOOD_ANSWER = ("Each new token adds **one key and one value** per layer and head,\n"
                "so the cache grows linearly: $2 L H d$ numbers per token.")
 HOSTILE = ("<script>alert('M1')</script> <img src=x onerror=alert('M2')> [x](javascript:alert('M3'))\n"
-           "</textarea></div><a href=\"javascript:alert('M4')\">me</a>\n```\n~~~\n{{ resources }} {% raw %}\n")
+           "</textarea></div><a href=\"javascript:alert('M4')\">me</a>\n```\n~~~\n"
+           "{{ resources }} {% raw %}\n")
 HUGE = HOSTILE + "\n".join(f"line {i}: " + "lorem ipsum " * 15 for i in range(1100))  # about 200 KB
 
 
 def source_notebook():
     cells = [
-        new_markdown_cell("# Written answers\nOne number, one paragraph.", metadata=h._meta("intro", locked=True)),
-        new_code_cell("def kv_bytes(n_tokens):\n    ### BEGIN SOLUTION\n    return 2 * n_tokens\n    ### END SOLUTION",
+        new_markdown_cell("# Written answers\nOne number, one paragraph.",
+                          metadata=h._meta("intro", locked=True)),
+        new_code_cell("def kv_bytes(n_tokens):\n    ### BEGIN SOLUTION\n    return 2 * n_tokens\n"
+                      "    ### END SOLUTION",
                       metadata=h._meta("kv_bytes", solution=True)),
         new_code_cell("from longctx.grading import check_number\n"
-                      "check_number('kv bytes for 3 tokens', kv_bytes(3), 6, answer_kind='function', unit='bytes')\n"
+                      "check_number('kv bytes for 3 tokens', kv_bytes(3), 6, answer_kind='function', "
+                      "unit='bytes')\n"
                       "### BEGIN HIDDEN TESTS\n"
-                      "check_number('kv bytes for 1000 tokens', kv_bytes(1000), 2000, answer_kind='function', unit='bytes')\n"
+                      "check_number('kv bytes for 1000 tokens', kv_bytes(1000), 2000, "
+                      "answer_kind='function', unit='bytes')\n"
                       "### END HIDDEN TESTS",
                       metadata=h._meta("test_kv_bytes", grade=True, locked=True, points=2)),
         new_markdown_cell("**Explain** why the KV cache grows linearly with the context.",
@@ -82,7 +87,8 @@ def formgrader_view(root, student):
         "fg.root_dir = root\n"
         "fg.initialize([])\n"
         "assert fg.url_prefix == '.', fg.url_prefix\n"
-        "resources = {'assignment_id': 'written', 'notebook_id': 'written', 'submission_id': 'x', 'index': 0,\n"
+        "resources = {'assignment_id': 'written', 'notebook_id': 'written', 'submission_id': 'x', "
+        "'index': 0,\n"
         "             'total': 1, 'base_url': '/', 'student': 'x', 'last_name': None, 'first_name': None,\n"
         "             'notebook_path': 'x'}\n"
         "html, _ = HTMLExporter(config=fg.config).from_filename(src, resources=resources)\n"
@@ -101,7 +107,8 @@ def graded(tmp_path_factory):
     if PROBLEMS:
         pytest.skip("; ".join(PROBLEMS))
     root = h.make_course(tmp_path_factory.mktemp("manual"), lessons=())
-    shutil.copytree(os.path.join(h.REPO, "autograder", "formgrader"), os.path.join(root, "autograder", "formgrader"))
+    shutil.copytree(os.path.join(h.REPO, "autograder", "formgrader"),
+                    os.path.join(root, "autograder", "formgrader"))
     os.makedirs(os.path.join(root, "solutions", LESSON))
     nbformat.write(source_notebook(), os.path.join(root, "solutions", LESSON, f"{LESSON}.ipynb"))
     h.release(root, LESSON)
@@ -157,7 +164,8 @@ def test_report_and_summary_say_pending(graded):
     assert f"{LESSON}: 0 / 5 points" in bob and "[FAILED] explain_kv: 0/3 - no answer" in bob, bob
     assert "pending" not in bob.lower()
     out = first["stdout"]
-    assert re.search(r"alice\s+written\s+2/2\s+ok\s+\[\+3 points pending manual grading: explain_kv\]", out), out
+    assert re.search(r"alice\s+written\s+2/2\s+ok\s+\[\+3 points pending manual grading: explain_kv\]",
+                     out), out
     assert "2 written answer(s) in 2 submission(s) await manual grading" in out, out
 
 
@@ -207,7 +215,9 @@ def test_manual_score_gives_the_final_total(graded):
     alice = h.report(root, "alice")
     assert f"{LESSON}: 4.5 / 5 points - ok" in alice and "[graded] explain_kv: 2.5/3" in alice, alice
     assert "pending" not in alice.lower() and "pending" not in h.report(root, "mallory").lower()
-    assert "await manual grading" not in again.stdout and re.search(r"alice\s+written\s+4.5/5\s+ok", again.stdout)
+    assert "await manual grading" not in again.stdout and re.search(r"alice\s+written\s+4.5/5\s+ok",
+                                                                    again.stdout)
     feedback = read(path(root, "feedback", "alice", "html"))
     assert "Not graded yet" not in feedback and "Score: 2.5 / 3.0" in feedback
-    assert answer_cell(nbformat.read(path(root, "autograded", "alice", "ipynb"), as_version=4)).source == GOOD_ANSWER
+    assert answer_cell(nbformat.read(path(root, "autograded", "alice", "ipynb"),
+                                     as_version=4)).source == GOOD_ANSWER
