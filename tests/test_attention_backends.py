@@ -1,5 +1,5 @@
-"""The attention-backend seam: the fused backend (eager FlexAttention on a CPU) gives the reference backend's logits
-on mixed steps, changes no engine token, and is chosen (or refused) by one rule with a reason."""
+"""The attention-backend seam: the fused backend (eager FlexAttention on a CPU) gives the reference backend's
+logits on mixed steps, changes no engine token, and is chosen (or refused) by one rule with a reason."""
 
 import random
 
@@ -13,8 +13,8 @@ from longctx.model.attention import BACKEND_NAMES, choose_backend
 from longctx.model.llama import Llama
 from longctx.specs import ModelSpec
 
-SPEC = ModelSpec(name="tiny", num_layers=2, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8, source="test",
-                 intermediate_size=48, vocab_size=50, rope_theta=10000.0, max_context=256)
+SPEC = ModelSpec(name="tiny", num_layers=2, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8,
+                 source="test", intermediate_size=48, vocab_size=50, rope_theta=10000.0, max_context=256)
 ATOL = 2e-5  # fp32: the two backends sum the same products in another order
 
 
@@ -23,14 +23,15 @@ def run_steps(model, steps, num_blocks=48, block_size=4):
     cache = PagedKVCache.for_model(model.config, num_blocks, block_size)
     groups = model.attention_backend.backend.uses_decode_groups
     with torch.inference_mode():
-        return [model(torch.tensor(ids), cache, build_attention_metadata(chunks, block_size, decode_groups=groups))
+        return [model(torch.tensor(ids), cache,
+                      build_attention_metadata(chunks, block_size, decode_groups=groups))
                 for ids, chunks in steps]
 
 
 def mixed_steps(seed=0, block_size=4, num_blocks=48):
-    """Scattered block tables; step 2 holds a chunk after a prefix, a decode whose context fills its last block
-    exactly, and a fresh prompt; D shares A's first two blocks (a cached prefix) and adds a chunk after them;
-    step 4 decodes four unequal contexts beside a fresh prompt."""
+    """Scattered block tables; step 2 holds a chunk after a prefix, a decode whose context fills its last
+    block exactly, and a fresh prompt; D shares A's first two blocks (a cached prefix) and adds a chunk after
+    them; step 4 decodes four unequal contexts beside a fresh prompt."""
     rng = random.Random(seed)
     blocks = list(range(num_blocks))
     rng.shuffle(blocks)
@@ -41,7 +42,8 @@ def mixed_steps(seed=0, block_size=4, num_blocks=48):
         (ids(11 + 7), [Chunk(a, 0, 11), Chunk(b, 0, 7)]),
         (ids(13 + 1 + 5), [Chunk(a, 11, 13), Chunk(b, 7, 1), Chunk(c, 0, 5)]),
         (ids(4), [Chunk(d, 8, 4)]),  # D's own tokens after the shared prefix (a chunk after a prefix)
-        (ids(4 + 6), [Chunk(a, 24, 1), Chunk(b, 8, 1), Chunk(c, 5, 1), Chunk(d, 12, 1), Chunk(blocks[26:30], 0, 6)]),
+        (ids(4 + 6), [Chunk(a, 24, 1), Chunk(b, 8, 1), Chunk(c, 5, 1), Chunk(d, 12, 1),
+                      Chunk(blocks[26:30], 0, 6)]),
     ]
 
 
@@ -60,7 +62,8 @@ def test_the_decode_mask_says_which_row_owns_each_block():
     from longctx.model.paged_flex import DecodeMasks, paged_decodes
 
     masks = DecodeMasks(num_blocks=8, block_size=4, device="cpu")
-    paged = paged_decodes([(3, [5, 2, 7], 12), (0, [5, 1], 6)], masks)  # block 5 shared; the second ends mid-block
+    # block 5 shared; the second ends mid-block
+    paged = paged_decodes([(3, [5, 2, 7], 12), (0, [5, 1], 6)], masks)
     state = masks.for_rows(2)
     assert state.rank[:2].tolist() == [[-1, -1, 1, -1, -1, 0, -1, 2], [-1, 1, -1, -1, -1, 0, -1, -1]]
     assert state.lens[:2].tolist() == [12, 6] and paged.rows.tolist() == [3, 0]
@@ -137,17 +140,19 @@ def test_the_decode_mask_is_one_function_per_batch_bucket_over_buffers_refilled_
     five = paged_decodes([(i, [i], 1) for i in range(5)], masks)  # padded to 8 rows: its own buffers
     assert masks.for_rows(8).lens.tolist() == [1] * 5 + [0] * 3
     assert five.block_mask.kv_num_blocks.shape[0] == 8 and five.rows.tolist() == list(range(5))
-    second = paged_decodes([(2, [7, 1, 5], 12), (0, [3, 9], 7)], masks)  # back to two rows after a larger batch
+    # back to two rows after a larger batch
+    second = paged_decodes([(2, [7, 1, 5], 12), (0, [3, 9], 7)], masks)
     assert masks.for_rows(2) is state and state.mask_mod is mask_mod and state.rank is rank
     assert first.block_mask.mask_mod is second.block_mask.mask_mod
     assert state.rank[0, [7, 1, 5]].tolist() == [0, 1, 2] and state.lens.tolist() == [12, 7]
-    assert state.rank[1].tolist().count(-1) == 14  # row 1 owns blocks 3 and 9 only: the last step's rows are gone
+    # row 1 owns blocks 3 and 9 only: the last step's rows are gone
+    assert state.rank[1].tolist().count(-1) == 14
 
 
 def test_the_compiled_decode_call_compiles_once_per_batch_bucket(monkeypatch):
-    """The CUDA path's compiled call, traced here by dynamo with a counting backend (the graph then runs eagerly
-    on the CPU): batches that grow, shrink and come back, on new block tables and contexts each step, compile
-    once per padded batch size and never again."""
+    """The CUDA path's compiled call, traced here by dynamo with a counting backend (the graph then runs
+    eagerly on the CPU): batches that grow, shrink and come back, on new block tables and contexts each step,
+    compile once per padded batch size and never again."""
     from torch._dynamo.testing import CompileCounter
     from torch.nn.attention.flex_attention import flex_attention
 

@@ -3,16 +3,16 @@
 nbval (pyproject.toml's addopts, the repository's conftest.py) runs every solution notebook in a kernel beside
 this module on the other xdist worker: every cell runs without error, and a cell marked NBVAL_CHECK_OUTPUT
 prints its committed output. What nbval cannot see is checked here, on the grading run only (no third
-execution). One session fixture (`lesson_runs`) puts a copy of the course in a temporary folder and grades each lesson
-twice through `make grade`'s grader, in its sandbox, two submissions at a time (both cores):
+execution). One session fixture (`lesson_runs`) puts a copy of the course in a temporary folder and grades
+each lesson twice through `make grade`'s grader, in its sandbox, two submissions at a time (both cores):
 - "solution": the source notebook from solutions/ submitted as a student's answer;
-- "untouched": the released lesson from a fresh `make release`, submitted unanswered, with its heavy narrative
-  cells (those the browser run skips too: `lab_browser.plan_cells`, they import torch, load the model, build an
-  engine, start a server, or read what such a cell defines) replaced by a one-line comment. Those cells are the
-  solution's own, word for word (same cell id and source), and run in the solution's graded run, where
-  test_untouched_narrative_cells_run_cleanly checks them; running them a second time, unanswered, would only
-  repeat that run (about three minutes of CPU on two cores). The cheap narrative cells, every exercise and every
-  test cell of the release run as the learner first meets them.
+- "untouched": the released lesson from a fresh `make release`, submitted unanswered, with its heavy
+  narrative cells (those the browser run skips too: `lab_browser.plan_cells`, they import torch, load the
+  model, build an engine, start a server, or read what such a cell defines) replaced by a one-line comment.
+  Those cells are the solution's own, word for word (same cell id and source), and run in the solution's
+  graded run, where test_untouched_narrative_cells_run_cleanly checks them; running them a second time,
+  unanswered, would only repeat that run (about three minutes of CPU on two cores). The cheap narrative
+  cells, every exercise and every test cell of the release run as the learner first meets them.
 The kernel runs with Python warnings shown (`grade.py --python-warnings default`), because a warning in a
 narrative cell is exactly what a learner would see as a failure. Parametrized tests then read the grades and
 the executed notebooks (`autograder/autograded/<student>/<lesson>/<lesson>.ipynb`: the sandbox's outputs in
@@ -57,7 +57,8 @@ _only = [x for x in os.environ.get("LONGCTX_TEST_LESSONS", "").split(",") if x]
 LESSONS = [lesson for lesson in ALL_LESSONS if not _only or lesson in _only]
 SANDBOX_PROBLEMS = sandbox.check()
 
-pytestmark = [pytest.mark.slow, pytest.mark.notebooks, pytest.mark.timeout(2700)]  # the fixture's grading run is charged to the first test
+# the fixture's grading run is charged to the first test
+pytestmark = [pytest.mark.slow, pytest.mark.notebooks, pytest.mark.timeout(2700)]
 
 
 @dataclass
@@ -110,7 +111,8 @@ def _stub_heavy_narrative_cells(nb) -> dict:
         cell = nb.cells[index]
         if nbgrader_role(cell) == "":
             stubbed[cell.get("id")] = why
-            cell.source = f"# not run in the untouched release's grading run ({why}): see tests/test_lessons_graded.py"
+            cell.source = (f"# not run in the untouched release's grading run ({why}): "
+                           "see tests/test_lessons_graded.py")
     return stubbed
 
 
@@ -173,7 +175,8 @@ def test_solution_earns_every_autograded_point(lesson_runs, lesson):
     row = lesson_runs.rows.get(("solution", lesson))
     assert row is not None, f"no grades.csv row for solution/{lesson}:\n{lesson_runs.log}"
     manual = _manual_points(lesson)  # a written answer waits for a person: 0 in grades.csv until graded
-    assert float(row["score"]) == float(row["max_score"]) - manual, (row, h.report(lesson_runs.root, "solution"))
+    assert float(row["score"]) == float(row["max_score"]) - manual, \
+        (row, h.report(lesson_runs.root, "solution"))
     if manual:
         assert f"{lesson}:" in h.report(lesson_runs.root, "solution")
         assert "pending manual grading" in h.report(lesson_runs.root, "solution")
@@ -190,8 +193,8 @@ def test_untouched_release_earns_zero(lesson_runs, lesson):
 
 @pytest.mark.parametrize("lesson", LESSONS)
 def test_untouched_narrative_cells_run_cleanly(lesson_runs, lesson):
-    """No narrative cell raises or writes to stderr (a warning included): the cheap ones run before anything is
-    answered (the untouched release), the heavy ones (stubbed there) in the solution's graded run."""
+    """No narrative cell raises or writes to stderr (a warning included): the cheap ones run before anything
+    is answered (the untouched release), the heavy ones (stubbed there) in the solution's graded run."""
     nb = _executed(lesson_runs, "untouched", lesson)
     stubbed = lesson_runs.stubbed.get(lesson, {})
     solved = {c.get("id"): c for c in _executed(lesson_runs, "solution", lesson).cells} if stubbed else {}
@@ -221,4 +224,5 @@ def test_solution_test_cells_pass_silently(lesson_runs, lesson):
 
 def _printed(cell) -> list[str]:
     """What a cell printed: its streams, text results and errors, in order."""
-    return [o.get("text") or o.get("data", {}).get("text/plain") or o.get("ename", "") for o in cell.get("outputs", [])]
+    return [o.get("text") or o.get("data", {}).get("text/plain") or o.get("ename", "")
+            for o in cell.get("outputs", [])]

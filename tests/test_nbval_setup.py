@@ -57,7 +57,8 @@ def test_nbval_collects_the_solution_notebooks_only():
     notebooks = {line.split("::")[0] for line in ids}
     assert notebooks == {f"solutions/{lesson}/{lesson}.ipynb" for lesson in LESSONS}
     code_cells = sum(c.cell_type == "code" for lesson in LESSONS
-                     for c in nbformat.read(ROOT / "solutions" / lesson / f"{lesson}.ipynb", as_version=4).cells)
+                     for c in nbformat.read(ROOT / "solutions" / lesson / f"{lesson}.ipynb",
+                                            as_version=4).cells)
     assert len(ids) == code_cells
     fast = _pytest("--collect-only", "-q", "-m", "not slow and not notebooks", "solutions")
     assert "::Cell " not in fast.stdout and "deselected" in fast.stdout, fast.stdout[-2000:]
@@ -92,7 +93,8 @@ def _sanitize(text: str) -> str:
 @pytest.mark.parametrize(("one", "other"), [
     ("<longctx.Foo object at 0x7f3a12bc4d90>", "<longctx.Foo object at 0x55d0e1a2b3c4>"),
     ("saved /tmp/nbval-kernel-ab12/run.json", "saved /tmp/nbval-kernel-zz99/run.json"),
-    ("/work/main/.venv/lib/python3.11/site-packages/torch/nn.py", "/opt/conda/lib/python3.11/site-packages/torch/nn.py"),
+    ("/work/main/.venv/lib/python3.11/site-packages/torch/nn.py",
+     "/opt/conda/lib/python3.11/site-packages/torch/nn.py"),
     ("read /work/main/longctx/data/recorded/a.json", "read /home/ci/clone/longctx/data/recorded/a.json"),
     ("serving on http://127.0.0.1:35625/v1", "serving on http://127.0.0.1:41000/v1"),
     ("x = 1\nWall time: 1.2 s\n", "x = 1\nWall time: 830 ms\n"),
@@ -141,7 +143,8 @@ def test_kernels_start_in_a_scratch_folder():
     from nbval import plugin
     from nbval.kernel import CURRENT_ENV_KERNEL_NAME
 
-    assert getattr(plugin.RunningKernel, "scratch_folders", False), "the repository's conftest.py did not apply"
+    assert getattr(plugin.RunningKernel, "scratch_folders", False), \
+        "the repository's conftest.py did not apply"
     kernel = plugin.RunningKernel(CURRENT_ENV_KERNEL_NAME, cwd=str(ROOT / "solutions" / LESSONS[0]))
     scratch = Path(kernel.scratch_dir)
     try:
@@ -206,11 +209,14 @@ def test_merge_writes_only_marked_outputs_by_cell_id():
 
 
 def test_recorded_streams_are_joined_and_images_dropped():
-    pieces = [new_output("stream", name="stdout", text="a\n"), new_output("stream", name="stdout", text="b\n"),
-              new_output("stream", name="stderr", text="w\n"), new_output("stream", name="stdout", text="c\n"),
+    pieces = [new_output("stream", name="stdout", text="a\n"),
+              new_output("stream", name="stdout", text="b\n"),
+              new_output("stream", name="stderr", text="w\n"),
+              new_output("stream", name="stdout", text="c\n"),
               new_output("display_data", data={"image/png": "iVBORw0KGgo="})]
     kept = nbval_outputs.recordable(pieces)
-    assert [(o["name"], o["text"]) for o in kept] == [("stdout", "a\nb\n"), ("stderr", "w\n"), ("stdout", "c\n")]
+    assert [(o["name"], o["text"]) for o in kept] == [("stdout", "a\nb\n"), ("stderr", "w\n"),
+                                                     ("stdout", "c\n")]
     assert pieces[0]["text"] == "a\n"  # the executed notebook is left as it was
 
 
@@ -221,14 +227,16 @@ def test_recorded_outputs_pass_nbval_and_a_change_fails_it(tmp_path):
     folder.mkdir(parents=True)
     path = folder / f"{lesson}.ipynb"
     nbformat.write(_toy_notebook([
-        _cell("# NBVAL_CHECK_OUTPUT\nprint(f'{2 * 30 * 3 * 64 * 2:,} B')  # K and V, 30 layers, 3 heads of 64, 2 B", "marked"),
+        _cell("# NBVAL_CHECK_OUTPUT\nprint(f'{2 * 30 * 3 * 64 * 2:,} B')  "
+              "# K and V, 30 layers, 3 heads of 64, 2 B", "marked"),
         _cell("import os\nprint(os.getpid())", "varies"),
     ]), path)
     assert nbval_outputs.record(lesson, root=tmp_path)
     recorded = nbformat.read(path, as_version=4)
     assert recorded.cells[0].outputs[0]["text"] == "23,040 B\n" and recorded.cells[1].outputs == []
     assert _nbval_alone(tmp_path, path).returncode == 0
-    recorded.cells[0].source = recorded.cells[0].source.replace("* 2:", "* 4:")  # a change that alters the output
+    # a change that alters the output
+    recorded.cells[0].source = recorded.cells[0].source.replace("* 2:", "* 4:")
     nbformat.write(recorded, path)
     done = _nbval_alone(tmp_path, path)
     assert done.returncode == 1 and "Cell 0" in done.stdout and "Cell outputs differ" in done.stdout
@@ -244,7 +252,8 @@ def test_solutions_keep_outputs_exactly_where_nbval_compares_them(lesson):
         if nbval_outputs.checks_output(cell):
             marked += 1
             if cell.execution_count is None or not cell.outputs:
-                problems.append(f"code cell {index} is marked but has no recorded output (nbval would skip it)")
+                problems.append(f"code cell {index} is marked but has no recorded output "
+                                "(nbval would skip it)")
         elif cell.outputs or cell.execution_count is not None:
             problems.append(f"code cell {index} carries outputs but is not marked NBVAL_CHECK_OUTPUT")
     if marked < MIN_MARKED:
