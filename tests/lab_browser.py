@@ -102,10 +102,12 @@ def formgrade_command(port: int) -> list[str]:
 
 
 class LabServer:
-    """JupyterLab as `make lab` starts it, serving `root_dir`; a context manager that stops it and its kernels.
-    With `instructor=True`, the instructor's lab instead (autograder/formgrade.sh, serving the repository)."""
+    """JupyterLab as `make lab` starts it, serving `root_dir`; a context manager that stops it and its
+    kernels. With `instructor=True`, the instructor's lab instead (autograder/formgrade.sh, serving the
+    repository)."""
 
-    def __init__(self, root_dir: Path, state_dir: Path, start_timeout_s: float = 120.0, instructor: bool = False):
+    def __init__(self, root_dir: Path, state_dir: Path, start_timeout_s: float = 120.0,
+                 instructor: bool = False):
         self.instructor = instructor
         self.root_dir = Path(root_dir)
         self.state_dir = Path(state_dir)
@@ -155,7 +157,8 @@ class LabServer:
                         return self
             time.sleep(0.25)
         self.__exit__(None, None, None)
-        raise RuntimeError(f"JupyterLab did not start within {self.start_timeout_s:.0f} s:\n{self.log()[-3000:]}")
+        raise RuntimeError(f"JupyterLab did not start within {self.start_timeout_s:.0f} s:\n"
+                           f"{self.log()[-3000:]}")
 
     def _answers(self) -> bool:
         try:
@@ -241,10 +244,12 @@ class NotebookPage:
         return int(active.get_attribute("data-windowed-list-index"))
 
     def wait_idle(self, timeout_s: float = 120.0) -> None:
-        self.panel.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').wait_for(timeout=timeout_s * 1000)
+        self.panel.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').wait_for(
+            timeout=timeout_s * 1000)
 
     def show_output_image(self, index: int) -> None:
-        """Scroll so that the first image cell `index` shows is on the screen (cell `index` must be active)."""
+        """Scroll so that the first image cell `index` shows is on the screen (cell `index` must be
+        active)."""
         image = self.cell(index).locator(".jp-OutputArea-output img").first
         image.evaluate("img => img.scrollIntoView({block: 'end'})")
 
@@ -389,7 +394,8 @@ class LabPage:
     def menu_items(self, menu: str) -> list[str]:
         """The labels of the items a learner sees in menu `menu` of the menu bar (then closes it)."""
         self.page.locator(".lm-MenuBar-item", has_text=re.compile(rf"^{re.escape(menu)}$")).first.click()
-        items = self.page.locator(".lm-Menu:not(.lm-mod-hidden) .lm-Menu-item:not(.lm-mod-hidden) .lm-Menu-itemLabel")
+        items = self.page.locator(".lm-Menu:not(.lm-mod-hidden) .lm-Menu-item:not(.lm-mod-hidden) "
+                                  ".lm-Menu-itemLabel")
         items.first.wait_for(timeout=10_000)
         labels = [t.strip() for t in items.all_inner_texts() if t.strip()]
         self.page.keyboard.press("Escape")

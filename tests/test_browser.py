@@ -108,7 +108,8 @@ def _errors(cell) -> list:
 
 
 def _stderr(cell) -> list:
-    return [o for o in cell.get("outputs", []) if o.get("output_type") == "stream" and o.get("name") == "stderr"]
+    return [o for o in cell.get("outputs", [])
+            if o.get("output_type") == "stream" and o.get("name") == "stderr"]
 
 
 def _saved_images(cell) -> int:
@@ -172,18 +173,21 @@ def test_lesson_in_the_browser(lesson, lab, page):
             if seen.broken_images:
                 problems.append(f"{where}: {seen.broken_images} image(s) did not render")
             if seen.images < _saved_images(cell):
-                problems.append(f"{where}: the kernel sent {_saved_images(cell)} image(s), the page shows {seen.images}")
+                problems.append(f"{where}: the kernel sent {_saved_images(cell)} image(s), "
+                                f"the page shows {seen.images}")
             if role == "":
                 if _errors(cell):
                     problems.append(f"{where} raised {_error_text(cell)}")
                 if _stderr(cell):
-                    problems.append(f"{where} wrote to stderr: {''.join(o['text'] for o in _stderr(cell))[:300]}")
+                    problems.append(f"{where} wrote to stderr: "
+                                    f"{''.join(o['text'] for o in _stderr(cell))[:300]}")
                 if MAKES_FIGURE.search(cell.source) and seen.images == 0:
                     problems.append(f"{where} makes a figure but the page shows no image")
             elif role == "exercise":
                 names = {o["ename"] for o in _errors(cell)}
                 if names - UNANSWERED_EXERCISE_ERRORS:
-                    problems.append(f"unanswered {where} raised {_error_text(cell)} (expected NotImplementedError)")
+                    problems.append(f"unanswered {where} raised {_error_text(cell)} "
+                                    "(expected NotImplementedError)")
             elif role == "test":
                 names = {o["ename"] for o in _errors(cell)}
                 if not names:
@@ -191,12 +195,14 @@ def test_lesson_in_the_browser(lesson, lab, page):
                 elif names - UNANSWERED_TEST_ERRORS:
                     problems.append(f"{where} fails with {_error_text(cell)} while unanswered "
                                     f"(expected {', '.join(sorted(UNANSWERED_TEST_ERRORS))})")
-        assert not problems, (f"{lesson} in the browser (skipped cells: {skipped}):\n  " + "\n  ".join(problems))
+        assert not problems, (f"{lesson} in the browser (skipped cells: {skipped}):\n  "
+                              + "\n  ".join(problems))
 
         # The first exercise, answered through the browser, passes its visible tests.
         # (one whose answer and tests read nothing that only a skipped model cell defines)
         ran_names = set().union(*(defined_and_used(nb.cells[i].source)[0] for i in to_run))
-        skipped_names = set().union(set(), *(defined_and_used(nb.cells[i].source)[0] for i in skipped)) - ran_names
+        skipped_names = set().union(set(), *(defined_and_used(nb.cells[i].source)[0]
+                                             for i in skipped)) - ran_names
 
         def reads_skipped(source: str) -> bool:
             defined, used = defined_and_used(source)
@@ -204,7 +210,8 @@ def test_lesson_in_the_browser(lesson, lab, page):
 
         exercises = [i for i in to_run if nbgrader_role(nb.cells[i]) == "exercise"
                      and _tests_of(nb, i) and set(_tests_of(nb, i)) <= set(to_run)
-                     and not reads_skipped(solution_answer(lesson, nb.cells[i].metadata["nbgrader"]["grade_id"]))
+                     and not reads_skipped(solution_answer(lesson,
+                                                           nb.cells[i].metadata["nbgrader"]["grade_id"]))
                      and not any(reads_skipped(nb.cells[t].source) for t in _tests_of(nb, i))]
         if not exercises:  # every exercise's test reads a skipped (model) cell: nothing more to type here
             return
@@ -264,7 +271,8 @@ def test_first_exercise_teaches_then_validates(lab, page):
 
         # ... and success once every exercise is answered (typed in the browser).
         for index in exercises:
-            notebook.set_source(index, solution_answer(SOLUTION_LESSON, nb.cells[index].metadata["nbgrader"]["grade_id"]))
+            notebook.set_source(index, solution_answer(SOLUTION_LESSON,
+                                                       nb.cells[index].metadata["nbgrader"]["grade_id"]))
         notebook.save()
         text = notebook.click_validate()
         notebook.screenshot("00-validate-success")

@@ -20,8 +20,9 @@ Which is which:
 "Expected side": the third argument (or `expected=`) of a `check_*` call; the second argument of
 `isclose` / `allclose` / `assert_allclose` / `array_equal`; in a comparison (`==`, `<`, `in`, ...), every
 operand after the first (the first is the answer under test), and, where the first is a difference or a
-ratio (`abs(answer - expected) < tol`, `answer / expected < 1.01`), its subtracted or dividing side. A comparison of two of the
-notebook's own values is thus a finding too: it holds for any consistent set of made-up numbers.
+ratio (`abs(answer - expected) < tol`, `answer / expected < 1.01`), its subtracted or dividing side. A
+comparison of two of the notebook's own values is thus a finding too: it holds for any consistent set of
+made-up numbers.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ def kernel_names(nb, test_source) -> set[str]:
 
 
 def _reads(node) -> set[str]:
-    """Names an expression reads from outside itself (comprehension variables and lambda arguments excluded)."""
+    """Names an expression reads from outside itself (comprehension variables and lambda arguments
+    excluded)."""
     loaded, bound = set(), set()
     for n in ast.walk(node):
         if isinstance(n, ast.Name):
@@ -83,7 +85,8 @@ def _positions(iterable, displays):
         if isinstance(display, ast.Dict) and None not in display.keys:
             return [display.keys, display.values]
     if isinstance(iterable, (ast.List, ast.Tuple)) and iterable.elts and \
-            all(isinstance(e, ast.Tuple) and len(e.elts) == len(iterable.elts[0].elts) for e in iterable.elts):
+            all(isinstance(e, ast.Tuple) and len(e.elts) == len(iterable.elts[0].elts)
+               for e in iterable.elts):
         return [list(col) for col in zip(*(e.elts for e in iterable.elts), strict=True)]
     return None
 
@@ -141,7 +144,8 @@ class _Audit:
         elif isinstance(node, (ast.If, ast.While, ast.Try)):
             for field in ("body", "handlers", "orelse", "finalbody"):
                 for child in getattr(node, field, []):
-                    self.statements(child.body) if isinstance(child, ast.ExceptHandler) else self.statement(child)
+                    (self.statements(child.body) if isinstance(child, ast.ExceptHandler)
+                     else self.statement(child))
 
     def audit(self, node):
         if node.lineno not in self.hidden:
@@ -158,7 +162,8 @@ class _Audit:
 def _expected_sides(tree):
     """(line, what, expression) for each expected side in the tree (see the module docstring)."""
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id.startswith("check_"):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id.startswith("check_")):
             if node.func.id == "check_true":
                 continue  # its condition is a comparison, audited below
             expected = [k.value for k in node.keywords if k.arg == "expected"] or node.args[2:3]
@@ -214,15 +219,17 @@ def findings(nb, where="notebook") -> list[str]:
         audit = _Audit(kernel_names(nb, cell.source), hidden_lines(cell.source))
         audit.statements(tree.body)
         for line, what, names in sorted(audit.found):
-            out.append(f"{where} {grade_id}, line {line}: {what} reads {', '.join(names)}, which the notebook "
-                       "defines (take it from a literal, the library, or inputs the test sets itself)")
+            out.append(f"{where} {grade_id}, line {line}: {what} reads {', '.join(names)}, "
+                       "which the notebook defines (take it from a literal, the library, "
+                       "or inputs the test sets itself)")
     return out
 
 
 @pytest.mark.parametrize("path", SOLUTIONS, ids=[os.path.basename(p)[:-6] for p in SOLUTIONS])
 def test_hidden_tests_take_expected_values_from_literals_or_the_library(path):
     nb = nbformat.read(path, as_version=4)
-    assert sum(BEGIN in c.source for c in nb.cells if _is_test(c)) > 0, "no hidden test found: the audit saw nothing"
+    assert sum(BEGIN in c.source for c in nb.cells if _is_test(c)) > 0, \
+        "no hidden test found: the audit saw nothing"
     problems = findings(nb, os.path.basename(path))
     assert not problems, "\n".join(problems)
 
@@ -248,7 +255,8 @@ def _toy(test_source, answer_source="x = 3\nrate = x / 2\n"):
     "check_true('x', math.isclose(x, rate * 2), 'no')",      # a closeness call
 ])
 def test_the_audit_catches_a_planted_expected_value(hidden):
-    nb = _toy(f"from longctx.grading import check_number, check_integer, check_true\n{BEGIN}\n{hidden}\n{END}")
+    nb = _toy("from longctx.grading import check_number, check_integer, check_true\n"
+              f"{BEGIN}\n{hidden}\n{END}")
     assert findings(nb), hidden
 
 
