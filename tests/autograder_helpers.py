@@ -29,17 +29,21 @@ def toy_solution_notebook():
     """A two-exercise lesson: kv_bytes (2 points, with a hidden test) and answer_b (3 points)."""
     cells = [
         new_markdown_cell("# Toy lesson\nCompute two things.", metadata=_meta("intro", locked=True)),
-        new_code_cell("def kv_bytes(n_tokens):\n    ### BEGIN SOLUTION\n    return 2 * n_tokens\n    ### END SOLUTION",
+        new_code_cell("def kv_bytes(n_tokens):\n    ### BEGIN SOLUTION\n    return 2 * n_tokens\n"
+                      "    ### END SOLUTION",
                       metadata=_meta("kv_bytes", solution=True)),
         new_code_cell("from longctx.grading import check_number\n"
-                      "check_number('kv bytes for 3 tokens', kv_bytes(3), 6, answer_kind='function', unit='bytes')\n"
+                      "check_number('kv bytes for 3 tokens', kv_bytes(3), 6, answer_kind='function', "
+                      "unit='bytes')\n"
                       "### BEGIN HIDDEN TESTS\n"
-                      "check_number('kv bytes for 1000 tokens', kv_bytes(1000), 2000, answer_kind='function', unit='bytes')\n"
+                      "check_number('kv bytes for 1000 tokens', kv_bytes(1000), 2000, "
+                      "answer_kind='function', unit='bytes')\n"
                       "### END HIDDEN TESTS",
                       metadata=_meta("test_kv_bytes", grade=True, locked=True, points=2)),
         new_code_cell("### BEGIN SOLUTION\nanswer_b = 42\n### END SOLUTION",
                       metadata=_meta("answer_b", solution=True)),
-        new_code_cell("from longctx.grading import check_integer\ncheck_integer('answer b', answer_b, 42, answer_kind='value')",
+        new_code_cell("from longctx.grading import check_integer\n"
+                      "check_integer('answer b', answer_b, 42, answer_kind='value')",
                       metadata=_meta("test_answer_b", grade=True, locked=True, points=3)),
     ]
     nb = new_notebook(cells=cells)
@@ -61,7 +65,8 @@ def make_course(tmp, lessons=("toy",), use_real_lessons=False):
             shutil.copytree(os.path.join(REPO, "solutions", lesson), os.path.join(root, "solutions", lesson),
                             dirs_exist_ok=True)
         else:
-            nbformat.write(toy_solution_notebook(), os.path.join(root, "solutions", lesson, f"{lesson}.ipynb"))
+            nbformat.write(toy_solution_notebook(),
+                           os.path.join(root, "solutions", lesson, f"{lesson}.ipynb"))
         release(root, lesson)
     return root
 

@@ -27,10 +27,14 @@ def small_record(factors: CostFactors | None = None, gpu: str = "h200") -> dict:
             decode.append({"model": "llama-3-8b", "batch_size": b, "context_tokens": L, "step_s": t,
                            "bytes": cost.bytes, "bytes_per_s": cost.bytes / t, "flops": cost.flops})
     share = [{"model": "llama-3-8b", "context_tokens": T, "attention_s": a, "rest_s": 1.0,
-              "attention_share": a / (a + 1.0), "flop_share": f} for T, a, f in ((1024, 0.02, 0.05), (65536, 2.0, 0.6))]
+              "attention_share": a / (a + 1.0), "flop_share": f}
+             for T, a, f in ((1024, 0.02, 0.05), (65536, 2.0, 0.6))]
     return {"schema": SCHEMA, "date": "2026-01-01T00:00:00+00:00", "toy": False, "dtype": "bf16",
-            "device": {"name": f"NVIDIA {gpu.upper()}", "key": gpu, "torch": "test", "cuda": None, "driver": None},
+            "device": {"name": f"NVIDIA {gpu.upper()}", "key": gpu, "torch": "test", "cuda": None,
+                       "driver": None},
             "models": {"llama-3-8b": {"config": spec_to_dict(LLAMA3_8B)}},
             "ceilings": {"matmul": {"n": 8192, "flops_per_s": hw.peak_flops_per_s, "median_s": 1e-3},
-                         "copy": {"bytes": 2**32, "bytes_per_s": hw.memory_bandwidth_bytes_per_s, "median_s": 1e-3}},
-            "prefill_chunks": prefill, "decode": decode, "attention_share": share, "errors": [], "skipped": []}
+                         "copy": {"bytes": 2**32, "bytes_per_s": hw.memory_bandwidth_bytes_per_s,
+                                  "median_s": 1e-3}},
+            "prefill_chunks": prefill, "decode": decode, "attention_share": share, "errors": [],
+            "skipped": []}

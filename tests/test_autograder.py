@@ -58,7 +58,8 @@ def test_feedback_shows_failures_not_hidden_tests(graded):
         text = open(path).read()
         assert "HIDDEN TESTS" not in text and "1000 tokens" not in text, student
         assert "LONGCTX-TEST-COMPLETED" not in text and "_lcg_" not in text
-    assert "NotImplementedError" in open(os.path.join(root, "autograder", "feedback", "carol", "toy", "toy.html")).read()
+    assert "NotImplementedError" in open(os.path.join(root, "autograder", "feedback", "carol", "toy",
+                                                      "toy.html")).read()
 
 
 def test_progress_summary_and_report(graded):
@@ -86,13 +87,15 @@ def test_missing_sandbox_is_reported_clearly(monkeypatch, capsys):
     sys.path.insert(0, os.path.join(h.REPO, "autograder"))
     import grade
 
-    monkeypatch.setattr(grade.sandbox, "check", lambda: ["bubblewrap is not installed: `apt-get install -y bubblewrap`"])
+    monkeypatch.setattr(grade.sandbox, "check",
+                        lambda: ["bubblewrap is not installed: `apt-get install -y bubblewrap`"])
     assert grade.main(["--course-root", h.REPO]) == 2
     assert "apt-get install -y bubblewrap" in capsys.readouterr().out
 
 
 def test_nbgrader_config_sets_only_options_that_exist():
-    """Every `c.Class.option = ...` in nbgrader_config.py names a real trait (0.9.6 has no LimitOutput.max_length)."""
+    """Every `c.Class.option = ...` in nbgrader_config.py names a real trait (0.9.6 has no
+    LimitOutput.max_length)."""
     import nbconvert.preprocessors
     import nbgrader.apps
     import nbgrader.converters
@@ -101,7 +104,8 @@ def test_nbgrader_config_sets_only_options_that_exist():
     from traitlets.config.loader import PyFileConfigLoader
 
     config = PyFileConfigLoader("nbgrader_config.py", path=os.path.join(h.REPO, "autograder")).load_config()
-    modules = [nbgrader.preprocessors, nbgrader.converters, nbgrader.coursedir, nbgrader.apps, nbconvert.preprocessors]
+    modules = [nbgrader.preprocessors, nbgrader.converters, nbgrader.coursedir, nbgrader.apps,
+               nbconvert.preprocessors]
     for section, options in config.items():
         klass = next((getattr(m, section) for m in modules if hasattr(m, section)), None)
         assert klass is not None, section

@@ -27,12 +27,15 @@ def test_save_and_load_round_trip(tmp_path):
 
 @pytest.mark.parametrize("change,match", [
     (lambda r: r.pop("ceilings"), "ceilings: Field required"),
-    (lambda r: r.update(schema="longctx.gpu/1"), "schema: Input should be 'longctx.gpu/2', got 'longctx.gpu/1'"),
+    (lambda r: r.update(schema="longctx.gpu/1"),
+     "schema: Input should be 'longctx.gpu/2', got 'longctx.gpu/1'"),
     (lambda r: r.update(date="yesterday"), "date: Input should be a valid datetime"),
-    (lambda r: r["ceilings"]["copy"].update(bytes_per_s=0), r"ceilings.copy.bytes_per_s: Input should be greater than 0, got 0"),
+    (lambda r: r["ceilings"]["copy"].update(bytes_per_s=0),
+     r"ceilings.copy.bytes_per_s: Input should be greater than 0, got 0"),
     (lambda r: r["device"].pop("key"), "device.key: Field required"),
     (lambda r: r["decode"][1].pop("step_s"), r"decode\[1\].step_s: Field required"),
-    (lambda r: r["attention_share"][0].update(flop_share=60), r"attention_share\[0\].flop_share: .* less than or equal to 1"),
+    (lambda r: r["attention_share"][0].update(flop_share=60),
+     r"attention_share\[0\].flop_share: .* less than or equal to 1"),
     (lambda r: r["prefill_chunks"][0]["chunks"][0].pop(), r"prefill_chunks\[0\].chunks\[0\]"),
 ])
 def test_a_broken_record_says_what_is_wrong(change, match, tmp_path):
@@ -91,5 +94,6 @@ def test_serving_parts_are_checked(tmp_path):
     data = load_serving("stall")
     data["rows"][0]["runs"] = []
     (tmp_path / "s.json").write_text(json.dumps(data))
-    with pytest.raises(ValueError, match=r"^not a valid stall file: rows\[0\].runs: List should have at least 1"):
+    with pytest.raises(ValueError,
+                       match=r"^not a valid stall file: rows\[0\].runs: List should have at least 1"):
         load_serving("stall", path=tmp_path / "s.json")

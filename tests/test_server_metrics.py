@@ -36,9 +36,9 @@ def tiny(tokenizer):
     from longctx.model.llama import Llama
     from longctx.specs import ModelSpec
 
-    spec = ModelSpec(name="tiny-smollm2-vocab", num_layers=2, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8,
-                     source="test", intermediate_size=48, vocab_size=tokenizer.vocab_size, rope_theta=10000.0,
-                     max_context=2048)
+    spec = ModelSpec(name="tiny-smollm2-vocab", num_layers=2, d_model=32, num_heads=4, num_kv_heads=2,
+                     head_dim=8, source="test", intermediate_size=48, vocab_size=tokenizer.vocab_size,
+                     rope_theta=10000.0, max_context=2048)
     return Llama(spec).init_random_(seed=3, std=0.3).eval()
 
 
@@ -86,7 +86,8 @@ def test_metrics_parse_with_prometheus_client_and_use_vllms_names(tiny):
     counters = {"prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "prompt_tokens",
                 "generation_tokens", "kv_press_evicted_tokens", "kv_press_freed_blocks"}
     histograms = {"time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds"}
-    assert {n for n in families if not n.endswith("_created")} == {M + n for n in gauges | counters | histograms}
+    assert ({n for n in families if not n.endswith("_created")}
+            == {M + n for n in gauges | counters | histograms})
     assert all(families[M + n].type == "histogram" for n in histograms)
     assert all(families[M + n].type == "gauge" for n in gauges)
     assert all(families[M + n].type == "counter" for n in counters)
@@ -119,7 +120,8 @@ def test_a_press_prunes_through_the_server_and_frees_blocks(tiny, tokenizer):
         assert m[M + "kv_cache_used_blocks"] <= blocks_for_tokens(kept + g + 2, BS)
         assert m[M + "kv_cache_used_blocks"] < blocks_for_tokens(n_prompt + g, BS)
     assert after[M + "kv_press_evicted_tokens_total"] == n_prompt - kept
-    assert after[M + "kv_press_freed_blocks_total"] == blocks_for_tokens(n_prompt, BS) - blocks_for_tokens(kept, BS)
+    assert (after[M + "kv_press_freed_blocks_total"]
+            == blocks_for_tokens(n_prompt, BS) - blocks_for_tokens(kept, BS))
     assert after[M + "kv_cache_used_blocks"] == 0 and after[M + "num_requests_running"] == 0
     assert after[M + "prompt_tokens_total"] == n_prompt
 
@@ -169,7 +171,8 @@ def test_seeded_sampling_through_the_server_is_reproducible_and_greedy_is_argmax
     body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 12}
     with Served(model=tiny, kv_blocks=64) as s:
         def text(**kw):
-            return httpx.post(s.url + "/v1/completions", json={**body, **kw}, timeout=60).json()["choices"][0]["text"]
+            return httpx.post(s.url + "/v1/completions", json={**body, **kw},
+                              timeout=60).json()["choices"][0]["text"]
 
         a, b, c = text(temperature=1.0, seed=7), text(temperature=1.0, seed=7), text(temperature=1.0, seed=8)
         greedy = text(temperature=0)
@@ -220,7 +223,8 @@ def test_bench_shared_prefix_workload_hits_the_servers_prefix_cache(tiny, tokeni
     assert common >= reqs[0]["prefix_tokens"]
     out = tmp_path / "bench.json"
     with Served(model=tiny, kv_blocks=128, prefix_caching=True) as s:
-        argv = ["bench", "--base-url", s.url, "--model", MODEL, "--num-prompts", "4", "--workload", "shared-prefix",
+        argv = ["bench", "--base-url", s.url, "--model", MODEL, "--num-prompts", "4",
+                "--workload", "shared-prefix",
                 "--prefix-tokens", "256", "--max-tokens", "2", "--concurrency", "1", "--json", str(out)]
         assert main(argv) == 0
         m = s.metrics()

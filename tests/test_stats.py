@@ -1,5 +1,5 @@
-"""Wilson intervals, Fisher's exact test, the bootstrap and the t-interval of a mean (longctx.evals.stats): hand-checked values and
-invariants."""
+"""Wilson intervals, Fisher's exact test, the bootstrap and the t-interval of a mean (longctx.evals.stats):
+hand-checked values and invariants."""
 
 from __future__ import annotations
 
@@ -101,7 +101,8 @@ def test_mean_interval_matches_hand_worked_values():
     assert mean_interval([1, 2, 3]) == pytest.approx((2.0, 2 - 4.303 / 3 ** 0.5, 2 + 4.303 / 3 ** 0.5))
     # six values, s = 0.01871: t(0.975, 5) = 2.571
     mean, low, high = mean_interval([0.01, -0.02, 0.03, 0.0, -0.01, 0.02])
-    assert mean == pytest.approx(0.005) and high - mean == pytest.approx(2.571 * 0.0187083 / 6 ** 0.5, rel=1e-4)
+    assert mean == pytest.approx(0.005) and high - mean == pytest.approx(2.571 * 0.0187083 / 6 ** 0.5,
+                                                                         rel=1e-4)
     # past 30 degrees of freedom the normal's quantile
     assert mean_interval([0, 1] * 20)[2] - 0.5 == pytest.approx(1.96 * 0.5064 / 40 ** 0.5, rel=1e-3)
 
@@ -122,7 +123,8 @@ def test_holm_invariants(ps):
     for p, a in zip(ps, adj, strict=True):
         assert p <= a + 1e-15 and a <= min(1.0, m * p) + 1e-15, "between the raw p and Bonferroni's"
     order = sorted(range(m), key=lambda i: ps[i])
-    assert all(adj[i] <= adj[j] for i, j in zip(order, order[1:], strict=False)), "monotone in the raw p-values"
+    assert all(adj[i] <= adj[j] for i, j in zip(order, order[1:], strict=False)), \
+        "monotone in the raw p-values"
     assert holm_adjusted(list(reversed(ps))) == list(reversed(adj)), "same order as the input"
 
 
@@ -146,7 +148,8 @@ def test_noninferiority_verdict_and_description():
     assert noninferiority(400, 500, 400, 500, margin=0.10).noninferior
     assert not noninferiority(8, 10, 8, 10, margin=0.10).noninferior
     # a wider confidence gives a lower bound further down
-    assert noninferiority(40, 50, 40, 50, 0.1, 0.99).lower_bound < noninferiority(40, 50, 40, 50, 0.1).lower_bound
+    assert (noninferiority(40, 50, 40, 50, 0.1, 0.99).lower_bound
+            < noninferiority(40, 50, 40, 50, 0.1).lower_bound)
 
 
 @settings(max_examples=150, deadline=None)
