@@ -1,5 +1,6 @@
 """LogprobRecorder (longctx.engine.logprobs) on random logits: prompt log-probabilities gathered over chunked
-prefills and a recompute equal one log_softmax over the whole prompt; output records; take hands each out once."""
+prefills and a recompute equal one log_softmax over the whole prompt; output records; take hands each out
+once."""
 
 from __future__ import annotations
 

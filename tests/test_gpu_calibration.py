@@ -64,7 +64,8 @@ def test_default_hardware_is_the_records_measured_ceilings(record):
 
 def test_benchmark_script_prints_the_error_per_source(record, tmp_path):
     path = save_record(record, tmp_path / "h200.json")
-    r = subprocess.run([sys.executable, "benchmarks/gpu_calibration.py", str(path), "--fit", "prefill_chunks"],
+    r = subprocess.run([sys.executable, "benchmarks/gpu_calibration.py", str(path),
+                        "--fit", "prefill_chunks"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "NVIDIA H200" in r.stdout and "held out" in r.stdout and "median |error|" in r.stdout

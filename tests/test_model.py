@@ -69,8 +69,10 @@ def naive_logits(model: Llama, ids: list[int]) -> torch.Tensor:
     return model.norm(h) @ model.output_weight.T
 
 
-# reference: 40 makes the masked path run in query tiles of a few rows; fused: one call per chunk, paged decodes
-@pytest.mark.parametrize(("backend", "max_scores"), [("reference", 1 << 24), ("reference", 40), ("fused", 40)])
+# reference: 40 makes the masked path run in query tiles of a few rows; fused: one call per chunk, paged
+# decodes
+@pytest.mark.parametrize(("backend", "max_scores"),
+                         [("reference", 1 << 24), ("reference", 40), ("fused", 40)])
 @pytest.mark.parametrize("consecutive", [False, True])  # True: keys read as a slice of the pool, no gather
 def test_paged_forward_matches_naive_attention_on_a_tiny_random_model(monkeypatch, backend, max_scores,
                                                                        consecutive):
@@ -163,7 +165,8 @@ def hf_greedy(model, ids: list[int], steps: int) -> list[int]:
     x = torch.tensor([ids])
     with torch.inference_mode():
         for _ in range(steps):
-            res = model(input_ids=x, cache=past, use_cache=True)  # transformers 5.24: "cache", not past_key_values
+            # transformers 5.24: "cache", not past_key_values
+            res = model(input_ids=x, cache=past, use_cache=True)
             past = res.cache
             nxt = int(res.logits[0, -1].argmax())
             out.append(nxt)

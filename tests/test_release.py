@@ -55,7 +55,8 @@ def test_no_solution_or_hidden_test_text_in_lessons(lesson):
     text = (ROOT / "lessons" / lesson / f"{lesson}.ipynb").read_text()
     for marker in MARKERS:
         assert marker not in text, f"lessons/{lesson} contains {marker!r}"
-    released_sources = "\n".join("".join(c["source"]) for c in _cells(ROOT / "lessons" / lesson / f"{lesson}.ipynb"))
+    released_sources = "\n".join("".join(c["source"])
+                                 for c in _cells(ROOT / "lessons" / lesson / f"{lesson}.ipynb"))
     for cell in _cells(ROOT / "solutions" / lesson / f"{lesson}.ipynb"):
         source = "".join(cell["source"])
         for block in re.findall(r"### BEGIN (?:SOLUTION|HIDDEN TESTS)\n(.*?)### END", source, flags=re.S):
@@ -74,7 +75,8 @@ def test_released_lessons_have_no_outputs(lesson):
 
 def test_release_clears_outputs_that_solutions_carry(tmp_path):
     """solutions/ keeps the outputs nbval compares (NBVAL_CHECK_OUTPUT cells, scripts/nbval_outputs.py);
-    nbgrader's generate_assignment must clear them, whatever a source cell carries, so learners never see them."""
+    nbgrader's generate_assignment must clear them, whatever a source cell carries, so learners never see
+    them."""
     import nbformat
     from nbformat.v4 import new_output
 
@@ -86,7 +88,8 @@ def test_release_clears_outputs_that_solutions_carry(tmp_path):
     for count, cell in enumerate(code, 1):
         cell.execution_count = count
         cell.outputs = [new_output("stream", name="stdout", text=f"recorded output {count}\n"),
-                        new_output("execute_result", data={"text/plain": f"'result {count}'"}, execution_count=count)]
+                        new_output("execute_result", data={"text/plain": f"'result {count}'"},
+                                  execution_count=count)]
     nbformat.write(nb, source / f"{lesson}.ipynb")
     out = tmp_path / "release"
     release(out, [lesson], root=tmp_path / "course")

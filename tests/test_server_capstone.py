@@ -37,7 +37,8 @@ def test_fp8_kv_and_prefix_caching_serve_and_a_second_request_hits_the_cache():
         client = openai.OpenAI(base_url=s.base_url + "/v1", api_key="none")
         seen = []
         for r in reqs:
-            chat = client.chat.completions.create(model=MODEL, messages=r["messages"], max_tokens=8, temperature=0)
+            chat = client.chat.completions.create(model=MODEL, messages=r["messages"], max_tokens=8,
+                                                  temperature=0)
             assert chat.usage.prompt_tokens == r["prompt_tokens"] and chat.choices[0].message.content
             seen.append(s.metrics())
         text = httpx.get(s.base_url + "/metrics").text
@@ -66,4 +67,5 @@ def test_a_snapkv_press_prunes_through_the_server_and_frees_blocks():
     assert all(m[M + "kv_cache_used_blocks"] <= blocks_for_tokens(kept + 40, 16) for m in running)
     assert all(m[M + "kv_cache_used_blocks"] < blocks_for_tokens(n_prompt, 16) for m in running)
     assert after[M + "kv_press_evicted_tokens_total"] == n_prompt - kept
-    assert after[M + "kv_press_freed_blocks_total"] == blocks_for_tokens(n_prompt, 16) - blocks_for_tokens(kept, 16)
+    assert (after[M + "kv_press_freed_blocks_total"]
+            == blocks_for_tokens(n_prompt, 16) - blocks_for_tokens(kept, 16))

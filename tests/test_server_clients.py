@@ -1,8 +1,8 @@
 """Real clients, unchanged, against `python -m longctx serve` on 127.0.0.1 (the real SmolLM2): the
 lm-evaluation-harness and guidellm versions pinned in requirements-clients.txt, run as their CLIs, as a user
-who evaluates and benchmarks vLLM runs them. No download: the tasks are local files (tests/data/lm_eval), lm-eval
-tokenizes through the server's /tokenizer_info and /tokenize (its remote tokenizer, chosen by default), and
-guidellm's tokenizer is the model's own tokenizer.json in a folder."""
+who evaluates and benchmarks vLLM runs them. No download: the tasks are local files (tests/data/lm_eval),
+lm-eval tokenizes through the server's /tokenizer_info and /tokenize (its remote tokenizer, chosen by
+default), and guidellm's tokenizer is the model's own tokenizer.json in a folder."""
 
 from __future__ import annotations
 

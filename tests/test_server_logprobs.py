@@ -55,7 +55,8 @@ def test_echo_prompt_logprobs_equal_transformers(server, hf_reference):
     model, _ = hf_reference
     with torch.no_grad():
         ref = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
-    want = [ref[p - 1, ids[p]].item() for p in range(1, len(ids))] + [ref[-1].max().item()]  # greedy last token
+    # greedy last token
+    want = [ref[p - 1, ids[p]].item() for p in range(1, len(ids))] + [ref[-1].max().item()]
     got = lp["token_logprobs"][1:]
     assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-3
     for p in range(1, len(ids)):  # the 2 most likely tokens plus the prompt's own
@@ -75,8 +76,8 @@ def test_sampled_logprobs_match_the_prompts_and_chat_reports_them(server):
     assert len(sampled) == 4 and all(v <= 0 for v in sampled)
     out_ids = [tok.encode(t) for t in logprobs["tokens"]]
     assert all(len(t) == 1 for t in out_ids)
-    echo = _post(server, "/v1/completions", {"prompt": ids + [t[0] for t in out_ids], "max_tokens": 1, "echo": True,
-                                             "logprobs": 0, "temperature": 0})
+    echo = _post(server, "/v1/completions", {"prompt": ids + [t[0] for t in out_ids], "max_tokens": 1,
+                                             "echo": True, "logprobs": 0, "temperature": 0})
     scored = echo["choices"][0]["logprobs"]["token_logprobs"][-5:-1]  # the same 4 tokens, read as a prompt
     assert max(abs(a - b) for a, b in zip(sampled, scored, strict=True)) < 1e-3
     chat = _post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Say hi"}],
@@ -133,8 +134,9 @@ def test_logit_changes_do_what_they_say(server):
         long = _post(server, "/v1/chat/completions", {**chat, **extra})
         assert long["usage"]["completion_tokens"] == 12 and long["choices"][0]["finish_reason"] == "length"
     greedy_id = tok.encode(greedy)[0]  # min_tokens also forbids the stop token ids until it is reached (vLLM)
-    held = _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "temperature": 0, "logprobs": 0,
-                                             "stop_token_ids": [greedy_id], "min_tokens": 2})["choices"][0]
+    held = _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "temperature": 0,
+                                             "logprobs": 0, "stop_token_ids": [greedy_id],
+                                             "min_tokens": 2})["choices"][0]
     assert held["logprobs"]["tokens"][0] != greedy and held["finish_reason"] == "length"
     oov = httpx.post(server.base_url + "/v1/completions", timeout=30,
                      json={"prompt": PROMPT, "logit_bias": {str(tok.vocab_size): 5}})

@@ -13,7 +13,8 @@ def test_one_import_path_for_helpers():
     offenders = [f"{p.name}:{n}" for p in sorted((ROOT / "tests").glob("*.py"))
                  for n, line in enumerate(p.read_text().splitlines(), 1)
                  if re.match(r"\s*(from|import)\s+tests\.", line)]
-    assert not offenders, "import the test helpers by their plain names (tests/conftest.py): " + ", ".join(offenders)
+    assert not offenders, ("import the test helpers by their plain names (tests/conftest.py): "
+                           + ", ".join(offenders))
 
 
 def _pins(lines) -> dict[str, str]:
@@ -27,7 +28,8 @@ def _pins(lines) -> dict[str, str]:
 
 def test_environment_yml_mirrors_requirements_txt():
     wanted = _pins((ROOT / "requirements.txt").read_text().splitlines())
-    conda = _pins(line for line in (ROOT / "environment.yml").read_text().splitlines() if line.startswith("      - "))
+    conda = _pins(line for line in (ROOT / "environment.yml").read_text().splitlines()
+                  if line.startswith("      - "))
     assert conda == wanted, {k: (wanted.get(k), conda.get(k)) for k in set(wanted) | set(conda)
                              if wanted.get(k) != conda.get(k)}
 
