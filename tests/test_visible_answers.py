@@ -57,7 +57,8 @@ def _invert(expr, value, env):
     """Undo the arithmetic on ``expr`` with constants: (the expression inside, the bound on it)."""
     while isinstance(expr, ast.BinOp) and isinstance(value, (int, float)):
         k_left, k_right = constant(expr.left, env), constant(expr.right, env)
-        if k_right is not NOT_CONSTANT and isinstance(expr.op, (ast.Mult, ast.Add, ast.Sub, ast.Div)) and k_right:
+        if (k_right is not NOT_CONSTANT and isinstance(expr.op, (ast.Mult, ast.Add, ast.Sub, ast.Div))
+                and k_right):
             value = {ast.Mult: value / k_right, ast.Add: value - k_right, ast.Sub: value + k_right,
                      ast.Div: value * k_right}[type(expr.op)]
             expr = expr.left
@@ -116,7 +117,8 @@ def _cell_leaks(lesson, index, cell):
         core, value = _invert(expr, constant(node, env), env)
         answer_like = lesson.learner_made(core, derived)
         one_sided = len(sides[ast.unparse(expr)]) == 1  # a formula bound inside a range is a form check
-        if answer_like and ((_formula(node) and one_sided) or (isinstance(value, (int, float)) and near(value, hidden_numbers))):
+        if answer_like and ((_formula(node) and one_sided)
+                            or (isinstance(value, (int, float)) and near(value, hidden_numbers))):
             problems.append(f"{tag} line {line}: {ast.unparse(expr)[:60]} (bound): "
                             f"a bound that computes the answer ({ast.unparse(node)[:40]})")
     for line, text, value in string_numbers(vtree):
@@ -141,16 +143,20 @@ def test_no_answer_in_a_visible_test_source(lesson):
     found = leaks(nb)
     problems = [p for p in found if p.split(":")[0] not in known]
     stale = known - {p.split(":")[0] for p in found}
-    assert not stale, f"{lesson}: KNOWN lists findings the scan no longer makes (delete them): {sorted(stale)}"
+    assert not stale, (f"{lesson}: KNOWN lists findings the scan no longer makes (delete them): "
+                       f"{sorted(stale)}")
     assert not problems, f"{lesson}: visible test sources give answers away:\n" + "\n".join(problems)
 
 
 # ---------------------------------------------------------------- the scan, seen to catch planted leaks
 def _notebook(solution: str, test: str):
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("import math\n\ndef f(x, y=1):\n    return x * y\n\nprint(f(64, 3))\n\n"
-                                          "def g(s, kind, n):\n    return {'n': n}\n\nprint(g(shape(m), 'fp8', 64))"),
-                nbformat.v4.new_code_cell(solution, metadata={"nbgrader": {"solution": True, "grade": False}}),
+    nb.cells = [nbformat.v4.new_code_cell("import math\n\ndef f(x, y=1):\n    return x * y\n\n"
+                                          "print(f(64, 3))\n\n"
+                                          "def g(s, kind, n):\n    return {'n': n}\n\n"
+                                          "print(g(shape(m), 'fp8', 64))"),
+                nbformat.v4.new_code_cell(solution,
+                                          metadata={"nbgrader": {"solution": True, "grade": False}}),
                 nbformat.v4.new_code_cell(test, metadata={"nbgrader": {"solution": False, "grade": True}})]
     return nb
 
@@ -168,7 +174,8 @@ PLANTED = {
     "hidden value": "check_number('f(0.1175, 1)', f(0.1175, 1), 0.1175, answer_kind='function')\n" + HIDDEN
                     + "\ncheck_number('answer', answer, 0.1174, answer_kind='value')\n### END HIDDEN TESTS",
     "hidden value, same check": "check_number('f(2, 5)', f(2, 5), 10, answer_kind='function')\n" + HIDDEN
-                                + "\ncheck_number('f(2, 5)', f(2, 5), 10, answer_kind='function')\n### END HIDDEN TESTS",
+                                + "\ncheck_number('f(2, 5)', f(2, 5), 10, answer_kind='function')\n"
+                                "### END HIDDEN TESTS",
     "abs difference": "check_true('answer', abs(answer - 0.1174) < 1e-3, 'think')",
     "math.isclose": "check_true('answer', math.isclose(answer, 0.1174, rel_tol=1e-2), 'think')",
     "np.isclose": "check_true('answer', bool(np.isclose(answer, 0.1174)), 'think')",
@@ -179,33 +186,46 @@ PLANTED = {
     "one-value membership": "check_true('choice', choice in ('fp8',), 'think')",
     "expected keyword": "check_number('answer', answer, expected=0.1174, answer_kind='value')",
     "number in a hint": "check_true('answer is a float', isinstance(answer, float), 'near 0.117')\n" + HIDDEN
-                        + "\ncheck_number('answer', answer, 0.1174, answer_kind='value')\n### END HIDDEN TESTS",
-    "number in a check's name": "check_true('answer (0.1174) is a float', isinstance(answer, float), 'a ratio')\n"
-                                + HIDDEN + "\ncheck_number('answer', answer, 0.1174, answer_kind='value')\n### END HIDDEN TESTS",
+                        + "\ncheck_number('answer', answer, 0.1174, answer_kind='value')\n"
+                        "### END HIDDEN TESTS",
+    "number in a check's name": "check_true('answer (0.1174) is a float', isinstance(answer, float), "
+                                "'a ratio')\n"
+                                + HIDDEN + "\ncheck_number('answer', answer, 0.1174, answer_kind='value')\n"
+                                "### END HIDDEN TESTS",
     "bound that computes the answer": "mine = g({'a': 1}, 'fp8', 64)\n"
-                                      "check_true('slots', mine['n'] * 16 >= 2_048 + 64 * 6_144, 'every token a slot')",
+                                      "check_true('slots', mine['n'] * 16 >= 2_048 + 64 * 6_144, "
+                                      "'every token a slot')",
     "bound at the hidden value": "check_true('answer', 4 * answer >= 4 * 0.1174, 'x')\n" + HIDDEN
-                                 + "\ncheck_number('answer', answer, 0.1174, answer_kind='value')\n### END HIDDEN TESTS",
+                                 + "\ncheck_number('answer', answer, 0.1174, answer_kind='value')\n"
+                                 "### END HIDDEN TESTS",
 }  # fmt: skip
 CLEAN = {
     "toy input": "check_number('f(2, 3)', f(2, 3), 6, answer_kind='function', hint='2 x 3')",
-    "form of a value": "check_true('answer is a float', isinstance(answer, float) and 0 < answer < 1, 'a ratio')",
+    "form of a value": "check_true('answer is a float', isinstance(answer, float) and 0 < answer < 1, "
+                       "'a ratio')",
     "a bool, either": "check_true('choice is a bool', choice is True or choice is False, 'True or False')",
     "round toy values": "check_number('f(2, 5)', f(2, 5), 10, answer_kind='function')\n" + HIDDEN
-                        + "\ncheck_number('f(5, 2.001)', f(5, 2.001), 10.005, answer_kind='function')\n### END HIDDEN TESTS",
+                        + "\ncheck_number('f(5, 2.001)', f(5, 2.001), 10.005, answer_kind='function')\n"
+                        "### END HIDDEN TESTS",
     "range check": "check_number('answer', answer, 0.5, answer_kind='value', rel_tol=1.0)",
     "self-consistency": "check_number('answer / f(answer)', answer / f(answer), 1.0, answer_kind='function')",
     "hidden value stays hidden": "check_true('choice is a str', isinstance(choice, str), 'a name')\n" + HIDDEN
-                                 + "\ncheck_number('answer', answer, 0.1174, answer_kind='value')\n### END HIDDEN TESTS",
+                                 + "\ncheck_number('answer', answer, 0.1174, answer_kind='value')\n"
+                                 "### END HIDDEN TESTS",
     "a wide range": "check_true('answer', 0.01 < answer < 1.0, 'a ratio')",
     "a loose bound": "check_true('answer', answer * 16 >= 1, 'at least')",
-    "membership among the options": "check_true('choice', choice in ('fp8', 'int4', 'bf16'), 'one of the three')",
+    "membership among the options": "check_true('choice', choice in ('fp8', 'int4', 'bf16'), "
+                                    "'one of the three')",
     "consistency, abs": "check_true('answer', abs(answer - f(answer, 1)) < 1e-9, 'the same number')",
-    "consistency, bound": "mine = g({'a': 1}, 'fp8', 64)\ncheck_true('n', mine['n'] <= f(answer, 1000), 'at most')",
-    "bounds of an implication": "check_true('a', answer > 0, 'p')\ncheck_true('b', (answer > 1) is (f(2) > 1), 'q')\n"
+    "consistency, bound": "mine = g({'a': 1}, 'fp8', 64)\n"
+                          "check_true('n', mine['n'] <= f(answer, 1000), 'at most')",
+    "bounds of an implication": "check_true('a', answer > 0, 'p')\n"
+                                "check_true('b', (answer > 1) is (f(2) > 1), 'q')\n"
                                 "check_true('c', choice != 'x' or answer <= 1, 'r')",
-    "a hint without the hidden number": "check_true('answer', isinstance(answer, float), 'between 0.01 and 1')\n"
-                                        + HIDDEN + "\ncheck_number('answer', answer, 0.1174, answer_kind='value')\n"
+    "a hint without the hidden number": "check_true('answer', isinstance(answer, float), "
+                                        "'between 0.01 and 1')\n"
+                                        + HIDDEN
+                                        + "\ncheck_number('answer', answer, 0.1174, answer_kind='value')\n"
                                         "### END HIDDEN TESTS",
 }  # fmt: skip
 
@@ -222,6 +242,7 @@ def test_the_scan_passes_checks_that_give_nothing_away(name):
 
 def test_constants_fold_formulas_and_names():
     env = {"L": 8_192}
-    assert constant(ast.parse("L * 1e5 ** (-62 / 64)", mode="eval").body, env) == pytest.approx(0.11739, rel=1e-4)
+    assert constant(ast.parse("L * 1e5 ** (-62 / 64)", mode="eval").body, env) == pytest.approx(0.11739,
+                                                                                             rel=1e-4)
     assert constant(ast.parse("math.log(4)", mode="eval").body) == pytest.approx(math.log(4))
     assert constant(ast.parse("len(x)", mode="eval").body) is NOT_CONSTANT
