@@ -1,6 +1,6 @@
 """Argument checks shared across the package, the one place they are written: what counts as an integer,
 positive integers, token counts (``memory`` re-exports ``check_token_count``), non-negative and positive
-numbers, fractions in (0, 1].
+numbers, fractions in (0, 1] and eviction fractions in [0, 1).
 
 Each raises ``ValueError`` saying what is wrong and what is allowed. (Request bodies of the server are
 checked by its pydantic models instead, ``longctx.serve.protocol``.) No dependencies (no numpy, no torch),
@@ -76,4 +76,15 @@ def unit_fraction(name: str, value: object, meaning: str) -> float:
     """``value`` as a float when it is a real number in (0, 1]; ``meaning`` says what it is a fraction of."""
     if not _real(value) or not 0 < value <= 1:
         raise ValueError(f"{name} must be in (0, 1] ({meaning}), got {value!r}")
+    return float(value)
+
+
+EVICTED = "the fraction of prompt tokens evicted"
+
+
+def eviction_fraction(name: str, value: object, meaning: str = EVICTED) -> float:
+    """``value`` as a float when it is a real number in [0, 1): a KV press's compression ratio (all evicted
+    would leave nothing to attend to)."""
+    if not _real(value) or not 0 <= value < 1:
+        raise ValueError(f"{name} must be in [0, 1) ({meaning}), got {value!r}")
     return float(value)

@@ -52,8 +52,7 @@ def kv_bytes_per_token(model: ModelSpec | str, dtype: str = "fp16", scale_bytes_
     The one place this formula is written. With the default ``scale_bytes_per_vector=0`` it counts elements
     only, the textbook number (always whole: for int4, 2 * 0.5 = 1); Llama-2-7B fp16: 524,288 B = 512 KiB.
     A quantized pool also stores scales with each key (value) vector of each head:
-    ``kv.quant.pool_bytes_per_token``
-    and ``plan.bytes_per_token`` pass them here.
+    ``kv.quant.pool_bytes_per_token`` (which the planner uses) passes them here.
     """
     m = get_model(model)
     return int(2 * m.num_layers * m.num_kv_heads * (m.head_dim * dtype_bytes(dtype) + scale_bytes_per_vector))

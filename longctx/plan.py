@@ -2,8 +2,9 @@
 
 The arithmetic is the engine's paged block manager's (``longctx.kv.block_manager``), not the textbook's:
 
-1. ``bytes_per_token``: what the pool really holds per token, quantization scales included, for the scale
-   layout ``kv_scales`` (see below); ``block_bytes = block_size * bytes_per_token``.
+1. ``bytes_per_token`` (``quant.pool_bytes_per_token``): what the pool really holds per token, quantization
+   scales included, for the scale layout ``kv_scales`` (see below); ``block_bytes = block_size *
+   bytes_per_token``.
 2. The pool is whole blocks: ``pool_blocks = floor(pool_bytes / block_bytes)``.
 3. Prefix caching shares only *full* blocks: ``shared_blocks = shared_prefix // block_size`` are stored
    once; every user stores its tail, the partial prefix block included:
@@ -53,8 +54,6 @@ from longctx.checks import positive_int, positive_number
 from longctx.kv import quant
 from longctx.kv.quant import KV_SCALES, scale_layout  # noqa: F401  (re-exported: the planner's layouts)
 from longctx.specs import ModelSpec, get_model
-
-bytes_per_token = quant.pool_bytes_per_token  # the planner's name for the pool's bytes per token
 
 
 @dataclass(frozen=True)
@@ -162,7 +161,7 @@ def pool_blocks(model: ModelSpec | str, kv_dtype: str, block_size: int = 16, poo
     it)."""
     block_size = memory.check_token_count("block_size", block_size, allow_zero=False)
     return _whole_blocks(
-        _pool_size(pool_gib, pool_bytes), block_size, bytes_per_token(model, kv_dtype, kv_scales)
+        _pool_size(pool_gib, pool_bytes), block_size, quant.pool_bytes_per_token(model, kv_dtype, kv_scales)
     )
 
 
@@ -190,7 +189,7 @@ def plan(
     pool = _pool_size(pool_gib, pool_bytes)
 
     layout = scale_layout(fmt.name, kv_scales)
-    bpt = bytes_per_token(m, fmt.name, layout)  # raises if per-group scales do not divide head_dim
+    bpt = quant.pool_bytes_per_token(m, fmt.name, layout)  # raises if per-group scales do not divide head_dim
     block_bytes = block_size * bpt
     pool_blocks = _whole_blocks(pool, block_size, bpt)
     shared_tokens, own_tokens = memory.split_prefix(context, shared_prefix, block_size)  # whole blocks both

@@ -8,7 +8,7 @@ import torch
 
 from longctx.engine import ChunkedPrefillScheduler, Engine, MonolithicScheduler, TorchExecutor, generate
 from longctx.kv.block_manager import BlockManager
-from longctx.kv.cache import Chunk, PagedKVCache, build_attention_metadata
+from longctx.kv.cache import ChunkSlots, PagedKVCache, build_attention_metadata
 from longctx.model.attention import BACKEND_NAMES, choose_backend
 from longctx.model.llama import Llama
 from longctx.specs import ModelSpec
@@ -39,11 +39,11 @@ def mixed_steps(seed=0, block_size=4, num_blocks=48):
     d = a[:2] + blocks[22:26]  # shares A's first 8 slots
     ids = lambda n: [rng.randrange(SPEC.vocab_size) for _ in range(n)]  # noqa: E731
     return [
-        (ids(11 + 7), [Chunk(a, 0, 11), Chunk(b, 0, 7)]),
-        (ids(13 + 1 + 5), [Chunk(a, 11, 13), Chunk(b, 7, 1), Chunk(c, 0, 5)]),
-        (ids(4), [Chunk(d, 8, 4)]),  # D's own tokens after the shared prefix (a chunk after a prefix)
-        (ids(4 + 6), [Chunk(a, 24, 1), Chunk(b, 8, 1), Chunk(c, 5, 1), Chunk(d, 12, 1),
-                      Chunk(blocks[26:30], 0, 6)]),
+        (ids(11 + 7), [ChunkSlots(a, 0, 11), ChunkSlots(b, 0, 7)]),
+        (ids(13 + 1 + 5), [ChunkSlots(a, 11, 13), ChunkSlots(b, 7, 1), ChunkSlots(c, 0, 5)]),
+        (ids(4), [ChunkSlots(d, 8, 4)]),  # D's own tokens after the shared prefix (a chunk after a prefix)
+        (ids(4 + 6), [ChunkSlots(a, 24, 1), ChunkSlots(b, 8, 1), ChunkSlots(c, 5, 1), ChunkSlots(d, 12, 1),
+                      ChunkSlots(blocks[26:30], 0, 6)]),
     ]
 
 
@@ -90,6 +90,27 @@ def test_engine_tokens_are_the_same_with_either_backend(scheduler, prefix_cachin
         outputs[backend] = [s.output_token_ids for s in seqs]
         assert pool.num_free_blocks == 64 or prefix_caching  # a prefix cache keeps its blocks for reuse
         assert max(r.num_decode_tokens for r in engine.history) >= 2  # decodes shared a step
+    assert outputs["fused"] == outputs["reference"]
+
+
+@pytest.mark.parametrize("press_name", ["streaming_llm", "snapkv", "knorm"])
+def test_a_pruned_cache_gives_the_same_tokens_with_either_backend(press_name):
+    """The press scores with probes (reference attention) at the end of the prefill; the decodes after it read
+    the pruned pool: with fused, in place, RoPE positions ahead of the cache slots."""
+    from longctx.kv.press import PRESSES
+
+    model = Llama(SPEC).init_random_(seed=5, std=0.3).eval()
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 50, (n,), generator=g).tolist() for n in (40, 45, 36)]
+    outputs = {}
+    for backend in ("reference", "fused"):
+        pool = BlockManager(64, 4)
+        executor = TorchExecutor(model, pool, press=PRESSES[press_name](0.5), attention_backend=backend)
+        engine = Engine(executor, ChunkedPrefillScheduler(16), max_model_len=256)
+        seqs = [engine.add_request(p, 8, arrival_s=0.0) for p in prompts]
+        engine.run_until_done()
+        outputs[backend] = [s.output_token_ids for s in seqs]
+        assert all(s.num_evicted_tokens > 0 for s in seqs) and pool.num_free_blocks == 64
     assert outputs["fused"] == outputs["reference"]
 
 

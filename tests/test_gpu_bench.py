@@ -163,6 +163,16 @@ def test_gpu_bench_bad_arguments_exit_2_in_one_line(args, capsys):
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
+def test_gpu_bench_toy_with_the_fused_backend_records_what_ran(tmp_path, capsys):
+    out = tmp_path / "toy.json"
+    args = ["--toy", "--quiet", "--attention-backend", "fused", "--sections", "decode,stall", "--out", out]
+    assert main(["gpu-bench", *map(str, args)]) == 0
+    rec = json.loads(out.read_text())
+    assert rec["errors"] == [] and {r["attention_backend"] for r in rec["stall"]} == {"fused"}
+    assert {r["attention_backend"] for r in rec["decode"]} == {"reference", "fused"}  # side by side
+    assert str(out) in capsys.readouterr().out
+
+
 def test_gpu_run_script_toy(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable,
            "GPU_BENCH_SECTIONS": "ceilings,prefill_chunks"}
@@ -185,8 +195,10 @@ def test_each_section_is_checkpointed_so_a_killed_run_keeps_what_it_measured():
 def test_capstone_with_the_fused_backend_names_what_ran_per_pool():
     rec = run_suite(BenchConfig.toy(sections=("capstone",), serving_backend="fused"), device="cpu")
     assert rec["errors"] == []
-    ran = {r["kv_dtype"]: r["attention_backend"] for r in rec["capstone"]}
-    assert ran == {"fp32": "fused", "fp8": "reference"}  # fused cannot read a quantized pool: the row says so
+    ran = [(r["kv_dtype"], r["attention_backend"]) for r in rec["capstone"]]
+    # fused cannot read a quantized pool (the row says so), so the model's dtype also runs on reference, last:
+    # the pair that differs in the KV dtype alone
+    assert ran == [("fp32", "fused"), ("fp8", "reference"), ("fp32", "reference")]
 
 
 def test_the_real_run_is_capped_within_8_minutes():

@@ -77,7 +77,7 @@ def naive_logits(model: Llama, ids: list[int]) -> torch.Tensor:
 def test_paged_forward_matches_naive_attention_on_a_tiny_random_model(monkeypatch, backend, max_scores,
                                                                        consecutive):
     """Shuffled block tables, chunks that straddle blocks, decodes batched with a prefill chunk."""
-    from longctx.kv.cache import Chunk, PagedKVCache, build_attention_metadata
+    from longctx.kv.cache import ChunkSlots, PagedKVCache, build_attention_metadata
     from longctx.model import attention
 
     monkeypatch.setattr(attention, "MAX_SCORES_PER_CALL", max_scores)
@@ -104,7 +104,7 @@ def test_paged_forward_matches_naive_attention_on_a_tiny_random_model(monkeypatc
                 if part is None:
                     continue
                 toks, start = part
-                chunks.append(Chunk(table, start, len(toks)))
+                chunks.append(ChunkSlots(table, start, len(toks)))
                 ids += toks
                 ref_rows.append(ref[start : start + len(toks)])
             meta = build_attention_metadata(chunks, bs)

@@ -18,7 +18,7 @@ Issue 45 adds: an entry enters a batch one way (``ScheduledBatch._append``, whic
 a sequence's cached K/V entries (``Sequence.num_cached_tokens``, never ``computed - evicted`` inlined); the
 attention's work in the simulator (``CostModelExecutor.attention_work``); a roofline result's fields
 (``roofline.RooflineTime``; ``sim.factors.StepBreakdown`` extends it); the pool's bytes per token with its
-scale layouts (``kv.quant.pool_bytes_per_token``; ``plan.bytes_per_token`` is the same object) and the pool's
+scale layouts (``kv.quant.pool_bytes_per_token``, under that one name) and the pool's
 size (``plan.pool_blocks``; ``sim.kv_pool_blocks`` calls it); the evicted count (``memory.evicted_tokens``);
 the token-budget schedulers' constructor (``engine.scheduler.TokenBudgetScheduler``); argument checks
 (``longctx/checks.py``); the model's shape (``specs.ModelSpec``; the simulator's ``LayerShape`` retired).
@@ -76,6 +76,8 @@ HOMES = {  # a def or class name -> the one module (relative to longctx/) that d
     "nonnegative_number": "checks.py",
     "positive_number": "checks.py",
     "unit_fraction": "checks.py",
+    "eviction_fraction": "checks.py",  # a press's compression ratio, in [0, 1): the press and the cost model
+    "ChunkSlots": "kv/step_metadata.py",  # a chunk's cache slots (the engine's chunk is ScheduledChunk)
     "positive_int": "checks.py",
     "ModelSpec": "specs.py",  # the model's shape: the simulator's operators read it too
     "gemm_dims": "sim/operators.py",
@@ -267,7 +269,8 @@ def test_aliases_and_re_exports_are_the_one_object():
     assert plan.memory is memory
     from longctx.kv import quant
 
-    assert plan.bytes_per_token is quant.pool_bytes_per_token and plan.scale_layout is quant.scale_layout
+    assert not hasattr(plan, "bytes_per_token")  # one name: quant.pool_bytes_per_token (issue 45)
+    assert plan.scale_layout is quant.scale_layout
     assert memory.check_token_count is checks.check_token_count
     assert not hasattr(block_manager.BlockManager, "blocks_needed")  # extra_blocks_needed says what it counts
     from longctx.lessons import stall

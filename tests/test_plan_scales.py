@@ -14,7 +14,7 @@ import pytest
 from longctx import memory
 from longctx.kv import quant
 from longctx.kv.cache import PagedKVCache
-from longctx.plan import KV_SCALES, bytes_per_token, plan, pool_blocks, scale_layout
+from longctx.plan import KV_SCALES, plan, pool_blocks, scale_layout
 from longctx.specs import get_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,12 +74,11 @@ def test_the_difference_is_all_scales():
 @pytest.mark.parametrize("model", ["llama-3-8b", "llama-2-7b", "smollm2-135m", "mistral-7b"])
 @pytest.mark.parametrize("kv", list(quant.FORMATS))
 def test_default_layout_is_what_the_engine_allocates(model, kv):
-    assert bytes_per_token(model, kv) == quant.pool_bytes_per_token(model, kv)
     assert plan(model, kv, 1, 16, pool_gib=1).bytes_per_token == quant.pool_bytes_per_token(model, kv)
     if model == "smollm2-135m":  # the real pool
         assert PagedKVCache.for_model(
             get_model(model), 4, 16, kv_dtype=kv
-        ).nbytes == 4 * 16 * bytes_per_token(model, kv)
+        ).nbytes == 4 * 16 * quant.pool_bytes_per_token(model, kv)
 
 
 @pytest.mark.parametrize(
@@ -92,7 +91,7 @@ def test_default_layout_is_what_the_engine_allocates(model, kv):
 )
 def test_layouts_by_hand(kv, layout, scales):
     code = {"fp8": 128, "int8": 128, "int4": 64}[kv]
-    assert bytes_per_token("llama-3-8b", kv, layout) == 2 * 32 * 8 * (code + 2 * scales)
+    assert quant.pool_bytes_per_token("llama-3-8b", kv, layout) == 2 * 32 * 8 * (code + 2 * scales)
     p = plan("llama-3-8b", kv, 3, 100, pool_gib=1, kv_scales=layout)
     assert p.kv_scales == layout and p.scale_bytes_per_token == 2 * 32 * 8 * 2 * scales
     assert pool_blocks("llama-3-8b", kv, 16, pool_gib=1, kv_scales=layout) == p.pool_blocks
@@ -115,8 +114,8 @@ def test_bad_layout_and_group_that_does_not_divide():
         plan(**CAPSTONE, kv_scales="per-channel")
     odd = dataclasses.replace(get_model("llama-3-8b"), name="odd", head_dim=48)
     with pytest.raises(ValueError, match="does not divide"):
-        bytes_per_token(odd, "fp8", "per-group")
-    assert bytes_per_token(odd, "fp8", "per-vector") == 2 * 32 * 8 * (48 + 2)
+        quant.pool_bytes_per_token(odd, "fp8", "per-group")
+    assert quant.pool_bytes_per_token(odd, "fp8", "per-vector") == 2 * 32 * 8 * (48 + 2)
 
 
 def test_per_tensor_textbook_equality_when_everything_is_a_multiple_of_the_block():
@@ -128,6 +127,6 @@ def test_per_tensor_textbook_equality_when_everything_is_a_multiple_of_the_block
         p = plan("llama-3-8b", "fp8", 64, context, prefix, block, pool_gib=48, kv_scales="per-tensor")
         assert (p.bytes == p.naive_bytes) is equal, (prefix, context, block)
         assert p.bytes >= p.naive_bytes
-    assert memory.kv_bytes_per_token("llama-3-8b", "fp8") == bytes_per_token(
+    assert memory.kv_bytes_per_token("llama-3-8b", "fp8") == quant.pool_bytes_per_token(
         "llama-3-8b", "fp8", "per-tensor"
     )

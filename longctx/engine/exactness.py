@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from longctx.kv.block_manager import blocks_for_tokens
-from longctx.kv.cache import Chunk, PagedKVCache, build_attention_metadata
+from longctx.kv.cache import ChunkSlots, PagedKVCache, build_attention_metadata
 
 
 def chunked_prefill_logits(model, token_ids: list[int], chunk_size: int | None, block_size: int = 16):
@@ -31,7 +31,7 @@ def chunked_prefill_logits(model, token_ids: list[int], chunk_size: int | None, 
     with torch.inference_mode():
         for start in range(0, n, chunk):
             stop = min(n, start + chunk)
-            meta = build_attention_metadata([Chunk(table, start, stop - start)], block_size, p.device)
+            meta = build_attention_metadata([ChunkSlots(table, start, stop - start)], block_size, p.device)
             ids = torch.tensor(token_ids[start:stop], device=p.device)
             out.append(model(ids, cache, meta).float().cpu())
     return torch.cat(out)

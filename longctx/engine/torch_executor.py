@@ -19,7 +19,7 @@ from longctx.engine.batch import ScheduledBatch
 from longctx.engine.executor import ExecutionResult, Executor
 from longctx.engine.sampler import Sampler
 from longctx.kv.block_manager import BlockManager
-from longctx.kv.cache import Chunk, PagedKVCache, build_attention_metadata
+from longctx.kv.cache import ChunkSlots, PagedKVCache, build_attention_metadata
 from longctx.kv.press import Press
 from longctx.model.attention import choose_backend
 
@@ -92,7 +92,7 @@ class TorchExecutor(Executor):
                 ids.append(seq.output_token_ids[start - len(seq.prompt_token_ids)])
             else:
                 ids += seq.token_ids(start, start + n)
-            chunks.append(Chunk(tables(seq.seq_id), seq.num_cached_tokens, n, first_position=start))
+            chunks.append(ChunkSlots(tables(seq.seq_id), seq.num_cached_tokens, n, first_position=start))
             if not seq.is_decode:
                 prefills.append((seq.seq_id, row, start == 0))
             every_row = seq.sampling is not None and seq.sampling.prompt_logprobs is not None and not seq.is_decode

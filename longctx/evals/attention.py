@@ -86,7 +86,7 @@ def measure_attention(model, token_ids: list[int], layers, query_positions) -> l
     (layer, query position, head); ``T = position + 1`` keys. One prefill of the needed prefix."""
     import torch
 
-    from longctx.kv.cache import Chunk, PagedKVCache, build_attention_metadata
+    from longctx.kv.cache import ChunkSlots, PagedKVCache, build_attention_metadata
 
     positions = sorted({int(p) for p in query_positions})
     if not positions or positions[-1] >= len(token_ids):
@@ -96,7 +96,7 @@ def measure_attention(model, token_ids: list[int], layers, query_positions) -> l
     block_size = 16
     nb = blocks_for_tokens(len(ids), block_size)
     cache = PagedKVCache.for_model(model.config, nb, block_size, p.device, p.dtype)
-    meta = build_attention_metadata([Chunk(list(range(nb)), 0, len(ids))], block_size, p.device)
+    meta = build_attention_metadata([ChunkSlots(list(range(nb)), 0, len(ids))], block_size, p.device)
     with probes(model, layers, positions) as installed, torch.inference_mode():
         model(torch.tensor(ids, device=p.device), cache, meta, logits_rows=torch.tensor([len(ids) - 1]))
     rows = []

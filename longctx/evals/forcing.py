@@ -19,10 +19,11 @@ def forward_at(model, cache, table, ids, slot: int, rows, position: int | None =
     ``table``."""
     import torch
 
-    from longctx.kv.cache import Chunk, build_attention_metadata
+    from longctx.kv.cache import ChunkSlots, build_attention_metadata
 
     dev = next(model.parameters()).device
-    meta = build_attention_metadata([Chunk(table, slot, len(ids), first_position=position)], block_size, dev)
+    chunk = ChunkSlots(table, slot, len(ids), first_position=position)
+    meta = build_attention_metadata([chunk], block_size, dev)
     with torch.inference_mode():
         out = model(torch.tensor(ids, device=dev), cache, meta, logits_rows=torch.tensor(rows, device=dev))
     return out.float()

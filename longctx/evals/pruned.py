@@ -158,7 +158,7 @@ class PrunedScorer:
         return self.snap.keep_indices(press, split)
 
     def _group(self, prompt, configs) -> list[PrunedAnswer]:
-        from longctx.kv.cache import Chunk, PagedKVCache, build_attention_metadata
+        from longctx.kv.cache import ChunkSlots, PagedKVCache, build_attention_metadata
 
         P, ans, bs = len(prompt.token_ids), list(prompt.answer_ids), self.block_size
         m, budget = len(ans), len(ans) + self.extra_tokens
@@ -190,7 +190,7 @@ class PrunedScorer:
             own_rows.append(list(range(len(rows), len(rows) + len(mine))))
             rows += mine
             if new:
-                chunks.append(Chunk(tables[i], kept[i], len(new), first_position=s))
+                chunks.append(ChunkSlots(tables[i], kept[i], len(new), first_position=s))
                 ids += new
         logits = self._run(ids, chunks, rows, cache, build_attention_metadata) if ids else None
         greedy = []
@@ -204,7 +204,8 @@ class PrunedScorer:
             if not active:
                 break
             steps = [len(greedy[i].output_ids) - 1 for i in active]
-            chunks = [Chunk(tables[i], cached[i] + k, 1, P + k) for i, k in zip(active, steps, strict=True)]
+            chunks = [ChunkSlots(tables[i], cached[i] + k, 1, P + k)
+                      for i, k in zip(active, steps, strict=True)]
             out = self._run(
                 [greedy[i].output_ids[-1] for i in active], chunks, list(range(len(active))), cache,
                 build_attention_metadata,

@@ -74,7 +74,9 @@ def prefill_chunks(ctx, name: str) -> None:
 
 
 def decode(ctx, name: str) -> None:
-    """One decode step of ``b`` sequences at context ``L`` (each in its own blocks), per (b, L)."""
+    """One decode step of ``b`` sequences at context ``L`` (each in its own blocks), per (b, L): the timed call
+    builds the step's attention metadata too (the fused backend's block mask with it), as the engine does every
+    step, so a backend whose per-step host work is dear pays for it here (a reused mask would hide it)."""
     c, bs, dev = ctx.config, ctx.config.block_size, ctx.device
     points = [(b, L) for L in c.decode_contexts for b in c.decode_batch_sizes]
     ctx.record["skipped"] += [f"{name} decode batch {b} context {L} (KV over {c.max_decode_kv_tokens} tokens)"
@@ -90,10 +92,14 @@ def decode(ctx, name: str) -> None:
     cache.data.normal_(generator=torch.Generator(device=dev).manual_seed(2))  # real numbers, not zeros
 
     def step_timing(b: int, L: int, backend):
-        meta = build_attention_metadata([(list(range(i * nb[L], (i + 1) * nb[L])), L, 1) for i in range(b)],
-                                        bs, dev, decode_groups=backend.uses_decode_groups)
+        chunks = [(list(range(i * nb[L], (i + 1) * nb[L])), L, 1) for i in range(b)]
         ids, rows = torch.randint(0, model.config.vocab_size, (b,), device=dev), torch.arange(b, device=dev)
-        return ctx.time(lambda: model(ids, cache, meta, logits_rows=rows, backend=backend))
+
+        def step():  # the step's metadata (and the fused backend's block mask) built inside, as each engine step
+            meta = build_attention_metadata(chunks, bs, dev, decode_groups=backend.uses_decode_groups)
+            return model(ids, cache, meta, logits_rows=rows, backend=backend)
+
+        return ctx.time(step)
 
     for b, L in points:
         cost = ctx.cost(model.config, [(1, L)] * b)

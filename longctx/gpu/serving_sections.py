@@ -31,10 +31,13 @@ class OverCap(Exception):
     """An engine run passed its section's deadline and was stopped (``Run.point`` lists it as skipped)."""
 
 
-def _engine(ctx, name: str, scheduler, num_blocks: int, max_model_len: int, kv_dtype: str | None = None):
-    """A fresh engine over a pool of ``num_blocks``, with the run's serving backend (``fused`` asked for with a
-    quantized pool, which it cannot read, becomes ``auto``: the row names what ran); ``(engine, backend)``."""
-    model, bs, backend = ctx.model(name), ctx.config.block_size, ctx.config.serving_backend
+def _engine(ctx, name: str, scheduler, num_blocks: int, max_model_len: int, kv_dtype: str | None = None,
+            backend: str | None = None):
+    """A fresh engine over a pool of ``num_blocks``, with ``backend`` or the run's serving backend (``fused``
+    asked for with a quantized pool, which it cannot read, becomes ``auto``: the row names what ran);
+    ``(engine, backend that ran)``."""
+    model, bs = ctx.model(name), ctx.config.block_size
+    backend = backend or ctx.config.serving_backend
     if kv_dtype is not None and backend == "fused":
         backend = "auto"
     executor = TorchExecutor(model, BlockManager(num_blocks, bs), kv_dtype=kv_dtype, attention_backend=backend)
@@ -121,8 +124,9 @@ def _label(budget: int | None) -> str:
     return "monolithic" if budget is None else f"chunked-{budget}"
 
 
-def capstone_run(ctx, name: str, kv_dtype: str) -> dict:
-    """``capstone_users`` prompts at once under chunked prefill, the pool in ``kv_dtype``: one run's numbers."""
+def capstone_run(ctx, name: str, kv_dtype: str, backend: str | None = None) -> dict:
+    """``capstone_users`` prompts at once under chunked prefill, the pool in ``kv_dtype`` (``backend``: None for
+    the run's serving backend): one run's numbers."""
     c, dev = ctx.config, ctx.device
     U, P, budget = c.capstone_users, c.capstone_prompt, c.capstone_token_budget
     out = blocks_for_tokens(U * P, max(1, budget - U)) + 1 + c.stall_tail_steps + 8  # the first still decodes
@@ -132,7 +136,7 @@ def capstone_run(ctx, name: str, kv_dtype: str) -> dict:
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     engine, backend = _engine(ctx, name, ChunkedPrefillScheduler(token_budget=budget, max_num_seqs=max(U, 1)),
-                              blocks, P + out, pool_kv)
+                              blocks, P + out, pool_kv, backend)
     t0 = time.perf_counter()
     users = [engine.add_request(_prompt(ctx, P, 5000 + i), out) for i in range(U)]
     _step_until(ctx, engine, lambda: all(s.is_finished for s in users))
@@ -153,11 +157,22 @@ def capstone_run(ctx, name: str, kv_dtype: str) -> dict:
 
 
 def capstone(ctx, name: str) -> None:
-    """The capstone's users resident at once, once per KV dtype (n = 1 each: a long run)."""
+    """The capstone's users resident at once, once per KV dtype (n = 1 each: a long run). Where the pools ran
+    on different attention backends (fused for the model's dtype, reference for a quantized pool, which fused
+    cannot read), the model's dtype runs once more on the reference backend, last: the pair that differs in
+    the KV dtype alone (the cap may skip it; the skip is recorded)."""
     for kv in ctx.config.capstone_kv_dtypes:
-        what = f"{name} capstone {ctx.config.capstone_users} users kv {kv}"
-        if (row := ctx.point(what, lambda kv=kv: capstone_run(ctx, name, kv))) is not None:
-            ctx.record.setdefault("capstone", []).append(row)
-            mem = "" if row["gpu_mem_peak_gib"] is None else f", peak {row['gpu_mem_peak_gib']:.1f} GiB"
-            ctx.log(f"  {what:<40}: {row['wall_s']:6.1f} s, TTFT median {row['ttft_median_s']:.2f} s, "
-                    f"peak resident {row['peak_resident']}/{row['users']}{mem} ({row['attention_backend']})")
+        _capstone_point(ctx, name, kv)
+    ran = {r["attention_backend"] for r in ctx.record.get("capstone", [])}
+    if len(ran) > 1 and ctx.config.dtype in ctx.config.capstone_kv_dtypes:
+        _capstone_point(ctx, name, ctx.config.dtype, "reference")
+
+
+def _capstone_point(ctx, name: str, kv: str, backend: str | None = None) -> None:
+    what = f"{name} capstone {ctx.config.capstone_users} users kv {kv}" + (f" on {backend}" if backend else "")
+    if (row := ctx.point(what, lambda: capstone_run(ctx, name, kv, backend))) is None:
+        return
+    ctx.record.setdefault("capstone", []).append(row)
+    mem = "" if row["gpu_mem_peak_gib"] is None else f", peak {row['gpu_mem_peak_gib']:.1f} GiB"
+    ctx.log(f"  {what:<40}: {row['wall_s']:6.1f} s, TTFT median {row['ttft_median_s']:.2f} s, "
+            f"peak resident {row['peak_resident']}/{row['users']}{mem} ({row['attention_backend']})")

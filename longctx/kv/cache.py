@@ -17,7 +17,7 @@ from longctx.kv.quant import dequantize, get_format, quantize
 # the per-step metadata lives in longctx.kv.step_metadata; these names stay importable from here
 from longctx.kv.step_metadata import (  # noqa: F401
     AttentionMetadata,
-    Chunk,
+    ChunkSlots,
     DecodeGroup,
     build_attention_metadata,
 )

@@ -38,7 +38,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from longctx.checks import positive_int
+from longctx.checks import eviction_fraction, positive_int
 from longctx.memory import evicted_tokens
 from longctx.model.attention import attention_weights  # the one causal softmax (re-exported for lesson 06)
 
@@ -103,11 +103,7 @@ class Press:
     n_sink: int = 0  # first tokens a rolling press never evicts (the oldest block after them goes)
 
     def __init__(self, compression_ratio: float = 0.0) -> None:
-        ratio = float(compression_ratio)
-        if not 0.0 <= ratio < 1.0:
-            raise ValueError(f"compression_ratio must be in [0, 1) (the fraction of prompt tokens evicted), "
-                             f"got {compression_ratio!r}")
-        self.compression_ratio = ratio
+        self.compression_ratio = eviction_fraction("compression_ratio", compression_ratio)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(compression_ratio={self.compression_ratio:g})"

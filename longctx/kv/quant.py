@@ -67,10 +67,6 @@ class KVFormat:
             )
         return head_dim * self.bits // 8
 
-    def bytes_per_vector(self, head_dim: int) -> int:
-        """Bytes one key (or value) vector of one head takes in the pool: codes plus scales."""
-        return self.code_bytes(head_dim) + self.groups(head_dim) * SCALE_BYTES
-
 
 FORMATS: dict[str, KVFormat] = {
     "fp32": KVFormat("fp32", 32, 0, "float32, no quantization"),

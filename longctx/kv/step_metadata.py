@@ -1,6 +1,6 @@
 """The attention metadata of one engine step: which pool slots the step's tokens go to and which keys each reads.
 
-Built by ``build_attention_metadata`` from one :class:`Chunk` per sequence (block table, tokens cached, new
+Built by ``build_attention_metadata`` from one :class:`ChunkSlots` per sequence (block table, tokens cached, new
 tokens); read by the attention backends (``longctx.model.attention``). Plain tensors and lists: no model code.
 """
 
@@ -143,7 +143,7 @@ def _group_decodes(decodes, block_size, device) -> list[DecodeGroup]:
     return out
 
 
-class Chunk(NamedTuple):
+class ChunkSlots(NamedTuple):
     """One sequence's new tokens in a step: cache slots ``num_cached …`` of ``block_table``, RoPE positions from
     ``first_position`` (None: ``num_cached``; ahead of it once KV pruning evicted entries). Plain tuples work too."""
 
@@ -156,7 +156,7 @@ class Chunk(NamedTuple):
 def build_attention_metadata(
     chunks, block_size: int, device="cpu", decode_groups: bool = True
 ) -> AttentionMetadata:
-    """``chunks``: one :class:`Chunk` (or a tuple of its fields) per sequence of the step, in row order.
+    """``chunks``: one :class:`ChunkSlots` (or a tuple of its fields) per sequence of the step, in row order.
     ``decode_groups=False`` skips the padded decode groups (a backend that reads ``decodes`` directly).
 
     Integer arithmetic for decodes, tensor ops per prefill chunk and per decode group: no Python loop
@@ -164,7 +164,7 @@ def build_attention_metadata(
     slot_parts, pos_parts, q_starts, q_lens, kv_lens, kv_index, decodes = [], [], [], [], [], [], []
     row = 0
     for chunk in chunks:
-        table, num_cached, num_new, first = Chunk(*chunk)
+        table, num_cached, num_new, first = ChunkSlots(*chunk)
         first = num_cached if first is None else first
         kv_len = num_cached + num_new
         q_starts.append(row)

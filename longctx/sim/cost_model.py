@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from longctx import flops
+from longctx import checks, flops
 from longctx.engine.executor import ExecutionResult, Executor
 from longctx.kv.quant import pool_bytes_per_token
 from longctx.memory import evicted_tokens
@@ -92,8 +92,7 @@ class CostModelExecutor(Executor):
         weight_dtype: str = "bf16", kv_dtype: str = "bf16", attention: str = "causal", params: str = "matmul",
         kv_compression_ratio: float = 0.0, form: str = "operator", gemm_profile: GemmProfile | None = None,
     ) -> None:
-        if not 0.0 <= float(kv_compression_ratio) < 1.0:
-            raise ValueError(f"kv_compression_ratio must be in [0, 1), got {kv_compression_ratio!r}")
+        checks.eviction_fraction("kv_compression_ratio", kv_compression_ratio)
         if attention not in flops.ATTENTION_KINDS:
             raise ValueError(
                 f"attention must be one of {', '.join(flops.ATTENTION_KINDS)}; got {attention!r}"

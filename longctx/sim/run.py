@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from longctx import checks
 from longctx.engine import SLO, Engine, Scheduler, StepRecord, VirtualClock, summarize
 from longctx.kv.block_manager import BlockManager
 from longctx.kv.quant import pool_bytes_per_token
@@ -46,8 +47,7 @@ def kv_pool_blocks(
     """KV blocks that fit what the GPU leaves: ``plan.pool_blocks`` of ``utilization * memory - weight bytes``
     (KV bytes per token from ``quant.pool_bytes_per_token``, scales included)."""
     m, hw = get_model(model), get_hardware(hardware)
-    if not 0 < gpu_memory_utilization <= 1:
-        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    checks.unit_fraction("gpu_memory_utilization", gpu_memory_utilization, "of the GPU's memory")
     free_bytes = gpu_memory_utilization * hw.memory_bytes - m.num_params * dtype_bytes(weight_dtype)
     if free_bytes < block_size * pool_bytes_per_token(m, kv_dtype):
         raise ValueError(
