@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from longctx import flops, memory, specs
-from longctx.kv.cache import Chunk, PagedKVCache, build_attention_metadata
+from longctx.kv.cache import ChunkSlots, PagedKVCache, build_attention_metadata
 from longctx.model.attention import NO_ATTENTION
 from longctx.model.weights import load_model
 from longctx.provenance import load_gate
@@ -51,7 +51,7 @@ def prefill_s(model, tokens: torch.Tensor, backend=None) -> tuple[float, float]:
     n = tokens.numel()
     num_blocks = memory.blocks_for_tokens(n, BLOCK_SIZE)
     cache = PagedKVCache.for_model(model.config, num_blocks=num_blocks, block_size=BLOCK_SIZE)
-    meta = build_attention_metadata([Chunk(list(range(num_blocks)), 0, n)], BLOCK_SIZE)
+    meta = build_attention_metadata([ChunkSlots(list(range(num_blocks)), 0, n)], BLOCK_SIZE)
     last = torch.tensor([n - 1])
     cpu0, wall0 = time.process_time(), time.perf_counter()
     with torch.no_grad():
