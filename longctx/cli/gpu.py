@@ -21,9 +21,9 @@ NO_CUDA = ("no CUDA device: torch sees no GPU here (gpu-bench measures a real GP
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("gpu-bench", help="measure this GPU (ceilings, prefill, decode, attention share, "
-                                                "the stall and the capstone through the engine) and write "
-                                                "longctx/data/gpu/<device>.json")
+    p = subparsers.add_parser("gpu-bench", help="measure this GPU (ceilings, prefill, decode, attention "
+                                                "share, the stall and the capstone through the engine) and "
+                                                "write longctx/data/gpu/<device>.json")
     p.add_argument("--toy", action="store_true", help="tiny fp32 models on the CPU (tests the harness)")
     p.add_argument("--out", type=pathlib.Path, default=None,
                    help="where to write the record (default: longctx/data/gpu/<device>.json; with --toy a "
@@ -31,12 +31,14 @@ def register(subparsers) -> None:
     p.add_argument("--time-cap-s", type=float, default=None,
                    help="stop starting new measurements after this many seconds (default 400; toy 60)")
     p.add_argument("--sections", default=None,
-                   help="comma-separated subset of: ceilings,prefill_chunks,decode,attention_share,stall,capstone")
+                   help="comma-separated subset of: "
+                        "ceilings,prefill_chunks,decode,attention_share,stall,capstone")
     p.add_argument("--attention-backends", default=None,
                    help="backends timed side by side in prefill_chunks and decode (default reference,fused)")
     p.add_argument("--attention-backend", default=None,
-                   help="auto, reference or fused: the engine's backend in stall and capstone (default auto: fused on CUDA in bf16 with a "
-                        "pool in the model's dtype, else reference; an fp8 pool runs the reference)")
+                   help="auto, reference or fused: the engine's backend in stall and capstone (default auto: "
+                        "fused on CUDA in bf16 with a pool in the model's dtype, else reference; an fp8 "
+                        "pool runs the reference)")
     p.add_argument("--quiet", action="store_true", help="print the summary only")
     p.set_defaults(func=run_gpu_bench)
 
@@ -50,7 +52,8 @@ def run_gpu_bench(args: argparse.Namespace) -> int:
     if args.sections:
         overrides["sections"] = tuple(s.strip() for s in args.sections.split(",") if s.strip())
     if args.attention_backends:
-        overrides["attention_backends"] = tuple(s.strip() for s in args.attention_backends.split(",") if s.strip())
+        overrides["attention_backends"] = tuple(s.strip() for s in args.attention_backends.split(",")
+                                                if s.strip())
     if args.attention_backend:
         overrides["serving_backend"] = args.attention_backend
     try:
@@ -92,14 +95,15 @@ def summary_lines(record: dict) -> list[str]:
              f"{record['wall_s']:.0f} s",
              f"ceilings: matmul {c['matmul']['flops_per_s'] / 1e12:.1f} TFLOP/s (n={c['matmul']['n']}), "
              f"copy {c['copy']['bytes_per_s'] / 1e12:.2f} TB/s (read + written)"]
-    lines += [f"prefill {r['model']} chunk {r['chunk_size']:>5} {row_backend(record, r):<9}: {r['time_s'] * 1e3:9.2f} "
-              f"ms for {r['prompt_tokens']} tokens, {r['flops_per_s'] / 1e12:7.2f} TFLOP/s"
+    lines += [f"prefill {r['model']} chunk {r['chunk_size']:>5} {row_backend(record, r):<9}: "
+              f"{r['time_s'] * 1e3:9.2f} ms for {r['prompt_tokens']} tokens, "
+              f"{r['flops_per_s'] / 1e12:7.2f} TFLOP/s"
               for r in record.get("prefill_chunks", [])]
     for backend in dict.fromkeys(row_backend(record, r) for r in record.get("decode", [])):
         rows = [r for r in record["decode"] if row_backend(record, r) == backend]
         best = max(rows, key=lambda r: r["bytes_per_s"])
-        lines.append(f"decode {backend}: {len(rows)} points; best {best['bytes_per_s'] / 1e12:.2f} TB/s at batch "
-                     f"{best['batch_size']} context {best['context_tokens']} ({best['model']})")
+        lines.append(f"decode {backend}: {len(rows)} points; best {best['bytes_per_s'] / 1e12:.2f} TB/s "
+                     f"at batch {best['batch_size']} context {best['context_tokens']} ({best['model']})")
     lines += serving_lines(record)
     lines += [f"layer {r['model']} T={r['context_tokens']:>6}: attention {r['attention_share']:5.1%} of time "
               f"({r['flop_share']:5.1%} of FLOPs)" for r in record.get("attention_share", [])]
@@ -116,7 +120,8 @@ def serving_lines(record: dict) -> list[str]:
 
     lines = []
     for r in record.get("stall", []):
-        s, label = stall_cell(r), "monolithic" if r["token_budget"] is None else f"chunked-{r['token_budget']}"
+        s, label = stall_cell(r), ("monolithic" if r["token_budget"] is None
+                                   else f"chunked-{r['token_budget']}")
         lines.append(f"stall {r['long_prompt']:>6} {label:<13} {r['attention_backend']}, n={r['n']}: TTFT "
                      f"{s['ttft_s']['median']:.3f} s, worst gap {s['worst_gap_s']['median'] * 1e3:.1f} ms "
                      f"({s['worst_gap_s']['min'] * 1e3:.1f}-{s['worst_gap_s']['max'] * 1e3:.1f}), "
@@ -124,6 +129,7 @@ def serving_lines(record: dict) -> list[str]:
     for r in record.get("capstone", []):
         mem = "" if r["gpu_mem_peak_gib"] is None else f", peak {r['gpu_mem_peak_gib']:.1f} GiB"
         lines.append(f"capstone {r['users']} x {r['prompt']} kv {r['kv_dtype']} {r['attention_backend']}: "
-                     f"{r['wall_s']:.1f} s, {r['pool_blocks']} blocks{mem}, peak resident {r['peak_resident']}, "
+                     f"{r['wall_s']:.1f} s, {r['pool_blocks']} blocks{mem}, "
+                     f"peak resident {r['peak_resident']}, "
                      f"TTFT median {r['ttft_median_s']:.2f} s, ITL median {r['itl_median_s'] * 1e3:.1f} ms")
     return lines

@@ -3,8 +3,8 @@
 The capstone's KV choices are flags: ``--kv-dtype`` (vLLM: ``--kv-cache-dtype``), ``--prefix-caching``
 (vLLM: ``--enable-prefix-caching``) and ``--press NAME --compression-ratio R`` (KV pruning, ours only).
 ``GET /metrics`` reports the pool, the queues, the prefix cache and the latency histograms in Prometheus' text
-format. The API follows vLLM's OpenAI-compatible server (``longctx.serve``): lm-evaluation-harness, guidellm and
-the openai client use it unchanged.
+format. The API follows vLLM's OpenAI-compatible server (``longctx.serve``): lm-evaluation-harness, guidellm
+and the openai client use it unchanged.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ def register(subparsers) -> None:
                    help="how the KV pool stores keys and values: fp32, bf16, fp16, fp8, int8, int4 "
                    "(default: the model's dtype, fp32 on a CPU)")
     p.add_argument("--prefix-caching", "--enable-prefix-caching", dest="prefix_caching", action="store_true",
-                   help="share the cached full KV blocks of common prefixes (a system prompt) between requests")
+                   help="share the cached full KV blocks of common prefixes (a system prompt) "
+                   "between requests")
     p.add_argument("--press", default=None,
                    help="prune each prompt's KV cache: streaming_llm, snapkv, h2o, random, knorm")
     p.add_argument("--compression-ratio", type=float, default=None,
@@ -59,7 +60,8 @@ def run(args) -> int:
     kv_dtype = None if args.kv_dtype is None else get_format(args.kv_dtype).name
     press = make_cli_press(args.press, args.compression_ratio)  # clear errors before the model loads
     if press is not None and args.prefix_caching:
-        raise ValueError("--press and --prefix-caching do not combine: a press rewrites the blocks a cache shares")
+        raise ValueError("--press and --prefix-caching do not combine: "
+                         "a press rewrites the blocks a cache shares")
     if args.threads:
         import torch
 

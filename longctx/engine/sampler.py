@@ -5,9 +5,9 @@ entry, then, for each entry that produces a token this step and whose sequence c
 (``longctx.engine.sampling_params``) that need more, vLLM's pipeline on that row: ``logit_bias``, the
 ``min_tokens`` mask (EOS and the stop token ids) and the repetition / frequency / presence penalties
 (``apply_logit_changes``), then for a sampled request temperature, top-k and top-p and a draw with the
-sequence's own seeded generator (created on its first draw, advanced by each one, dropped by ``forget``). Greedy requests without changes stay
-bit-identical to plain ``argmax``. The log-probabilities a request asks for are recorded on the way
-(``longctx.engine.logprobs``: ``Sampler.logprobs``).
+sequence's own seeded generator (created on its first draw, advanced by each one, dropped by ``forget``).
+Greedy requests without changes stay bit-identical to plain ``argmax``. The log-probabilities a request asks
+for are recorded on the way (``longctx.engine.logprobs``: ``Sampler.logprobs``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ def apply_logit_changes(logits: torch.Tensor, params: SamplingParams, seq) -> to
     if params.repetition_penalty != 1.0:
         seen = torch.tensor(sorted(set(seq.prompt_token_ids) | set(outputs)), dtype=torch.long)
         vals = logits[seen]
-        logits[seen] = torch.where(vals > 0, vals / params.repetition_penalty, vals * params.repetition_penalty)
+        logits[seen] = torch.where(vals > 0, vals / params.repetition_penalty,
+                                   vals * params.repetition_penalty)
     if (params.frequency_penalty or params.presence_penalty) and outputs:
         counts = torch.bincount(torch.tensor(outputs, dtype=torch.long), minlength=vocab)[:vocab].float()
         logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).float()
@@ -47,7 +48,8 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.
         return int(logits.argmax())
     # vLLM (v0.11 SamplingParams) raises a temperature in (0, 0.01) to 0.01: below it the division overflows
     probs = torch.softmax(logits.float() / max(params.temperature, MIN_TEMPERATURE), dim=-1)  # [vocab]
-    if not bool(torch.isfinite(probs).all()):  # extreme penalties or biases overflowed: take the limit, greedy
+    # extreme penalties or biases overflowed: take the limit, greedy
+    if not bool(torch.isfinite(probs).all()):
         return int(torch.nan_to_num(logits.float(), nan=float("-inf")).argmax())
     if params.top_p < 1.0 or 0 < params.top_k < probs.shape[-1]:
         sorted_probs, order = probs.sort(descending=True)
@@ -68,9 +70,9 @@ class Sampler:
         self.logprobs = LogprobRecorder()
 
     def __call__(self, logits: torch.Tensor, batch, last_rows: list[int] | None = None) -> list[int]:
-        """``logits``: rows of the step's new tokens; ``last_rows[i]``: the row of entry ``i``'s last new token
-        (None: row ``i``). Entries whose ``prompt_logprobs`` are asked have all their rows there, contiguous,
-        ending at their last row. Returns one token id per entry."""
+        """``logits``: rows of the step's new tokens; ``last_rows[i]``: the row of entry ``i``'s last new
+        token (None: row ``i``). Entries whose ``prompt_logprobs`` are asked have all their rows there,
+        contiguous, ending at their last row. Returns one token id per entry."""
         last = logits if last_rows is None else logits[torch.tensor(last_rows, device=logits.device)]
         next_ids = last.argmax(dim=-1).tolist()  # .tolist() waits for the device
         for i, entry in enumerate(batch.entries):

@@ -5,10 +5,10 @@ The fields and their meaning follow vLLM's ``SamplingParams`` (v0.11): ``tempera
 from ``softmax(logits / temperature)`` restricted to the ``top_k`` most likely tokens and the ``top_p``
 nucleus, with a generator seeded by ``seed`` per request, so a request with a seed is reproducible. Before
 that, in vLLM's order, the logits are changed by ``logit_bias`` (added), ``min_tokens`` (the EOS token and
-``stop_token_ids`` are impossible until that many tokens came) and the penalties (``repetition_penalty``: a token already in the
-prompt or the output has a positive logit divided, a negative one multiplied, by it; ``frequency_penalty``
-times the token's count in the output and ``presence_penalty`` once if it occurs are subtracted). Greedy
-requests see the changed logits too.
+``stop_token_ids`` are impossible until that many tokens came) and the penalties (``repetition_penalty``: a
+token already in the prompt or the output has a positive logit divided, a negative one multiplied, by it;
+``frequency_penalty`` times the token's count in the output and ``presence_penalty`` once if it occurs are
+subtracted). Greedy requests see the changed logits too.
 
 ``logprobs`` (k >= 0) asks for the log-probability of each sampled token and the ``k`` most likely ones;
 ``prompt_logprobs`` (k >= 0) the same for every prompt token after the first (the executor then computes
@@ -34,7 +34,8 @@ def _check_range(name: str, value, low: float, high: float, low_open: bool = Fal
 def _check_count(name: str, value, high: int | None = None) -> None:
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (high is not None and value > high):
+    if (isinstance(value, bool) or not isinstance(value, int) or value < 0
+            or (high is not None and value > high)):
         allowed = f"an integer in [0, {high}]" if high is not None else "an integer >= 0"
         raise ValueError(f"{name} must be {allowed} or None, got {value!r}")
 

@@ -37,8 +37,9 @@ class TorchExecutor(Executor):
     the pool; ``attention_backend_choice`` says which one runs and why.
     """
 
-    def __init__(self, model, block_manager: BlockManager, device=None, dtype=None, press: Press | None = None,
-                 kv_dtype: str | None = None, attention_backend: str | None = None):
+    def __init__(self, model, block_manager: BlockManager, device=None, dtype=None,
+                 press: Press | None = None, kv_dtype: str | None = None,
+                 attention_backend: str | None = None):
         if not isinstance(block_manager, BlockManager):
             raise ValueError(
                 f"TorchExecutor(model, block_manager): give a BlockManager (the KV pool), "
@@ -50,10 +51,12 @@ class TorchExecutor(Executor):
         self.device = p.device if device is None else torch.device(device)
         if press is not None and block_manager.enable_prefix_caching:
             raise ValueError(
-                "KV pruning compacts each sequence's kept keys inside its own blocks, so its blocks cannot be "
-                "shared: use a press or prefix caching (BlockManager(enable_prefix_caching=True)), not both"
+                "KV pruning compacts each sequence's kept keys inside its own blocks, so its blocks "
+                "cannot be shared: use a press or prefix caching "
+                "(BlockManager(enable_prefix_caching=True)), not both"
             )
-        self.cache = PagedKVCache.for_pool(model.config, block_manager, self.device, dtype or p.dtype, kv_dtype)
+        self.cache = PagedKVCache.for_pool(model.config, block_manager, self.device, dtype or p.dtype,
+                                           kv_dtype)
         requested = attention_backend or model.attention_backend.requested
         self.attention_backend_choice = choose_backend(
             requested, self.device, self.cache.dtype, pool_in_model_dtype=self.cache.format is None,
@@ -95,7 +98,8 @@ class TorchExecutor(Executor):
             chunks.append(ChunkSlots(tables(seq.seq_id), seq.num_cached_tokens, n, first_position=start))
             if not seq.is_decode:
                 prefills.append((seq.seq_id, row, start == 0))
-            every_row = seq.sampling is not None and seq.sampling.prompt_logprobs is not None and not seq.is_decode
+            every_row = (seq.sampling is not None and seq.sampling.prompt_logprobs is not None
+                         and not seq.is_decode)
             rows += range(row, row + n) if every_row else [row + n - 1]
             row += n
             last_rows.append(len(rows) - 1)
@@ -121,7 +125,8 @@ class TorchExecutor(Executor):
                     act = self._pruning.compress
                 else:
                     continue  # a prefill chunk that is not the last
-                cached = seq.num_cached_tokens + entry.num_tokens  # after this step (the engine updates it later)
+                # after this step (the engine updates it later)
+                cached = seq.num_cached_tokens + entry.num_tokens
                 gone = act(self.cache, self.block_manager.block_table(seq.seq_id), seq.seq_id, cached)
                 if gone:
                     evicted[seq.seq_id] = gone

@@ -1,8 +1,10 @@
-"""Uncertainty for the course's accuracies and comparisons: Wilson intervals, Fisher's exact test, a bootstrap.
+"""Uncertainty for the course's accuracies and comparisons: Wilson intervals, Fisher's exact test,
+a bootstrap.
 
 - ``wilson_interval(k, n)``: the 95 % score interval of a rate ``k / n`` (Wilson 1927). With ``z = 1.96``,
-  ``p = k / n``: centre ``(p + z²/2n) / (1 + z²/n)``, half-width ``z sqrt(p(1-p)/n + z²/4n²) / (1 + z²/n)``.
-  Unlike ``p ± z sqrt(p(1-p)/n)`` it stays inside [0, 1] and is not zero-width at 0/n or n/n.
+  ``p = k / n``: centre ``(p + z²/2n) / (1 + z²/n)``, half-width
+  ``z sqrt(p(1-p)/n + z²/4n²) / (1 + z²/n)``. Unlike ``p ± z sqrt(p(1-p)/n)`` it stays inside [0, 1] and is
+  not zero-width at 0/n or n/n.
 - ``fisher_exact(k1, n1, k2, n2)``: the two-sided p-value that two rates differ, from the 2x2 table
   ``[[k1, n1-k1], [k2, n2-k2]]`` with both margins fixed (hypergeometric). Two-sided as R and SciPy do it: the
   sum of the probabilities of every table no more likely than the one observed (a relative tolerance of
@@ -77,9 +79,11 @@ def wilson_interval(k: int, n: int, z: float = Z_95) -> tuple[float, float]:
 
 def _log_hypergeom(a: int, row1: int, row2: int, col1: int) -> float:
     """log P(a successes in row 1) with row sums ``row1``, ``row2`` and ``col1`` successes in all."""
+    # fmt: off
     return (math.lgamma(row1 + 1) - math.lgamma(a + 1) - math.lgamma(row1 - a + 1)
             + math.lgamma(row2 + 1) - math.lgamma(col1 - a + 1) - math.lgamma(row2 - col1 + a + 1)
-            - math.lgamma(row1 + row2 + 1) + math.lgamma(col1 + 1) + math.lgamma(row1 + row2 - col1 + 1))  # fmt: skip
+            - math.lgamma(row1 + row2 + 1) + math.lgamma(col1 + 1) + math.lgamma(row1 + row2 - col1 + 1))
+    # fmt: on
 
 
 def fisher_exact(k1: int, n1: int, k2: int, n2: int) -> float:
@@ -109,7 +113,8 @@ def bootstrap_diff(a, b, num_resamples: int = 10_000, seed: int = 0, confidence:
     if not (np.isfinite(a).all() and np.isfinite(b).all()):
         raise ValueError("the scores must be finite numbers")
     if not 0 < confidence < 1 or int(num_resamples) < 100:
-        raise ValueError(f"need 0 < confidence < 1 and num_resamples >= 100, got {confidence}, {num_resamples}")
+        raise ValueError(f"need 0 < confidence < 1 and num_resamples >= 100, "
+                         f"got {confidence}, {num_resamples}")
     rng = np.random.default_rng(seed)
     ra = a[rng.integers(0, len(a), size=(int(num_resamples), len(a)))].mean(axis=1)
     rb = b[rng.integers(0, len(b), size=(int(num_resamples), len(b)))].mean(axis=1)
@@ -189,8 +194,8 @@ class NonInferiority:
     def describe(self) -> str:
         verdict = "non-inferior" if self.noninferior else "not shown non-inferior"
         side = ">" if self.noninferior else "<="
-        return (f"difference {self.difference:+.2f}, {self.confidence:.0%} interval's lower end {self.lower_bound:+.2f} "
-                f"{side} -{self.margin:.2f} (margin {self.margin:.2f}): {verdict}")
+        return (f"difference {self.difference:+.2f}, {self.confidence:.0%} interval's lower end "
+                f"{self.lower_bound:+.2f} {side} -{self.margin:.2f} (margin {self.margin:.2f}): {verdict}")
 
 
 def noninferiority(k_new: int, n_new: int, k_ref: int, n_ref: int, margin: float,

@@ -1,9 +1,9 @@
 """A GPU record: one JSON object per run of ``make gpu-bench``, in ``longctx/data/gpu/<device key>.json``.
 
-``record_schema.GpuRecord`` (pydantic) is its schema, what the readers rely on (lessons' GPU figures, the calibration
-benchmark, the summary); seconds, per second, bytes. Keys it does not name are kept as written. Its serving
-sections (``stall``, ``capstone``) have the same rows as the one-off serving runs shipped beside it
-(``<device>_stall.json``, ``<device>_capstone.json``, read by ``load_serving``).
+``record_schema.GpuRecord`` (pydantic) is its schema, what the readers rely on (lessons' GPU figures, the
+calibration benchmark, the summary); seconds, per second, bytes. Keys it does not name are kept as written.
+Its serving sections (``stall``, ``capstone``) have the same rows as the one-off serving runs shipped beside
+it (``<device>_stall.json``, ``<device>_capstone.json``, read by ``load_serving``).
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ def load_serving(part: str, device: str = "h200", path: str | pathlib.Path | Non
     broken."""
     if part not in SERVING:
         raise ValueError(f"unknown serving part {part!r}; allowed: {', '.join(SERVING)}")
-    return _check(f"{part.capitalize()}Data", load_recorded(f"{device}_{part}.json", "gpu", path), f"a valid {part} file")
+    return _check(f"{part.capitalize()}Data", load_recorded(f"{device}_{part}.json", "gpu", path),
+                  f"a valid {part} file")
 
 
 def save_record(record: dict, path: str | pathlib.Path) -> pathlib.Path:
@@ -102,7 +103,8 @@ def spread(values) -> dict:
     if not v:
         raise ValueError("spread of an empty list")
     mid = len(v) // 2
-    return {"median": v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2, "min": v[0], "max": v[-1], "n": len(v)}
+    return {"median": v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2, "min": v[0], "max": v[-1],
+            "n": len(v)}
 
 
 def stall_cell(row: dict) -> dict:

@@ -42,11 +42,13 @@ def ceilings(ctx, name: str) -> None:
         "matmul": {"n": n, "flops": 2 * n**3, **asdict(mm), "flops_per_s": 2 * n**3 / mm.median_s},
         "copy": {"bytes": src.nbytes, **asdict(cp), "bytes_per_s": 2 * src.nbytes / cp.median_s,
                  "convention": "bytes read + bytes written"}}
-    ctx.log(f"  matmul {2 * n**3 / mm.median_s / 1e12:.1f} TFLOP/s, copy {2 * src.nbytes / cp.median_s / 1e12:.2f} TB/s")
+    ctx.log(f"  matmul {2 * n**3 / mm.median_s / 1e12:.1f} TFLOP/s, "
+            f"copy {2 * src.nbytes / cp.median_s / 1e12:.2f} TB/s")
 
 
 def prefill_chunks(ctx, name: str) -> None:
-    """Per chunk size and backend: each chunk of one prompt timed after the earlier chunks filled the KV cache."""
+    """Per chunk size and backend: each chunk of one prompt timed after the earlier chunks filled
+    the KV cache."""
     model, T, bs, dev = ctx.model(name), ctx.config.prefill_prompt_tokens, ctx.config.block_size, ctx.device
     cache = PagedKVCache.for_model(model.config, blocks_for_tokens(T, bs), bs, dev, ctx.dtype)
     table = list(range(cache.num_blocks))
@@ -63,7 +65,8 @@ def prefill_chunks(ctx, name: str) -> None:
         flops = sum(ctx.cost(model.config, [p]).flops for p in pieces)
         for choice in backends(ctx):
             what = f"{name} prefill chunk {chunk} {choice.name}"
-            timed = ctx.point(what, lambda pieces=pieces, b=choice.backend: [chunk_s(n, s, b) for n, s in pieces])
+            timed = ctx.point(what,
+                              lambda pieces=pieces, b=choice.backend: [chunk_s(n, s, b) for n, s in pieces])
             if (times := timed) is None:
                 continue
             ctx.record.setdefault("prefill_chunks", []).append(
@@ -74,9 +77,10 @@ def prefill_chunks(ctx, name: str) -> None:
 
 
 def decode(ctx, name: str) -> None:
-    """One decode step of ``b`` sequences at context ``L`` (each in its own blocks), per (b, L): the timed call
-    builds the step's attention metadata too (the fused backend's block mask with it), as the engine does every
-    step, so a backend whose per-step host work is dear pays for it here (a reused mask would hide it)."""
+    """One decode step of ``b`` sequences at context ``L`` (each in its own blocks), per (b, L): the timed
+    call builds the step's attention metadata too (the fused backend's block mask with it), as the engine does
+    every step, so a backend whose per-step host work is dear pays for it here (a reused mask would
+    hide it)."""
     c, bs, dev = ctx.config, ctx.config.block_size, ctx.device
     points = [(b, L) for L in c.decode_contexts for b in c.decode_batch_sizes]
     ctx.record["skipped"] += [f"{name} decode batch {b} context {L} (KV over {c.max_decode_kv_tokens} tokens)"
@@ -95,7 +99,8 @@ def decode(ctx, name: str) -> None:
         chunks = [(list(range(i * nb[L], (i + 1) * nb[L])), L, 1) for i in range(b)]
         ids, rows = torch.randint(0, model.config.vocab_size, (b,), device=dev), torch.arange(b, device=dev)
 
-        def step():  # the step's metadata (and the fused backend's block mask) built inside, as each engine step
+        # the step's metadata (and the fused backend's block mask) built inside, as each engine step
+        def step():
             meta = build_attention_metadata(chunks, bs, dev, decode_groups=backend.uses_decode_groups)
             return model(ids, cache, meta, logits_rows=rows, backend=backend)
 
@@ -122,7 +127,8 @@ def attention_share(ctx, name: str) -> None:
     H, Hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
 
     def measure(T: int):
-        x, attn_out = (torch.randn(T, w, device=dev, dtype=ctx.dtype, generator=gen) for w in (cfg.d_model, H * d))
+        x, attn_out = (torch.randn(T, w, device=dev, dtype=ctx.dtype, generator=gen)
+                       for w in (cfg.d_model, H * d))
         q, k, v = (torch.randn(1, h, T, d, device=dev, dtype=ctx.dtype, generator=gen) for h in (H, Hkv, Hkv))
         cos, sin = rope_cos_sin(torch.arange(T, device=dev), d, cfg.rope_theta, ctx.dtype)
         a = block.attn

@@ -40,7 +40,8 @@ def _engine(ctx, name: str, scheduler, num_blocks: int, max_model_len: int, kv_d
     backend = backend or ctx.config.serving_backend
     if kv_dtype is not None and backend == "fused":
         backend = "auto"
-    executor = TorchExecutor(model, BlockManager(num_blocks, bs), kv_dtype=kv_dtype, attention_backend=backend)
+    executor = TorchExecutor(model, BlockManager(num_blocks, bs), kv_dtype=kv_dtype,
+                             attention_backend=backend)
     engine = Engine(executor, scheduler, clock=WallClock(), max_model_len=max_model_len, eos_token_id=-1)
     return engine, executor.attention_backend_choice.name
 
@@ -74,10 +75,13 @@ def stall_run(ctx, name: str, long_prompt: int, budget: int | None, seed: int = 
     # the first decoder decodes while the others prefill: no decoder may finish inside the window
     out = steps_for(D * c.stall_decoder_prompt) + c.stall_arrival_after + steps_for(long_prompt) + tail + 8
     bs = c.block_size
-    blocks = D * blocks_for_tokens(c.stall_decoder_prompt + out, bs) + blocks_for_tokens(long_prompt + 1, bs) + D
-    engine, backend = _engine(ctx, name, _scheduler(budget), blocks, max(long_prompt, c.stall_decoder_prompt) + out)
+    blocks = (D * blocks_for_tokens(c.stall_decoder_prompt + out, bs)
+              + blocks_for_tokens(long_prompt + 1, bs) + D)
+    engine, backend = _engine(ctx, name, _scheduler(budget), blocks,
+                              max(long_prompt, c.stall_decoder_prompt) + out)
     t0 = time.perf_counter()
-    decoders = [engine.add_request(_prompt(ctx, c.stall_decoder_prompt, seed * 1000 + i), out) for i in range(D)]
+    decoders = [engine.add_request(_prompt(ctx, c.stall_decoder_prompt, seed * 1000 + i), out)
+                for i in range(D)]
     _step_until(ctx, engine, lambda: all(len(s.token_times_s) >= c.stall_arrival_after for s in decoders))
     steady = statistics.median(g for s in decoders for g in s.itl_s)
     first = [len(s.token_times_s) - 1 for s in decoders]
@@ -91,9 +95,11 @@ def stall_run(ctx, name: str, long_prompt: int, budget: int | None, seed: int = 
     gaps, worst = [g for p in per for g in p], [max(p) for p in per]
     steps = engine.history[n_steps:]
     if any(s.is_finished for s in decoders):
-        raise RuntimeError("a decoder finished inside the window: its gaps would be missing (output too short)")
-    return {"attention_backend": backend, "long_ttft_s": long_req.ttft_s, "itl_median_s": statistics.median(gaps),
-            "itl_p99_s": percentile(gaps, 99), "itl_max_s": max(gaps), "decoder_gaps_after_arrival": len(gaps),
+        raise RuntimeError("a decoder finished inside the window: its gaps would be missing "
+                           "(output too short)")
+    return {"attention_backend": backend, "long_ttft_s": long_req.ttft_s,
+            "itl_median_s": statistics.median(gaps), "itl_p99_s": percentile(gaps, 99),
+            "itl_max_s": max(gaps), "decoder_gaps_after_arrival": len(gaps),
             "decoder_worst_gap_min_s": min(worst), "decoder_worst_gap_median_s": statistics.median(worst),
             "steady_itl_s": steady, "max_step_s": max(r.duration_s for r in steps), "steps": len(steps),
             "wall_s": time.perf_counter() - t0}
@@ -103,19 +109,24 @@ def stall(ctx, name: str) -> None:
     """Monolithic against chunked prefill at each budget, for each long prompt: rows with their runs."""
     c = ctx.config
     budgets = (None, *c.stall_budgets)
-    rows = {(L, b): {"long_prompt": L, "scheduler": "monolithic" if b is None else "chunked", "token_budget": b,
-                     "decoders": c.stall_decoders, "decoder_prompt": c.stall_decoder_prompt, "runs": []}
+    rows = {(L, b): {"long_prompt": L, "scheduler": "monolithic" if b is None else "chunked",
+                     "token_budget": b, "decoders": c.stall_decoders,
+                     "decoder_prompt": c.stall_decoder_prompt, "runs": []}
             for L in c.stall_long_prompts for b in budgets}
-    for b in budgets:  # warm-up: one untimed run per scheduler at the shortest long prompt (kernels, compiles)
-        ctx.point(f"{name} stall warm-up {_label(b)}", lambda b=b: stall_run(ctx, name, min(c.stall_long_prompts), b))
+    # warm-up: one untimed run per scheduler at the shortest long prompt (kernels, compiles)
+    for b in budgets:
+        ctx.point(f"{name} stall warm-up {_label(b)}",
+                  lambda b=b: stall_run(ctx, name, min(c.stall_long_prompts), b))
     for rep in range(c.stall_repeats):
         for (L, b), row in rows.items():
             what = f"{name} stall {L} {_label(b)} run {rep + 1}"
-            if (res := ctx.point(what, lambda L=L, b=b, rep=rep: stall_run(ctx, name, L, b, seed=rep + 1))) is None:
+            if (res := ctx.point(what, lambda L=L, b=b, rep=rep:
+                                 stall_run(ctx, name, L, b, seed=rep + 1))) is None:
                 continue
             row["attention_backend"] = res.pop("attention_backend")
             row["runs"].append(res)
-            ctx.log(f"  {what:<40}: TTFT {res['long_ttft_s']:7.3f} s, worst gap {res['itl_max_s'] * 1e3:8.1f} ms, "
+            ctx.log(f"  {what:<40}: TTFT {res['long_ttft_s']:7.3f} s, "
+                    f"worst gap {res['itl_max_s'] * 1e3:8.1f} ms, "
                     f"P99 {res['itl_p99_s'] * 1e3:7.1f} ms, median {res['itl_median_s'] * 1e3:6.1f} ms")
     ctx.record["stall"] = [{**row, "n": len(row["runs"])} for row in rows.values() if row["runs"]]
 
@@ -125,8 +136,8 @@ def _label(budget: int | None) -> str:
 
 
 def capstone_run(ctx, name: str, kv_dtype: str, backend: str | None = None) -> dict:
-    """``capstone_users`` prompts at once under chunked prefill, the pool in ``kv_dtype`` (``backend``: None for
-    the run's serving backend): one run's numbers."""
+    """``capstone_users`` prompts at once under chunked prefill, the pool in ``kv_dtype`` (``backend``: None
+    for the run's serving backend): one run's numbers."""
     c, dev = ctx.config, ctx.device
     U, P, budget = c.capstone_users, c.capstone_prompt, c.capstone_token_budget
     out = blocks_for_tokens(U * P, max(1, budget - U)) + 1 + c.stall_tail_steps + 8  # the first still decodes
@@ -144,16 +155,16 @@ def capstone_run(ctx, name: str, kv_dtype: str, backend: str | None = None) -> d
     ttft, itl = [s.ttft_s for s in users], [g for s in users for g in s.itl_s]
     decodes = [r.num_decode_tokens for r in engine.history]
     cache = engine.executor.cache
-    return {"users": U, "prompt": P, "out_tokens": out, "kv_dtype": kv_dtype, "attention_backend": backend, "n": 1,
-            "token_budget": budget, "pool_blocks": blocks, "pool_bytes": cache.nbytes,
+    return {"users": U, "prompt": P, "out_tokens": out, "kv_dtype": kv_dtype, "attention_backend": backend,
+            "n": 1, "token_budget": budget, "pool_blocks": blocks, "pool_bytes": cache.nbytes,
             "bytes_per_block": cache.nbytes // blocks,
             "peak_resident": max(decodes), "full_batch_decode_steps": sum(d == U for d in decodes),
             "peak_used_blocks": max(r.num_used_blocks for r in engine.history),
             "preemptions": engine.counters.num_preemptions,
             "gpu_mem_peak_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None,
-            "ttft_median_s": statistics.median(ttft), "ttft_p90_s": percentile(ttft, 90), "ttft_max_s": max(ttft),
-            "itl_median_s": statistics.median(itl), "itl_p99_s": percentile(itl, 99), "itl_max_s": max(itl),
-            "steps": len(engine.history), "wall_s": wall}
+            "ttft_median_s": statistics.median(ttft), "ttft_p90_s": percentile(ttft, 90),
+            "ttft_max_s": max(ttft), "itl_median_s": statistics.median(itl), "itl_p99_s": percentile(itl, 99),
+            "itl_max_s": max(itl), "steps": len(engine.history), "wall_s": wall}
 
 
 def capstone(ctx, name: str) -> None:
@@ -169,7 +180,8 @@ def capstone(ctx, name: str) -> None:
 
 
 def _capstone_point(ctx, name: str, kv: str, backend: str | None = None) -> None:
-    what = f"{name} capstone {ctx.config.capstone_users} users kv {kv}" + (f" on {backend}" if backend else "")
+    what = (f"{name} capstone {ctx.config.capstone_users} users kv {kv}"
+            + (f" on {backend}" if backend else ""))
     if (row := ctx.point(what, lambda: capstone_run(ctx, name, kv, backend))) is None:
         return
     ctx.record.setdefault("capstone", []).append(row)

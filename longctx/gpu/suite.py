@@ -24,8 +24,8 @@ from longctx.model.config import LLAMA3_8B, spec_to_dict
 from longctx.provenance import device_provenance
 from longctx.specs import ModelSpec
 
-SECTION_WEIGHTS = {"ceilings": 0.5, "prefill_chunks": 2.0, "decode": 1.5, "attention_share": 0.5, "stall": 4.0,
-                   "capstone": 3.0}
+SECTION_WEIGHTS = {"ceilings": 0.5, "prefill_chunks": 2.0, "decode": 1.5, "attention_share": 0.5,
+                   "stall": 4.0, "capstone": 3.0}
 TOY = ModelSpec("toy", 2, 64, 4, 2, 16, "tiny random-weight stand-in for the CPU toy run",
                 intermediate_size=160, vocab_size=512, rope_theta=10000.0, max_context=1 << 16)
 
@@ -42,9 +42,9 @@ class Timing:
 
 
 def time_fn(fn: Callable[[], object], device="cpu", warmup: int = 2, repeats: int = 5) -> Timing:
-    """``warmup`` untimed calls of ``fn``, then the median of ``repeats`` timed ones (the median resists a slow
-    repeat). On CUDA, CUDA events bracket each repeat (the device's time, read after one ``synchronize``);
-    elsewhere ``time.perf_counter``."""
+    """``warmup`` untimed calls of ``fn``, then the median of ``repeats`` timed ones (the median resists a
+    slow repeat). On CUDA, CUDA events bracket each repeat (the device's time, read after one
+    ``synchronize``); elsewhere ``time.perf_counter``."""
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
     for _ in range(warmup):
@@ -65,7 +65,8 @@ def time_fn(fn: Callable[[], object], device="cpu", warmup: int = 2, repeats: in
     if cuda:
         torch.cuda.synchronize(device)
     times = [a.elapsed_time(b) / 1e3 if cuda else b - a for a, _, b in marks]  # elapsed_time is in ms
-    return Timing(statistics.median(times), min(times), max(times), repeats, "cuda-events" if cuda else "perf_counter")
+    return Timing(statistics.median(times), min(times), max(times), repeats,
+                  "cuda-events" if cuda else "perf_counter")
 
 
 @dataclass(frozen=True)
@@ -112,19 +113,21 @@ class BenchConfig:
         for b in (*self.attention_backends, self.serving_backend):
             if b not in BACKEND_NAMES:
                 raise ValueError(f"unknown attention backend {b!r}; allowed: {', '.join(BACKEND_NAMES)}")
-        if min(self.stall_repeats, self.stall_decoders, self.capstone_users) < 1 or self.stall_arrival_after < 2:
-            raise ValueError("stall_repeats, stall_decoders and capstone_users must be >= 1, stall_arrival_after >= 2 "
-                             "(a decoder's steady gap needs two tokens)")
+        if (min(self.stall_repeats, self.stall_decoders, self.capstone_users) < 1
+                or self.stall_arrival_after < 2):
+            raise ValueError("stall_repeats, stall_decoders and capstone_users must be >= 1, "
+                             "stall_arrival_after >= 2 (a decoder's steady gap needs two tokens)")
 
     @classmethod
     def toy(cls, **overrides) -> BenchConfig:
         sizes = dict(is_toy=True, dtype="fp32", warmup=1, repeats=3, matmul_n=256, copy_bytes=8 * 2**20,
                      prefill_prompt_tokens=256, chunk_sizes=(16, 32, 64, 128, 256),
-                     decode_batch_sizes=(1, 2, 4, 8), decode_contexts=(64, 128, 256), max_decode_kv_tokens=1024,
-                     attention_contexts=(64, 128, 256, 512), time_cap_s=60.0, stall_decoders=4,
-                     stall_decoder_prompt=32, stall_arrival_after=4, stall_long_prompts=(128, 256),
-                     stall_budgets=(32, 64), stall_tail_steps=2, capstone_users=4, capstone_prompt=64,
-                     capstone_token_budget=68, capstone_kv_dtypes=("fp32", "fp8"))
+                     decode_batch_sizes=(1, 2, 4, 8), decode_contexts=(64, 128, 256),
+                     max_decode_kv_tokens=1024, attention_contexts=(64, 128, 256, 512), time_cap_s=60.0,
+                     stall_decoders=4, stall_decoder_prompt=32, stall_arrival_after=4,
+                     stall_long_prompts=(128, 256), stall_budgets=(32, 64), stall_tail_steps=2,
+                     capstone_users=4, capstone_prompt=64, capstone_token_budget=68,
+                     capstone_kv_dtypes=("fp32", "fp8"))
         return cls(**{**sizes, **overrides})
 
     def model_spec(self) -> ModelSpec:  # measured under the name "llama-3-8b"
@@ -165,7 +168,8 @@ class Run:
 
     def time(self, fn, warmup: int | None = None, repeats: int | None = None) -> Timing:
         c = self.config
-        return time_fn(fn, self.device, c.warmup if warmup is None else warmup, c.repeats if repeats is None else repeats)
+        return time_fn(fn, self.device, c.warmup if warmup is None else warmup,
+                       c.repeats if repeats is None else repeats)
 
     def point(self, what: str, fn, timed: bool = True):
         """``fn()``; or None, with ``what`` listed under ``skipped`` when the section's time is up (``timed``)
@@ -207,13 +211,15 @@ def run_suite(config: BenchConfig, device=None, log: Callable[[str], None] | Non
 
     from longctx.gpu import sections
 
-    log, device = log or (lambda _msg: None), torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    log, device = (log or (lambda _msg: None),
+                   torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")))
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[config.dtype]
     record = {"schema": SCHEMA, "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-              "toy": config.is_toy, "dtype": config.dtype, "device": device_provenance(device), "config": asdict(config),
-              "notes": "random-weight longctx.model.llama over the engine's paged KV cache, each row naming its "
-                       "attention backend (reference: SDPA; fused: one call per chunk, FlexAttention over the "
-                       "pool for decodes): this engine's speed, not vLLM's",
+              "toy": config.is_toy, "dtype": config.dtype, "device": device_provenance(device),
+              "config": asdict(config),
+              "notes": "random-weight longctx.model.llama over the engine's paged KV cache, each row naming "
+                       "its attention backend (reference: SDPA; fused: one call per chunk, FlexAttention "
+                       "over the pool for decodes): this engine's speed, not vLLM's",
               "models": {}, "errors": [], "skipped": []}
     run = Run(record, config, device, dtype, log)
     todo = [s for s in SECTION_WEIGHTS if s in config.sections or s == "ceilings"]  # every reader needs these
@@ -226,11 +232,13 @@ def run_suite(config: BenchConfig, device=None, log: Callable[[str], None] | Non
                 run.begin(section, todo[i:])
                 t0 = time.monotonic()
                 log(f"[{section}] ...")
-                run.point(f"section {section}", lambda s=section: getattr(sections, s)(run, "llama-3-8b"), timed=False)
+                run.point(f"section {section}", lambda s=section: getattr(sections, s)(run, "llama-3-8b"),
+                          timed=False)
                 run.free_memory()
                 log(f"[{section}] done in {time.monotonic() - t0:.1f} s")
                 if checkpoint is not None and i + 1 < len(todo):
-                    checkpoint({**record, "wall_s": round(time.monotonic() - run.start, 3), "complete": False})
+                    checkpoint({**record, "wall_s": round(time.monotonic() - run.start, 3),
+                                "complete": False})
     finally:
         run.llama = None
         run.free_memory()
