@@ -2,9 +2,8 @@
 a bootstrap.
 
 - ``wilson_interval(k, n)``: the 95 % score interval of a rate ``k / n`` (Wilson 1927). With ``z = 1.96``,
-  ``p = k / n``: centre ``(p + z²/2n) / (1 + z²/n)``, half-width
-  ``z sqrt(p(1-p)/n + z²/4n²) / (1 + z²/n)``. Unlike ``p ± z sqrt(p(1-p)/n)`` it stays inside [0, 1] and is
-  not zero-width at 0/n or n/n.
+  ``p = k / n``: centre ``(p + z²/2n) / (1 + z²/n)``, half-width ``z sqrt(p(1-p)/n + z²/4n²) / (1 + z²/n)``.
+  Unlike ``p ± z sqrt(p(1-p)/n)`` it stays inside [0, 1] and is not zero-width at 0/n or n/n.
 - ``fisher_exact(k1, n1, k2, n2)``: the two-sided p-value that two rates differ, from the 2x2 table
   ``[[k1, n1-k1], [k2, n2-k2]]`` with both margins fixed (hypergeometric). Two-sided as R and SciPy do it: the
   sum of the probabilities of every table no more likely than the one observed (a relative tolerance of

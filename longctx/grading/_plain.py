@@ -62,7 +62,8 @@ def plain_scalar(obj):
     if t is INT or t is FLOAT:
         return obj
     np_t = static_type_from(obj, ("numpy",))
-    if np_t is not None and np_t.__name__ not in ("str_", "bytes_", "void", "object_", "datetime64", "timedelta64"):
+    if np_t is not None and np_t.__name__ not in ("str_", "bytes_", "void", "object_", "datetime64",
+                                                  "timedelta64"):
         if np_t.__name__ == "ndarray" and np_t.size.__get__(obj) != 1:
             raise Reject(f"got an array of shape {np_t.shape.__get__(obj)}; a single number is expected here")
         value = np_t.item(obj)

@@ -15,9 +15,9 @@ from longctx.grading._plain import (
 )
 
 ANSWER_KINDS = ("value", "function")
-_KIND_HELP = ("answer_kind='value' (the checked name is itself the answer: a failure never reveals the expected "
-              "value) or answer_kind='function' (the result of the learner's function on inputs the test chose: "
-              "the expected result on those inputs may be shown)")
+_KIND_HELP = ("answer_kind='value' (the checked name is itself the answer: a failure never reveals the "
+              "expected value) or answer_kind='function' (the result of the learner's function on inputs the "
+              "test chose: the expected result on those inputs may be shown)")
 
 
 def _kind(check, answer_kind):
@@ -65,8 +65,8 @@ def check_integer(name, answer, expected, *, answer_kind=None, hint=""):
                      else f"{exc.args[0]} (expected the integer {exp})."], hint)
     if got == exp:
         return None
-    _fail(name, msg.value_lines(got, exp, "", 0.0, 0.0, integer=True) if value else msg.reveal_integer_lines(got, exp),
-          hint)
+    _fail(name, msg.value_lines(got, exp, "", 0.0, 0.0, integer=True) if value
+          else msg.reveal_integer_lines(got, exp), hint)
 
 
 def check_array(name, answer, expected, *, answer_kind=None, rel_tol=1e-2, abs_tol=0.0, unit="", hint=""):

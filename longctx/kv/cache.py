@@ -2,8 +2,9 @@
 
 For each layer the pool stores K and V as ``[num_blocks, block_size, num_kv_heads, head_dim]``; viewed flat,
 ``[num_slots, num_kv_heads, head_dim]`` with ``slot = block * block_size + offset``
-(``longctx.kv.block_manager.slots``, the one slot formula). New keys/values are *written* at their slots; attention *gathers* a sequence's keys back
-through its block table: K/V of a sequence need not be contiguous in memory (PagedAttention).
+(``longctx.kv.block_manager.slots``, the one slot formula). New keys/values are *written* at their slots;
+attention *gathers* a sequence's keys back through its block table: K/V of a sequence need not be contiguous
+in memory (PagedAttention).
 A pool may store them in fewer bytes than the model computes in (``kv_dtype``: FP8, INT8, INT4 with scales,
 ``longctx.kv.quant``): they are quantized as they are written and dequantized as they are read.
 """
@@ -26,7 +27,8 @@ _TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfl
 
 
 class PagedKVCache:
-    """K and V for every layer: ``k[layer]``, ``v[layer]`` hold ``[num_blocks, block_size, H_kv, d_head]`` numbers.
+    """K and V for every layer: ``k[layer]``, ``v[layer]`` hold ``[num_blocks, block_size, H_kv, d_head]``
+    numbers.
 
     ``kv_dtype`` (``longctx.kv.quant``: fp32, fp16, bf16, fp8, int8, int4; None = the model's ``dtype``)
     is how the pool stores them. When it is the model's dtype, ``flat`` returns plain tensor views (no copy);
@@ -59,13 +61,14 @@ class PagedKVCache:
     @classmethod
     def for_model(cls, config, num_blocks: int, block_size: int = 16, device="cpu", dtype=torch.float32,
                   kv_dtype: str | None = None):
-        return cls(config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim, device, dtype,
-                   kv_dtype)
+        return cls(config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim, device,
+                   dtype, kv_dtype)
 
     @classmethod
     def for_pool(cls, config, block_manager, device="cpu", dtype=torch.float32, kv_dtype: str | None = None):
         """The tensors of the pool ``block_manager`` describes (its ``num_blocks`` x ``block_size``)."""
-        return cls.for_model(config, block_manager.num_blocks, block_manager.block_size, device, dtype, kv_dtype)
+        return cls.for_model(config, block_manager.num_blocks, block_manager.block_size, device, dtype,
+                             kv_dtype)
 
     @property
     def device(self) -> torch.device:

@@ -119,7 +119,8 @@ class Press:
         return torch.zeros(num_tokens, dtype=torch.bool)
 
     def num_kept(self, num_tokens: int) -> int:
-        """Tokens each KV head keeps of a ``num_tokens`` prompt: ``T - floor(ratio * T)``, at least the protected."""
+        """Tokens each KV head keeps of a ``num_tokens`` prompt: ``T - floor(ratio * T)``, at least the
+        protected."""
         kept = num_tokens - evicted_tokens(num_tokens, self.compression_ratio)
         return max(kept, int(self.protected(num_tokens, kept).sum()))
 
@@ -156,7 +157,8 @@ class StreamingLLMPress(Press):
         self.n_sink = int(n_sink)
 
     def score(self, inp):
-        return torch.arange(inp.num_tokens, dtype=torch.float32, device=inp.keys.device).expand(inp.keys.shape[0], -1)
+        return torch.arange(inp.num_tokens, dtype=torch.float32,
+                            device=inp.keys.device).expand(inp.keys.shape[0], -1)
 
     def protected(self, num_tokens, num_kept):
         mask = torch.zeros(num_tokens, dtype=torch.bool)
@@ -225,7 +227,8 @@ class H2OPress(Press):
         total = inp.attention_sum
         if total is None:
             if inp.queries is None or inp.queries.shape[1] != inp.num_tokens:
-                raise ValueError("H2O needs PressInput.attention_sum, or every prompt query in PressInput.queries")
+                raise ValueError("H2O needs PressInput.attention_sum, "
+                                 "or every prompt query in PressInput.queries")
             total = attention_weights(inp.queries, inp.keys).sum(dim=1)  # [H, T]
         total = total.float()
         if self.normalization == "mean":  # key j is seen by the T - j queries at positions j … T - 1

@@ -1,7 +1,9 @@
-"""The attention metadata of one engine step: which pool slots the step's tokens go to and which keys each reads.
+"""The attention metadata of one engine step: which pool slots the step's tokens go to and which keys
+each reads.
 
-Built by ``build_attention_metadata`` from one :class:`ChunkSlots` per sequence (block table, tokens cached, new
-tokens); read by the attention backends (``longctx.model.attention``). Plain tensors and lists: no model code.
+Built by ``build_attention_metadata`` from one :class:`ChunkSlots` per sequence (block table, tokens cached,
+new tokens); read by the attention backends (``longctx.model.attention``). Plain tensors and lists: no model
+code.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ class DecodeGroup:
     mask: torch.Tensor | None
 
     def gather(self, cache_flat: torch.Tensor) -> torch.Tensor:
-        """Keys (or values) of the group from a layer's flat cache ``[num_slots, H_kv, d]`` -> [B, L_max, H_kv, d]."""
+        """Keys (or values) of the group from a layer's flat cache ``[num_slots, H_kv, d]``
+        -> [B, L_max, H_kv, d]."""
         if isinstance(self.kv_blocks, slice):
             return cache_flat[self.kv_blocks].unsqueeze(0)  # [1, L, H_kv, d], a view
         if not isinstance(cache_flat, torch.Tensor):  # an EncodedKV pool: decode the picked blocks only
@@ -144,8 +147,9 @@ def _group_decodes(decodes, block_size, device) -> list[DecodeGroup]:
 
 
 class ChunkSlots(NamedTuple):
-    """One sequence's new tokens in a step: cache slots ``num_cached …`` of ``block_table``, RoPE positions from
-    ``first_position`` (None: ``num_cached``; ahead of it once KV pruning evicted entries). Plain tuples work too."""
+    """One sequence's new tokens in a step: cache slots ``num_cached …`` of ``block_table``, RoPE positions
+    from ``first_position`` (None: ``num_cached``; ahead of it once KV pruning evicted entries). Plain tuples
+    work too."""
 
     block_table: list[int]
     num_cached: int
