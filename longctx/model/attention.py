@@ -29,11 +29,12 @@ import torch
 from longctx.model.attention_ops import attention_weights, causal_mask, fresh_prompt, prefill_keys, sdpa
 
 # sdpa, causal_mask and attention_weights live in attention_ops and are importable from here too
-__all__ = ["BACKEND_NAMES", "NO_ATTENTION", "REFERENCE", "AttentionBackend", "BackendChoice", "ReferenceBackend",
-           "attention_weights", "causal_mask", "choose_backend", "sdpa"]
+__all__ = ["BACKEND_NAMES", "NO_ATTENTION", "REFERENCE", "AttentionBackend", "BackendChoice",
+           "ReferenceBackend", "attention_weights", "causal_mask", "choose_backend", "sdpa"]
 
 BACKEND_NAMES = ("auto", "reference", "fused")
-MAX_SCORES_PER_CALL = 1 << 24  # query rows x keys x heads per attention call (reference backend's memory guard)
+# query rows x keys x heads per attention call (reference backend's memory guard)
+MAX_SCORES_PER_CALL = 1 << 24
 
 
 class AttentionBackend(Protocol):
@@ -48,8 +49,8 @@ class AttentionBackend(Protocol):
 
 
 class ReferenceBackend:
-    """Today's readable path: SDPA per prefill chunk (query tiles with an explicit mask after a prefix) and per
-    padded decode group. Serves everything; the only backend that runs probes."""
+    """Today's readable path: SDPA per prefill chunk (query tiles with an explicit mask after a prefix) and
+    per padded decode group. Serves everything; the only backend that runs probes."""
 
     name = "reference"
     uses_decode_groups = True
@@ -97,8 +98,8 @@ REFERENCE = ReferenceBackend()
 
 
 class NoAttention:
-    """An intervention, not a backend to serve with: attention's output is its queries, no work done. Passed as
-    ``Llama.forward(..., backend=NO_ATTENTION)`` it removes attention from a step to measure the rest
+    """An intervention, not a backend to serve with: attention's output is its queries, no work done. Passed
+    as ``Llama.forward(..., backend=NO_ATTENTION)`` it removes attention from a step to measure the rest
     (lesson 04's ablation, ``benchmarks/compute_wall.py``)."""
 
     name = "none"
@@ -126,13 +127,14 @@ class BackendChoice:
 
 def choose_backend(requested: str, device, dtype: torch.dtype, pool_in_model_dtype: bool = True,
                    block_size: int | None = None, head_dim: int | None = None) -> BackendChoice:
-    """Resolve ``requested`` (``auto``, ``reference`` or ``fused``) for a model on ``device`` in ``dtype`` whose KV
-    pool stores K/V in the model's dtype (``pool_in_model_dtype``; False for fp8/int8/int4 or cast pools).
+    """Resolve ``requested`` (``auto``, ``reference`` or ``fused``) for a model on ``device`` in ``dtype``
+    whose KV pool stores K/V in the model's dtype (``pool_in_model_dtype``; False for fp8/int8/int4 or cast
+    pools).
 
-    ``auto``: ``fused`` on CUDA in bf16/fp16 with such a pool, else ``reference``. ``fused`` asked for where it
-    cannot serve is an error that says what is allowed: a pool in another format, or on CUDA a model in fp32, a
-    block size that is not a multiple of 16 or a head smaller than 16 (the compiled kernels' smallest tiles). On a CPU it is
-    allowed and runs eagerly."""
+    ``auto``: ``fused`` on CUDA in bf16/fp16 with such a pool, else ``reference``. ``fused`` asked for where
+    it cannot serve is an error that says what is allowed: a pool in another format, or on CUDA a model in
+    fp32, a block size that is not a multiple of 16 or a head smaller than 16 (the compiled kernels' smallest
+    tiles). On a CPU it is allowed and runs eagerly."""
     if requested not in BACKEND_NAMES:
         raise ValueError(f"attention backend must be one of {', '.join(BACKEND_NAMES)}; got {requested!r}")
     if requested == "reference":
@@ -141,8 +143,8 @@ def choose_backend(requested: str, device, dtype: torch.dtype, pool_in_model_dty
     unfit = _unfit_for_fused(cuda, dtype, pool_in_model_dtype, block_size, head_dim)
     if requested == "fused":
         if unfit:
-            raise ValueError(f"the fused attention backend cannot serve this: {unfit}; use --attention-backend "
-                             "reference (or auto)")
+            raise ValueError(f"the fused attention backend cannot serve this: {unfit}; "
+                             "use --attention-backend reference (or auto)")
         return BackendChoice(_fused(), requested, "asked for" + ("" if cuda else " (on a CPU: eager, slow)"))
     if not cuda:
         return BackendChoice(REFERENCE, requested, "auto: not on CUDA")
@@ -151,13 +153,14 @@ def choose_backend(requested: str, device, dtype: torch.dtype, pool_in_model_dty
     return BackendChoice(_fused(), requested, "auto: CUDA, half precision, pool in the model's dtype")
 
 
-def _unfit_for_fused(cuda: bool, dtype: torch.dtype, pool_in_model_dtype: bool, block_size, head_dim) -> str | None:
+def _unfit_for_fused(cuda: bool, dtype: torch.dtype, pool_in_model_dtype: bool, block_size,
+                     head_dim) -> str | None:
     """Why the fused backend cannot serve (None: it can)."""
     if cuda and dtype not in (torch.bfloat16, torch.float16):
         return f"on CUDA it serves bf16 or fp16 models, got {dtype} (--dtype bf16, or the reference backend)"
     if not pool_in_model_dtype:
-        return ("it reads the KV pool in place, so the pool must store K/V in the model's dtype; this pool is "
-                "quantized or cast (--kv-dtype fp8/int8/int4 needs the reference backend)")
+        return ("it reads the KV pool in place, so the pool must store K/V in the model's dtype; this pool "
+                "is quantized or cast (--kv-dtype fp8/int8/int4 needs the reference backend)")
     if cuda and block_size is not None and block_size % 16:
         return f"on CUDA its kernels read KV blocks of a multiple of 16 tokens, got block_size={block_size}"
     if cuda and head_dim is not None and head_dim < 16:

@@ -1,5 +1,6 @@
-"""Attention's building blocks, shared by the backends (``longctx.model.attention``, ``longctx.model.paged_flex``),
-the KV presses and the attention readers: GQA SDPA, the causal mask, causal softmax weights, a chunk's keys.
+"""Attention's building blocks, shared by the backends (``longctx.model.attention``,
+``longctx.model.paged_flex``), the KV presses and the attention readers: GQA SDPA, the causal mask, causal
+softmax weights, a chunk's keys.
 
 Shapes: a step's queries ``q`` [T, H, d]; fresh keys/values [T, H_kv, d]; a layer's flat pool
 [num_slots, H_kv, d]; ``meta`` is the step's ``longctx.kv.cache.AttentionMetadata``.
@@ -23,7 +24,8 @@ def sdpa(q, k, v, mask=None, is_causal=False):
 
 
 def causal_mask(kv_len: int, first: int, stop: int, device=None) -> torch.Tensor:
-    """``[stop - first, kv_len]`` booleans: query at position ``p`` (rows ``first … stop - 1``) sees keys ``<= p``."""
+    """``[stop - first, kv_len]`` booleans: query at position ``p`` (rows ``first … stop - 1``) sees
+    keys ``<= p``."""
     q_pos = torch.arange(first, stop, device=device)
     return torch.arange(kv_len, device=device)[None, :] <= q_pos[:, None]
 
@@ -47,8 +49,9 @@ def attention_weights(queries: torch.Tensor, keys: torch.Tensor, tile_rows: int 
 
 
 def prefill_keys(k, v, k_cache, v_cache, meta, i):
-    """Keys and values of prefill chunk ``i`` as ``[1, H_kv, kv_len, d]``: the fresh ones when nothing is cached
-    yet, else read back from the pool through its block table (a view when its blocks are consecutive)."""
+    """Keys and values of prefill chunk ``i`` as ``[1, H_kv, kv_len, d]``: the fresh ones when nothing is
+    cached yet, else read back from the pool through its block table (a view when
+    its blocks are consecutive)."""
     start, n, kv_len = meta.q_starts[i], meta.q_lens[i], meta.kv_lens[i]
     if kv_len == n:
         keys, values = k[start : start + n], v[start : start + n]

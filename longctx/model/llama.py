@@ -11,8 +11,9 @@ embeddings (RoPE, Su et al. 2021) rotate q and k by angles ``position * theta^(-
 A step's tokens from all sequences are concatenated into one ``[T, d_model]`` matrix: every linear layer
 runs once per step, whatever mixes of prefill chunks and decodes the scheduler chose. Only attention
 looks at sequences one by one, through the model's attention backend (``longctx.model.attention``: the
-readable ``reference`` backend, or the ``fused`` one for CUDA that reads the paged pool in place). The config is separate from
-the weights: ``Llama(config, device, dtype)`` builds any Llama shape; ``init_random_`` fills it.
+readable ``reference`` backend, or the ``fused`` one for CUDA that reads the paged pool in place). The config
+is separate from the weights: ``Llama(config, device, dtype)`` builds any Llama shape; ``init_random_``
+fills it.
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.d_model, **kw)
 
     def forward(self, x, cos, sin, kv, meta: AttentionMetadata, backend: AttentionBackend = REFERENCE):
-        """x: [T, d_model]; kv: this layer's flat cache ``[num_slots, H_kv, d]`` K and V; ``backend`` attends."""
+        """x: [T, d_model]; kv: this layer's flat cache ``[num_slots, H_kv, d]`` K and V; ``backend``
+        attends."""
         T = x.shape[0]
         q = apply_rope(self.q_proj(x).view(T, self.num_heads, self.head_dim), cos, sin)  # [T, H, d]
         k = apply_rope(self.k_proj(x).view(T, self.num_kv_heads, self.head_dim), cos, sin)  # [T, H_kv, d]
@@ -147,7 +149,8 @@ class Llama(nn.Module):
             )
 
         # ``longctx.model.attention.choose_backend``: TorchExecutor re-chooses it knowing its KV pool
-        self.attention_backend = choose_backend(attention_backend, self.embed.weight.device, self.embed.weight.dtype)
+        self.attention_backend = choose_backend(attention_backend, self.embed.weight.device,
+                                                self.embed.weight.dtype)
 
     @property
     def output_weight(self) -> torch.Tensor:
@@ -166,8 +169,8 @@ class Llama(nn.Module):
 
         Returns logits ``[len(logits_rows), vocab]`` for the chosen rows (default: all ``T`` rows): the
         engine needs only the last row of each sequence, which saves the big output matmul elsewhere.
-        ``backend`` attends (``longctx.model.attention``; default: the model's ``attention_backend``; an engine
-        passes the one it chose for its pool).
+        ``backend`` attends (``longctx.model.attention``; default: the model's ``attention_backend``; an
+        engine passes the one it chose for its pool).
         """
         backend = backend or self.attention_backend.backend
         h = self.embed(input_ids)  # [T, d_model]

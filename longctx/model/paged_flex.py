@@ -13,8 +13,8 @@ Two ideas, both from how serving engines avoid the reference backend's costs (``
      a full block without checks, the last, partly filled block through the mask function);
    - the mask function says it slot by slot: slot ``s`` is readable by row ``b`` when its block is in ``b``'s
      table (``owner_rank[b, s // block_size] >= 0``, the block's index in that table) and its position
-     ``rank * block_size + s % block_size`` is below ``b``'s context length. Eager FlexAttention (a CPU) ignores
-     the block lists and evaluates this function everywhere, so ownership must live in it.
+     ``rank * block_size + s % block_size`` is below ``b``'s context length. Eager FlexAttention (a CPU)
+     ignores the block lists and evaluates this function everywhere, so ownership must live in it.
    Both are built once per step (cached on the step's metadata) and shared by every layer. The mask
    function is ONE function per padded batch size over buffers refilled in place (``DecodeMask``), and on CUDA
    ``flex_attention`` is compiled with dynamic shapes, so new block tables or contexts do not recompile it: it
@@ -54,7 +54,8 @@ class DecodeMask:
     same function and the same tensor shapes every step with this many rows, so it does not recompile."""
 
     def __init__(self, num_blocks: int, block_size: int, device, rows: int):
-        self.num_blocks, self.block_size, self.device, self.rows = num_blocks, block_size, torch.device(device), rows
+        self.num_blocks, self.block_size, self.device, self.rows = (
+            num_blocks, block_size, torch.device(device), rows)
         self.rank = torch.full((rows, num_blocks), -1, dtype=torch.int32, device=self.device)
         self.lens = torch.zeros(rows, dtype=torch.int32, device=self.device)
         rank, lens, bs = self.rank, self.lens, block_size
@@ -92,7 +93,8 @@ class DecodeMasks:
 
 
 def batch_bucket(num_decodes: int) -> int:
-    """Rows the decode call is padded to: the next power of two (a compiled kernel per bucket, not per size)."""
+    """Rows the decode call is padded to: the next power of two (a compiled kernel per bucket, not per
+    size)."""
     return 1 << max(0, num_decodes - 1).bit_length()
 
 
@@ -123,7 +125,8 @@ def paged_decodes(decodes, masks: DecodeMasks) -> PagedDecodes:
         [len(x) for x in parts])
     mask_state.update(lens_d, owner_d.long(), blocks_d.long(), rank_d)
     mask = BlockMask.from_kv_blocks(
-        partial_d.view(Bp, 1, 1), last_d.view(Bp, 1, 1, 1), full_d.view(Bp, 1, 1), tables_d.view(Bp, 1, 1, width),
+        partial_d.view(Bp, 1, 1), last_d.view(Bp, 1, 1, 1), full_d.view(Bp, 1, 1),
+        tables_d.view(Bp, 1, 1, width),
         BLOCK_SIZE=(16, bs), mask_mod=mask_state.mask_mod, seq_lengths=(1, mask_state.num_blocks * bs),
         compute_q_blocks=False,
     )
@@ -141,7 +144,8 @@ def _compiled_flex(qd, keys, values, block_mask):
               block_mask.full_kv_indices):
         torch._dynamo.mark_static(t, 0)
     config = {"recompile_limit": 64}
-    for flag in ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"):  # the name changed between versions
+    # the name changed between versions
+    for flag in ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"):
         if hasattr(torch._dynamo.config, flag):
             config[flag] = True
             break
@@ -151,7 +155,8 @@ def _compiled_flex(qd, keys, values, block_mask):
 
 
 class FusedBackend:
-    """Chunks in one call each (bottom-right causal after a prefix), decodes in one paged FlexAttention call."""
+    """Chunks in one call each (bottom-right causal after a prefix), decodes in one paged FlexAttention
+    call."""
 
     name = "fused"
     uses_decode_groups = False
@@ -161,10 +166,12 @@ class FusedBackend:
 
     def attend(self, q, k, v, k_cache, v_cache, meta, out, probe=None) -> None:
         if probe is not None:
-            raise ValueError("the fused attention backend runs no probes: a probed layer uses the reference backend")
+            raise ValueError("the fused attention backend runs no probes: "
+                             "a probed layer uses the reference backend")
         if not isinstance(k_cache, torch.Tensor):
-            raise ValueError("the fused attention backend reads the pool in place: it needs a pool in the model's "
-                             "dtype, not a quantized or cast one (choose_backend with pool_in_model_dtype=False)")
+            raise ValueError("the fused attention backend reads the pool in place: it needs a pool in the "
+                             "model's dtype, not a quantized or cast one "
+                             "(choose_backend with pool_in_model_dtype=False)")
         for i in meta.prefill_indices:
             start, n, kv_len = meta.q_starts[i], meta.q_lens[i], meta.kv_lens[i]
             keys, values = prefill_keys(k, v, k_cache, v_cache, meta, i)  # [1, H_kv, kv_len, d]
@@ -180,8 +187,8 @@ class FusedBackend:
     def _state(self, k_cache, block_size: int, device) -> DecodeMasks:
         num_slots, num_kv_heads, head_dim = k_cache.shape
         if num_slots * num_kv_heads * head_dim >= 2**31:
-            raise ValueError(f"a pool of {num_slots} slots x {num_kv_heads} KV heads x {head_dim} is past the fused "
-                             "kernel's 32-bit offsets: use the reference backend or a smaller pool")
+            raise ValueError(f"a pool of {num_slots} slots x {num_kv_heads} KV heads x {head_dim} is past "
+                             "the fused kernel's 32-bit offsets: use the reference backend or a smaller pool")
         masks = self._masks
         if masks is None or (masks.num_blocks, masks.block_size, masks.device) != (
                 num_slots // block_size, block_size, torch.device(device)):
