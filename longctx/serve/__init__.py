@@ -8,8 +8,8 @@
 - ``async_engine``: ``AsyncEngine``, one engine loop in a thread feeding per-request asyncio queues (tokens,
   their log-probabilities, latencies for the histograms).
 - ``choices``: ``ChoiceRun``, one sequence of a request: events -> text, finish reason, log-probabilities.
-- ``generation``: ``Generation``, a validated request -> its sequences (prompts x ``n``) -> an SSE stream or one
-  JSON body.
+- ``generation``: ``Generation``, a validated request -> its sequences (prompts x ``n``) -> an SSE stream or
+  one JSON body.
 - ``prometheus``: ``GET /metrics`` in Prometheus' text format, vLLM's metric names and latency histograms.
 - ``tokenizer_routes``: ``/tokenize``, ``/detokenize``, ``/tokenizer_info``, ``/version``.
 - ``app``: ``create_app(async_engine, tokenizer)``, the FastAPI routes.

@@ -17,8 +17,9 @@ Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``: 4
 request models in ``protocol``, one handler in ``validation``; a body nested too deeply for the JSON parser
 included), for a prompt + max_tokens over the context length or the KV pool, and for a batch with more
 sequences (prompts x n) than the queue holds; 413 for a body over 32 MiB; 404 for an unknown model or route;
-503 when ``max_waiting`` requests already wait for KV blocks (retry later) or the engine loop is down. A client that disconnects (streaming or not) has its request aborted
-and its KV blocks freed at the next step boundary (``generation``).
+503 when ``max_waiting`` requests already wait for KV blocks (retry later) or the engine loop is down. A
+client that disconnects (streaming or not) has its request aborted and its KV blocks freed at the next step
+boundary (``generation``).
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def create_app(
 ) -> FastAPI:
     """The FastAPI app. The engine loop starts with the app (lifespan) and stops with it.
 
-    ``cache_dtype`` and ``kv_press`` only label ``/metrics``' ``cache_config_info`` (the engine holds the rest).
+    ``cache_dtype`` and ``kv_press`` only label ``/metrics``' ``cache_config_info`` (the engine
+    holds the rest).
     """
 
     @contextlib.asynccontextmanager

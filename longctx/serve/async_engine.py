@@ -13,9 +13,10 @@ Events on ``RequestHandle.events``: ``("prompt_logprobs", [TokenLogprob, ...])``
 ``("tokens", [(token_id, time_s, TokenLogprob | None), ...])`` (the record when ``logprobs`` is set), then
 ``("finish", reason)`` (``"stop"``: EOS, ``"length"``: max_tokens, ``"abort"``) or ``("error", message)``.
 
-Latencies as vLLM's histograms define them (``observer``, e.g. ``longctx.serve.prometheus.LatencyHistograms``):
-time to first token and end-to-end from the request's arrival at the engine, inter-token gaps between
-consecutive tokens, all on the engine's clock; a request stopped by a stop string ends normally.
+Latencies as vLLM's histograms define them (``observer``, e.g.
+``longctx.serve.prometheus.LatencyHistograms``): time to first token and end-to-end from the request's arrival
+at the engine, inter-token gaps between consecutive tokens, all on the engine's clock; a request stopped by a
+stop string ends normally.
 """
 
 from __future__ import annotations
@@ -121,7 +122,8 @@ class AsyncEngine:
             raise Overloaded("the engine loop is not running")
         if self.num_waiting() >= self.max_waiting:
             raise Overloaded(f"{self.max_waiting} requests already wait for KV cache blocks; retry later")
-        handle = RequestHandle(list(prompt_token_ids), int(max_tokens), sampling, asyncio.Queue(), bool(ignore_eos))
+        handle = RequestHandle(list(prompt_token_ids), int(max_tokens), sampling, asyncio.Queue(),
+                               bool(ignore_eos))
         handle.request_id = next(self._ids)
         self._handles.add(handle)
         self._commands.put(("add", handle))
@@ -130,7 +132,8 @@ class AsyncEngine:
 
     def abort(self, handle: RequestHandle, stopped: bool = False) -> None:
         """Stop a request (idempotent): the engine frees its KV blocks at the next step boundary.
-        ``stopped``: a stop string ended it (its end-to-end latency counts; a client's disconnect does not)."""
+        ``stopped``: a stop string ended it (its end-to-end latency counts; a client's
+        disconnect does not)."""
         if not handle.aborted:
             handle.aborted, handle.stopped = True, bool(stopped)
             self._commands.put(("abort", handle))

@@ -16,10 +16,11 @@ from longctx.serve.responses import choice_body, usage
 
 
 class ChoiceRun:
-    """One sequence: ``index`` in the response's choices, its ``handle``, its prompt (``prompt_text``: as sent,
-    or None for token ids or a chat)."""
+    """One sequence: ``index`` in the response's choices, its ``handle``, its prompt (``prompt_text``: as
+    sent, or None for token ids or a chat)."""
 
-    def __init__(self, generation, req, index: int, handle, prompt_index: int, prompt_text: str | None) -> None:
+    def __init__(self, generation, req, index: int, handle, prompt_index: int,
+                 prompt_text: str | None) -> None:
         self.gen, self.req, self.index, self.handle = generation, req, index, handle
         self.prompt_index, self.prompt_text = prompt_index, prompt_text
         self.detok = IncrementalDetokenizer(generation.tokenizer, req.stop_sequences, req.min_tokens)
@@ -37,7 +38,8 @@ class ChoiceRun:
 
     # ---- the engine's events ----
     async def events(self):
-        """Yield ``(text_delta, new_tokens, None)`` per engine delivery, then ``(tail, [], finish_reason)``."""
+        """Yield ``(text_delta, new_tokens, None)`` per engine delivery, then
+        ``(tail, [], finish_reason)``."""
         aengine = self.gen.aengine
         while True:
             kind, payload = await self.handle.events.get()
@@ -99,8 +101,9 @@ class ChoiceRun:
         async for text, tokens, finish in self.events():
             if echo:  # after the prompt's records arrived (they come before the first token)
                 echo, prompt = False, self.echo_text()
-                yield choice_body(kind, self.index, prompt, None, self.logprobs(self.echo_tokens(), 0), delta=True)
+                yield choice_body(kind, self.index, prompt, None, self.logprobs(self.echo_tokens(), 0),
+                                  delta=True)
                 offset, first = len(prompt), False
-            yield choice_body(kind, self.index, text, finish, self.logprobs(tokens, offset) if tokens else None,
-                              delta=True, first=first)
+            yield choice_body(kind, self.index, text, finish,
+                              self.logprobs(tokens, offset) if tokens else None, delta=True, first=first)
             offset, first = offset + len(text), False

@@ -53,7 +53,8 @@ class _ReleasingStream(StreamingResponse):
 
 
 class Generation:
-    """Runs requests on ``aengine`` with ``tokenizer``; unseeded sampled requests get seeds from ``base_seed``."""
+    """Runs requests on ``aengine`` with ``tokenizer``; unseeded sampled requests get seeds from
+    ``base_seed``."""
 
     def __init__(self, aengine: AsyncEngine, tokenizer, base_seed: int = 0, model_name: str = "") -> None:
         self.aengine, self.tokenizer, self.model_name = aengine, tokenizer, model_name
@@ -91,8 +92,8 @@ class Generation:
             raise APIError(
                 400,
                 f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{n_prompt + max_tokens} tokens ({n_prompt} in the prompt, {max_tokens} for the completion). "
-                "Please reduce the length of the prompt or of max_tokens.",
+                f"{n_prompt + max_tokens} tokens ({n_prompt} in the prompt, {max_tokens} "
+                "for the completion). Please reduce the length of the prompt or of max_tokens.",
                 "max_tokens" if n_prompt < limit else "prompt",
                 "context_length_exceeded",
             )
@@ -111,37 +112,41 @@ class Generation:
         """The parameters of the request's ``j``-th sequence of a prompt (None: plain greedy)."""
         logprobs = req.num_logprobs
         if not self.aengine.records_logprobs:  # a cost model: no logits to read or change
-            needs_logits = {"logprobs": logprobs is not None, "min_tokens": req.min_tokens, "top_k": req.top_k,
-                            "logit_bias": req.logit_bias, "repetition_penalty": req.repetition_penalty,
-                            "frequency_penalty": req.frequency_penalty, "presence_penalty": req.presence_penalty}
+            needs_logits = {"logprobs": logprobs is not None, "min_tokens": req.min_tokens,
+                            "top_k": req.top_k, "logit_bias": req.logit_bias,
+                            "repetition_penalty": req.repetition_penalty,
+                            "frequency_penalty": req.frequency_penalty,
+                            "presence_penalty": req.presence_penalty}
             for field, asked in needs_logits.items():
                 if asked:
-                    raise APIError(400, f"'{field}' needs logits; this server's executor has none (a cost model)",
-                                   field, "invalid_value")
+                    raise APIError(400, f"'{field}' needs logits; this server's executor has none "
+                                   "(a cost model)", field, "invalid_value")
         bias = {int(k): float(v) for k, v in (req.logit_bias or {}).items()}
         vocab = self.tokenizer.vocab_size
         if any(t >= vocab for t in bias):  # vLLM refuses them too
             raise APIError(400, f"'logit_bias' has token id {max(bias)} outside the vocabulary [0, {vocab})",
                            "logit_bias", "invalid_value")
         temperature = 1.0 if req.temperature is None else float(req.temperature)
-        seed = 0 if not temperature else next(self._seeds) if req.seed is None else req.seed + j  # vLLM's children
+        # vLLM's children
+        seed = 0 if not temperature else next(self._seeds) if req.seed is None else req.seed + j
         params = SamplingParams(
             temperature=temperature, top_p=1.0 if req.top_p is None else float(req.top_p),
             seed=seed, top_k=max(req.top_k or 0, 0), min_tokens=req.min_tokens,
             repetition_penalty=req.repetition_penalty or 1.0, frequency_penalty=req.frequency_penalty or 0.0,
-            presence_penalty=req.presence_penalty or 0.0,
-            logit_bias=bias, stop_token_ids=tuple(sorted(set(req.stop_token_ids or ()))) if req.min_tokens else (),
+            presence_penalty=req.presence_penalty or 0.0, logit_bias=bias,
+            stop_token_ids=tuple(sorted(set(req.stop_token_ids or ()))) if req.min_tokens else (),
             logprobs=logprobs, prompt_logprobs=logprobs if req.echo_prompt and logprobs is not None else None,
         )
         return None if params == SamplingParams() else params
 
     def submit(self, req: GenerationRequest) -> list[ChoiceRun]:
-        """Every sequence of the request, queued (prompt by prompt, ``n`` each), or an error for all of them."""
+        """Every sequence of the request, queued (prompt by prompt, ``n`` each), or an error for
+        all of them."""
         prompts = [(text, ids, self.check_fits(len(ids), req)) for text, ids in self.tokenize(req)]
         if len(prompts) * req.n > max(self.aengine.max_waiting, 1):  # never fits the queue: not a retry-later
-            raise APIError(400, f"this request asks for {len(prompts) * req.n} sequences ({len(prompts)} prompts x "
-                           f"n={req.n}); this server queues at most {self.aengine.max_waiting} (--max-waiting)",
-                           "n", "invalid_value")
+            raise APIError(400, f"this request asks for {len(prompts) * req.n} sequences "
+                           f"({len(prompts)} prompts x n={req.n}); this server queues at most "
+                           f"{self.aengine.max_waiting} (--max-waiting)", "n", "invalid_value")
         runs: list[ChoiceRun] = []
         try:
             for p, (text, ids, max_tokens) in enumerate(prompts):
@@ -170,7 +175,8 @@ class Generation:
                 self.aengine.release(run.handle)
 
     # ---- while the engine runs it ----
-    async def _stream(self, req: GenerationRequest, rid: str, model: str, runs: list[ChoiceRun], n_prompt: int):
+    async def _stream(self, req: GenerationRequest, rid: str, model: str, runs: list[ChoiceRun],
+                      n_prompt: int):
         merged: asyncio.Queue = asyncio.Queue()
 
         async def pump(run: ChoiceRun) -> None:

@@ -57,7 +57,8 @@ def build_app(
     positive_int("token_budget", token_budget)
     positive_int("kv_blocks", kv_blocks)
     if press is not None and prefix_caching:
-        raise ValueError("a press and prefix caching do not combine: a press rewrites the blocks a cache shares")
+        raise ValueError("a press and prefix caching do not combine: "
+                         "a press rewrites the blocks a cache shares")
     from longctx.engine import build_engine
     from longctx.engine.pruning import press_from_options
     from longctx.engine.scheduler import ChunkedPrefillScheduler, MonolithicScheduler
@@ -67,16 +68,19 @@ def build_app(
     from longctx.serve.app import DEFAULT_MODEL_NAME, create_app
     from longctx.serve.async_engine import AsyncEngine
 
-    kv_format = None if kv_dtype is None else get_format(kv_dtype).name  # a clear error before the model loads
+    # a clear error before the model loads
+    kv_format = None if kv_dtype is None else get_format(kv_dtype).name
     torch_device, torch_dtype = resolve_placement(device, dtype)
-    choose_backend(attention_backend, torch_device, torch_dtype)  # an unknown name fails before the model loads
+    # an unknown name fails before the model loads
+    choose_backend(attention_backend, torch_device, torch_dtype)
     kv_press = press_from_options(press, compression_ratio)
     policy = (
         MonolithicScheduler() if scheduler == "monolithic" else ChunkedPrefillScheduler(int(token_budget))
     )
     engine, tokenizer = build_engine(policy, num_blocks=int(kv_blocks), kv_dtype=kv_format, model=model,
                                      enable_prefix_caching=bool(prefix_caching), press=kv_press,
-                                     device=torch_device, dtype=torch_dtype, attention_backend=attention_backend)
+                                     device=torch_device, dtype=torch_dtype,
+                                     attention_backend=attention_backend)
     aengine = AsyncEngine(engine, max_waiting=max_waiting)
     press_label = "none" if kv_press is None else f"{press}@{compression_ratio:g}"
     return create_app(aengine, tokenizer, model_name or DEFAULT_MODEL_NAME, base_seed=seed,
@@ -108,7 +112,8 @@ def get_json(url: str, timeout_s: float = 5.0) -> tuple[int, dict]:
 
 
 def _die_with_parent() -> None:
-    """In the child, on Linux: ask the kernel to SIGTERM us when the parent dies (a killed notebook kernel)."""
+    """In the child, on Linux: ask the kernel to SIGTERM us when the parent dies (a killed
+    notebook kernel)."""
     if sys.platform.startswith("linux"):
         import ctypes
         import signal
@@ -173,7 +178,8 @@ class ServerProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(
-                    f"the server exited with status {self.proc.returncode} while starting: {self.args}\n{self.log_tail()}"
+                    f"the server exited with status {self.proc.returncode} while starting: {self.args}\n"
+                    f"{self.log_tail()}"
                 )
             try:
                 status, _ = get_json(self.base_url + "/health", timeout_s=2.0)

@@ -1,4 +1,5 @@
-"""``GET /metrics``: the engine's state in Prometheus' text format (``prometheus_client``), named as vLLM names it.
+"""``GET /metrics``: the engine's state in Prometheus' text format (``prometheus_client``),
+named as vLLM names it.
 
 Read at scrape time from the engine (no second copy of any count). Every metric carries the label
 ``model_name``. Ours is the ``longctx:`` namespace, with vLLM's metric names after the colon (vLLM's own
@@ -53,18 +54,23 @@ from prometheus_client.parser import text_string_to_metric_families
 
 PREFIX = "longctx:"
 COUNTERS = (  # (metric name after the prefix, EngineCounters field, help text)
-    ("prefix_cache_queries", "prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."),
+    ("prefix_cache_queries", "prefix_cache_queries",
+     "Prefix cache queries, in terms of number of queried tokens."),
     ("prefix_cache_hits", "prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."),
-    ("num_preemptions", "num_preemptions", "Cumulative number of preemptions (by recompute) from the engine."),
-    ("prompt_tokens", "num_prompt_tokens", "Number of prompt tokens of requests that produced a first token."),
+    ("num_preemptions", "num_preemptions",
+     "Cumulative number of preemptions (by recompute) from the engine."),
+    ("prompt_tokens", "num_prompt_tokens",
+     "Number of prompt tokens of requests that produced a first token."),
     ("generation_tokens", "num_generation_tokens", "Number of generation tokens produced."),
-    ("kv_press_evicted_tokens", "num_press_evicted_tokens", "K/V entries per KV head evicted by the KV press."),
+    ("kv_press_evicted_tokens", "num_press_evicted_tokens",
+     "K/V entries per KV head evicted by the KV press."),
     ("kv_press_freed_blocks", "num_press_freed_blocks", "KV blocks the KV press returned to the pool."),
 )
 
 
 class EngineCollector:
-    """A prometheus_client collector over an ``AsyncEngine``: every value read when ``/metrics`` is scraped."""
+    """A prometheus_client collector over an ``AsyncEngine``: every value read when
+    ``/metrics`` is scraped."""
 
     def __init__(self, aengine, model_name: str, cache_dtype: str = "auto", kv_press: str = "none") -> None:
         self.aengine, self.model_name = aengine, model_name
@@ -79,16 +85,18 @@ class EngineCollector:
         engine = self.aengine.engine
         bm, counters = engine.block_manager, engine.counters
         used = bm.num_used_blocks
-        yield self._gauge("num_requests_running", "Number of requests holding KV cache blocks.", len(engine.running))
+        yield self._gauge("num_requests_running", "Number of requests holding KV cache blocks.",
+                          len(engine.running))
         yield self._gauge("num_requests_waiting", "Number of requests waiting to be processed.",
                           self.aengine.num_waiting())
-        yield self._gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", used / bm.num_blocks)
+        yield self._gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+                          used / bm.num_blocks)
         yield self._gauge("kv_cache_used_blocks", "KV cache blocks held by requests.", used)
         yield self._gauge("kv_cache_total_blocks", "KV cache blocks in the pool.", bm.num_blocks)
         yield self._gauge("cache_config_info", "Information of the KV cache configuration.", 1,
                           block_size=str(bm.block_size), cache_dtype=self.cache_dtype,
-                          enable_prefix_caching=str(bm.enable_prefix_caching), num_gpu_blocks=str(bm.num_blocks),
-                          kv_press=self.kv_press)
+                          enable_prefix_caching=str(bm.enable_prefix_caching),
+                          num_gpu_blocks=str(bm.num_blocks), kv_press=self.kv_press)
         for name, field, doc in COUNTERS:
             c = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
             c.add_metric([self.model_name], getattr(counters, field))
@@ -108,11 +116,13 @@ class LatencyHistograms:
 
     def __init__(self, registry: CollectorRegistry, model_name: str) -> None:
         def hist(name: str, doc: str, buckets: tuple[float, ...]):
-            return Histogram(PREFIX + name, doc, ["model_name"], registry=registry, buckets=buckets).labels(model_name)
+            return Histogram(PREFIX + name, doc, ["model_name"], registry=registry,
+                             buckets=buckets).labels(model_name)
 
         self._ttft = hist("time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                           TTFT_BUCKETS)
-        self._itl = hist("inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS)
+        self._itl = hist("inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                         ITL_BUCKETS)
         self._e2e = hist("e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
                          E2E_BUCKETS)
 
@@ -151,6 +161,7 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 
 def read_metrics(base_url: str, timeout_s: float = 5.0) -> dict[str, float]:
-    """``GET {base_url}/metrics`` of any Prometheus-speaking server (ours, vLLM's), parsed by ``parse_metrics``."""
+    """``GET {base_url}/metrics`` of any Prometheus-speaking server (ours, vLLM's), parsed by
+    ``parse_metrics``."""
     with urllib.request.urlopen(base_url.rstrip("/") + "/metrics", timeout=timeout_s) as r:
         return parse_metrics(r.read().decode("utf-8"))

@@ -6,7 +6,8 @@ against them, and ``longctx.serve.validation`` turns the first failure into one 
 ``{"error": {"message", "type", "param", "code"}}`` that names the field, says what is allowed and quotes
 what came. Every field OpenAI or vLLM define is either honoured as vLLM honours it or refused with that
 400 (``suffix``, ``min_p``, ``prompt_logprobs``, tools, a non-text ``response_format``, ...); unknown fields
-are ignored with a warning in the server's log that names them, as vLLM does, and so is ``user`` (a caller's label, no effect on the answer in any server).
+are ignored with a warning in the server's log that names them, as vLLM does, and so is ``user`` (a caller's
+label, no effect on the answer in any server).
 """
 
 from __future__ import annotations
@@ -112,8 +113,10 @@ class GenerationRequest(BaseModel):
     stop_token_ids: list[StrictInt] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    seed: Annotated[int | None, Field(strict=True, ge=-(2**63), le=2**63 - 1)] = None  # vLLM: torch.long's range
-    temperature: Annotated[float | None, Field(strict=True, ge=0.0, le=2.0)] = None  # None: 1.0, OpenAI's default
+    # vLLM: torch.long's range
+    seed: Annotated[int | None, Field(strict=True, ge=-(2**63), le=2**63 - 1)] = None
+    # None: 1.0, OpenAI's default
+    temperature: Annotated[float | None, Field(strict=True, ge=0.0, le=2.0)] = None
     top_p: Annotated[float | None, Field(strict=True, gt=0.0, le=1.0)] = None  # None: 1.0
     top_k: Annotated[int | None, Field(strict=True, ge=-1)] = None  # -1 or 0: every token (vLLM)
     min_p: Annotated[float, Field(strict=True, le=0.0, ge=0.0)] = 0.0

@@ -1,9 +1,10 @@
 """The OpenAI response bodies (plain dicts), as vLLM's server (v0.11) writes them: full responses, streamed
 chunks, usage, and log-probabilities in both endpoints' formats.
 
-- completions: ``choices[i].logprobs = {"tokens", "token_logprobs", "top_logprobs", "text_offset"}``, one entry
-  per token; with ``echo`` the prompt's tokens come first, the first of them with ``null`` (no context);
-  ``top_logprobs[j]`` maps the ``k`` most likely tokens' text, and the chosen token's, to their log-probability.
+- completions: ``choices[i].logprobs = {"tokens", "token_logprobs", "top_logprobs", "text_offset"}``, one
+  entry per token; with ``echo`` the prompt's tokens come first, the first of them with ``null`` (no context);
+  ``top_logprobs[j]`` maps the ``k`` most likely tokens' text, and the chosen token's, to their
+  log-probability.
 - chat: ``choices[i].logprobs = {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}``.
 
 A token's text is its own decode (special tokens spelled out). ``n`` choices per prompt: choice
@@ -46,8 +47,8 @@ class LogprobFormatter:
         return t
 
     def completion(self, tokens: list[tuple[int, TokenLogprob | None]], offset: int = 0) -> dict:
-        """``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``; ``offset``: where the first token's
-        text starts in the choice's text."""
+        """``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``; ``offset``: where the first
+        token's text starts in the choice's text."""
         out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         for token_id, rec in tokens:
             text = self.text(token_id)

@@ -23,11 +23,11 @@ from longctx.engine.sampling_params import MAX_LOGPROBS
 from longctx.serve.protocol import MAX_N, MAX_PROMPTS, ROLES, APIError
 
 FIELD_ORDER = ("model", "prompt", "messages", "max_tokens", "max_completion_tokens", "n", "best_of", "echo",
-               "logprobs", "top_logprobs", "suffix", "stop", "stop_token_ids", "stream", "stream_options", "seed",
-               "temperature", "top_p", "top_k", "min_p", "min_tokens", "ignore_eos", "repetition_penalty",
-               "frequency_penalty", "presence_penalty", "logit_bias", "response_format", "tools", "tool_choice",
-               "functions", "prompt_logprobs", "include_stop_str_in_output", "skip_special_tokens",
-               "use_beam_search", "user")
+               "logprobs", "top_logprobs", "suffix", "stop", "stop_token_ids", "stream", "stream_options",
+               "seed", "temperature", "top_p", "top_k", "min_p", "min_tokens", "ignore_eos",
+               "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "response_format",
+               "tools", "tool_choice", "functions", "prompt_logprobs", "include_stop_str_in_output",
+               "skip_special_tokens", "use_beam_search", "user")
 RANGES = {  # the numbers' allowed ranges, as written
     "temperature": "[0.0, 2.0]", "top_p": "(0.0, 1.0]", "repetition_penalty": "(0.0, inf)",
     "frequency_penalty": "[-2.0, 2.0]", "presence_penalty": "[-2.0, 2.0]",
@@ -70,7 +70,8 @@ MODEL_CHECKS = {  # a model validator's message -> the field it is about
 CROSS_CHECKS = {  # a model validator's message -> what the 400 says
     "stream_options without stream": "'stream_options' needs \"stream\": true (as vLLM's server says)",
     "continuous_usage_stats without include_usage": (
-        "'stream_options.continuous_usage_stats' reports usage in every chunk, so it needs include_usage: true"),
+        "'stream_options.continuous_usage_stats' reports usage in every chunk, so it needs "
+        "include_usage: true"),
 }
 
 
@@ -90,7 +91,8 @@ def _message(field: str, err: dict, body) -> str:
     if field in REFUSED:
         return REFUSED[field]
     if err["type"] in ("none_required", "literal_error") and field not in FIELD_ORDER[:6]:
-        allowed = "" if err["type"] == "none_required" else f" (only {err.get('ctx', {}).get('expected', '')})"
+        allowed = ("" if err["type"] == "none_required"
+                   else f" (only {err.get('ctx', {}).get('expected', '')})")
         return f"'{field}' is not supported by this server{allowed}"
     if field in INTEGERS:
         if field == "logprobs" and err["type"] == "bool_type":
@@ -117,7 +119,8 @@ def _messages_message(err: dict, body) -> str:
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, list):
             return f"messages[{i}].content: only parts of type 'text' are supported"
-        return f"messages[{i}].content must be a string, a list of text parts or null, got {type(content).__name__}"
+        return (f"messages[{i}].content must be a string, a list of text parts or null, "
+                f"got {type(content).__name__}")
     return f"messages[{i}] needs a 'role' in {list(ROLES)}, got {message!r}"[:300]
 
 
@@ -126,7 +129,8 @@ async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
     so)."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        raise APIError(413, f"the request body is {declared} bytes; the limit is {limit}", code="body_too_large")
+        raise APIError(413, f"the request body is {declared} bytes; the limit is {limit}",
+                       code="body_too_large")
     chunks, size = [], 0
     async for part in request.stream():
         size += len(part)
@@ -143,9 +147,11 @@ async def parse_body(request: Request, model: type[BaseModel]):
     try:
         body = json.loads(raw)
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of over 4,300 digits
-        raise APIError(400, f"the request body is not valid JSON: {str(exc)[:200]}", code="invalid_json") from None
+        raise APIError(400, f"the request body is not valid JSON: {str(exc)[:200]}",
+                       code="invalid_json") from None
     except RecursionError:
-        raise APIError(400, "the request body is not valid JSON: nested too deeply", code="invalid_json") from None
+        raise APIError(400, "the request body is not valid JSON: nested too deeply",
+                       code="invalid_json") from None
     try:
         parsed = model.model_validate(body)
     except RecursionError:
@@ -155,7 +161,8 @@ async def parse_body(request: Request, model: type[BaseModel]):
         raise RequestValidationError(errors, body=body) from None
     ignored = sorted(set(body) - set(model.model_fields))  # a dict: the model validated it
     if ignored:  # as vLLM's server does: the request runs, the log names what it ignored
-        LOG.warning("%s: fields present in the request but ignored: %s", request.url.path, ", ".join(ignored)[:300])
+        LOG.warning("%s: fields present in the request but ignored: %s", request.url.path,
+                    ", ".join(ignored)[:300])
     return parsed
 
 
