@@ -68,10 +68,9 @@ def build_app(
     from longctx.serve.app import DEFAULT_MODEL_NAME, create_app
     from longctx.serve.async_engine import AsyncEngine
 
-    # a clear error before the model loads
+    # clear errors (an unknown format, device, dtype or backend) before the model loads
     kv_format = None if kv_dtype is None else get_format(kv_dtype).name
     torch_device, torch_dtype = resolve_placement(device, dtype)
-    # an unknown name fails before the model loads
     choose_backend(attention_backend, torch_device, torch_dtype)
     kv_press = press_from_options(press, compression_ratio)
     policy = (
