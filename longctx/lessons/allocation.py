@@ -94,7 +94,8 @@ class ContiguousAllocator:
         return holes
 
     def slots_needed(self, tokens: int) -> int:
-        """Slots reserved for a request admitted with ``tokens`` tokens (its prompt and first output token)."""
+        """Slots reserved for a request admitted with ``tokens`` tokens (its prompt and first output
+        token)."""
         if self.max_new_tokens is None:
             return self.max_model_len
         return min(self.max_model_len, tokens - 1 + self.max_new_tokens)
@@ -191,7 +192,8 @@ class AllocationResult:
 
     @property
     def waste_fraction(self) -> float:
-        """Share of the *allocated* slots holding no token: (reserved + internal) / (used + reserved + internal)."""
+        """Share of the *allocated* slots holding no token: (reserved + internal) / (used + reserved +
+        internal)."""
         s = self.slot_steps
         allocated = s["used"] + s["reserved"] + s["internal"]
         return (s["reserved"] + s["internal"]) / allocated if allocated else 0.0
@@ -280,6 +282,8 @@ def compare(
 ) -> dict[str, AllocationResult]:
     """Run the same backlog through a contiguous pool and a paged pool of the same capacity."""
     return {
-        "contiguous": simulate_allocation(requests, ContiguousAllocator(capacity_tokens, max_model_len, max_new_tokens)),
+        "contiguous": simulate_allocation(
+            requests, ContiguousAllocator(capacity_tokens, max_model_len, max_new_tokens)
+        ),
         "paged": simulate_allocation(requests, PagedAllocator(capacity_tokens, block_size)),
     }

@@ -84,17 +84,20 @@ def _roofline_s(gpu: str, sequences) -> float:
     return CostModelExecutor(LLAMA3_8B, gpu, CostFactors.ideal(), form="batch").step_time_s(sequences)
 
 
-def predicted_prefill_curve(gpu="h200", prompt_tokens=8192, chunk_sizes=(128, 256, 512, 1024, 2048, 4096, 8192)):
+def predicted_prefill_curve(gpu="h200", prompt_tokens=8192,
+                            chunk_sizes=(128, 256, 512, 1024, 2048, 4096, 8192)):
     """Roofline FLOP/s of prefilling ``prompt_tokens`` at Llama-3-8B shape in chunks: chunk -> FLOP/s."""
     pieces = {c: [(min(c, prompt_tokens - s), s) for s in range(0, prompt_tokens, c)] for c in chunk_sizes}
     return {c: sum(step_cost(LLAMA3_8B, [p]).flops for p in ps) / sum(_roofline_s(gpu, [p]) for p in ps)
             for c, ps in pieces.items()}
 
 
-def predicted_decode_bandwidth(gpu="h200", batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256), contexts=(1024, 4096, 32768)):
+def predicted_decode_bandwidth(gpu="h200", batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+                               contexts=(1024, 4096, 32768)):
     """Roofline bytes/s of one Llama-3-8B decode step: context -> batch -> bytes / time (what fits)."""
     out = {L: {b: step_cost(LLAMA3_8B, [(1, L)] * b).bytes for b in batch_sizes} for L in contexts}
-    return {L: {b: n / _roofline_s(gpu, [(1, L)] * b) for b, n in row.items() if n <= get_hardware(gpu).memory_bytes}
+    return {L: {b: n / _roofline_s(gpu, [(1, L)] * b) for b, n in row.items()
+                if n <= get_hardware(gpu).memory_bytes}
             for L, row in out.items()}
 
 
@@ -105,13 +108,14 @@ def show_prefill_chunk_curve(ax=None, gpu: str = "h200", record=None):
         for backend, rows in _rows(rec, "prefill_chunks").items():
             ax.plot([r["chunk_size"] for r in rows], [r["flops_per_s"] / 1e12 for r in rows], "o-",
                     label=f"measured ({backend} backend)")
-        ax.axhline(rec["ceilings"]["matmul"]["flops_per_s"] / 1e12, color="grey", ls="--", label="matmul ceiling")
+        ax.axhline(rec["ceilings"]["matmul"]["flops_per_s"] / 1e12, color="grey", ls="--",
+                   label="matmul ceiling")
     else:
         pred = predicted_prefill_curve(gpu)
         ax.plot(list(pred), [v / 1e12 for v in pred.values()], "o--", label="roofline")
         ax.axhline(get_hardware(gpu).peak_flops_per_s / 1e12, color="grey", ls="--", label="datasheet peak")
-    return _finish(ax, "Llama-3-8B prefill throughput against chunk size", label, xlabel="chunk size (tokens)",
-                   ylabel="achieved TFLOP/s", ylim=(0, None))
+    return _finish(ax, "Llama-3-8B prefill throughput against chunk size", label,
+                   xlabel="chunk size (tokens)", ylabel="achieved TFLOP/s", ylim=(0, None))
 
 
 def show_decode_bandwidth(ax=None, gpu: str = "h200", record=None):
@@ -121,7 +125,9 @@ def show_decode_bandwidth(ax=None, gpu: str = "h200", record=None):
         curves: dict[str, dict[int, float]] = {}
         for backend, rows in _rows(rec, "decode").items():
             for r in rows:
-                curves.setdefault(f"context {r['context_tokens']:,} ({backend})", {})[r["batch_size"]] = r["bytes_per_s"]
+                curves.setdefault(f"context {r['context_tokens']:,} ({backend})", {})[r["batch_size"]] = (
+                    r["bytes_per_s"]
+                )
         ceiling, ceiling_label = rec["ceilings"]["copy"]["bytes_per_s"], "copy ceiling"
     else:
         curves = {f"context {L:,}": pts for L, pts in predicted_decode_bandwidth(gpu).items()}
@@ -143,7 +149,8 @@ def show_attention_share(ax=None, gpu: str = "h200", record=None):
         ax.plot(xs, [100 * r["attention_share"] for r in rows], "o-", label="measured share of time")
     else:
         xs = [2**k for k in range(10, 18)]
-        flop_share = [chunk_flops(resized(LLAMA3_8B, num_layers=1), T, logit_tokens=0).attention_share for T in xs]
+        flop_share = [chunk_flops(resized(LLAMA3_8B, num_layers=1), T, logit_tokens=0).attention_share
+                      for T in xs]
     ax.plot(xs, [100 * f for f in flop_share], "s--", color="grey", label="share of FLOPs (causal)")
     ax.axhline(50, color="tab:red", ls=":", lw=1)
     return _finish(ax, "Attention against the rest of a Llama-3-8B layer", label,
@@ -192,7 +199,8 @@ def recorded_stall(gpu: str = "h200", record=None, backend: str | None = None) -
         cells.append({"source": serving_label(where["device"], where["date"], where["commit"],
                                               row["attention_backend"], row["n"]),
                       "attention_backend": row["attention_backend"], "long_prompt": row["long_prompt"],
-                      "scheduler": "monolithic" if row["token_budget"] is None else f"chunked-{row['token_budget']}",
+                      "scheduler": ("monolithic" if row["token_budget"] is None
+                                    else f"chunked-{row['token_budget']}"),
                       "n": row["n"], "ttft_s": s["ttft_s"]["median"], "ttft_min_s": s["ttft_s"]["min"],
                       "ttft_max_s": s["ttft_s"]["max"], "worst_gap_s": s["worst_gap_s"]["median"],
                       "worst_gap_min_s": s["worst_gap_s"]["min"], "worst_gap_max_s": s["worst_gap_s"]["max"],
@@ -216,8 +224,10 @@ def show_stall_table(gpu: str = "h200", record=None, backend: str | None = None)
             if c["source"] != source:
                 source = c["source"]
                 lines += [source, f"{'prompt':>7} {'scheduler':<14} {'n':>2} {'TTFT s':>8} {'x mono':>7} "
-                                  f"{'worst gap ms':>13} {'x mono':>7} {'P99 ms':>8} {'median ms':>9}  worst gap min-max ms"]
-            spread_s = f"  {c['worst_gap_min_s'] * 1e3:.0f}-{c['worst_gap_max_s'] * 1e3:.0f}" if c["n"] > 1 else "  -"
+                                  f"{'worst gap ms':>13} {'x mono':>7} {'P99 ms':>8} {'median ms':>9}"
+                                  "  worst gap min-max ms"]
+            spread_s = (f"  {c['worst_gap_min_s'] * 1e3:.0f}-{c['worst_gap_max_s'] * 1e3:.0f}"
+                        if c["n"] > 1 else "  -")
             lines.append(f"{c['long_prompt']:>7,} {c['scheduler']:<14} {c['n']:>2} {c['ttft_s']:>8.2f} "
                          f"{c['ttft_x_monolithic'] or float('nan'):>6.1f}x {c['worst_gap_s'] * 1e3:>13.0f} "
                          f"{c['worst_gap_x_monolithic'] or float('nan'):>6.2f}x {c['p99_gap_s'] * 1e3:>8.0f} "
@@ -238,9 +248,10 @@ def recorded_capstone(gpu: str = "h200", record=None, backend: str | None = None
         peak = row["peak_resident"]
         out.append({"source": serving_label(where["device"], where["date"], where["commit"],
                                             row["attention_backend"], row["n"]),
-                    **{k: row.get(k) for k in ("attention_backend", "kv_dtype", "users", "prompt", "out_tokens",
-                                               "pool_blocks", "gpu_mem_peak_gib", "peak_resident", "ttft_median_s",
-                                               "ttft_max_s", "itl_median_s", "itl_p99_s", "wall_s", "n")},
+                    **{k: row.get(k) for k in ("attention_backend", "kv_dtype", "users", "prompt",
+                                               "out_tokens", "pool_blocks", "gpu_mem_peak_gib",
+                                               "peak_resident", "ttft_median_s", "ttft_max_s",
+                                               "itl_median_s", "itl_p99_s", "wall_s", "n")},
                     "all_resident": None if peak is None else peak == row["users"]})
     return out
 
@@ -261,7 +272,8 @@ def show_capstone_table(gpu: str = "h200", record=None, backend: str | None = No
             mem = "n/r" if r["gpu_mem_peak_gib"] is None else f"{r['gpu_mem_peak_gib']:.1f}"
             itl = "n/r" if r["itl_median_s"] is None else f"{r['itl_median_s'] * 1e3:.1f}"
             lines.append(f"{r['kv_dtype']:<5} {r['users']:>5} {r['pool_blocks']:>7,} {mem:>8} {res:>9} "
-                         f"{r['ttft_median_s']:>10.2f} {r['ttft_max_s']:>10.2f} {itl:>10} {r['wall_s']:>7.1f}")
+                         f"{r['ttft_median_s']:>10.2f} {r['ttft_max_s']:>10.2f} {itl:>10} "
+                         f"{r['wall_s']:>7.1f}")
         text = "\n".join(lines + ["(n/r: not recorded by that run)"])
     print(text)
     return text

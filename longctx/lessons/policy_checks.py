@@ -66,7 +66,9 @@ class ReplayScheduler(Scheduler):
         calls = self.decider(scheduler_state(running, waiting, batch.block_manager))
         by_id = {s.seq_id: s for s in running + waiting}
         if not isinstance(calls, (list, tuple)):
-            raise AssertionError(f"step {step}: decisions must be a list of [seq_id, num_tokens], got {calls!r}")
+            raise AssertionError(
+                f"step {step}: decisions must be a list of [seq_id, num_tokens], got {calls!r}"
+            )
         for call in calls:
             if not (isinstance(call, (list, tuple)) and len(call) == 2):
                 raise AssertionError(f"step {step}: each decision must be [seq_id, num_tokens], got {call!r}")
@@ -115,7 +117,8 @@ def _decider(policy, allow_library: bool):
     if callable(getattr(policy, "decide", None)):
         return policy.decide
     raise AssertionError(
-        f"expected a Scheduler subclass instance (or an object with decide(state)), got {type(policy).__name__}"
+        "expected a Scheduler subclass instance (or an object with decide(state)), "
+        f"got {type(policy).__name__}"
     )
 
 

@@ -41,7 +41,9 @@ class NapkinCosts:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {getattr(self, name)}")
         if self.chunk_decode_overhead_s < 0:
-            raise ValueError(f"chunk_decode_overhead_s cannot be negative, got {self.chunk_decode_overhead_s}")
+            raise ValueError(
+                f"chunk_decode_overhead_s cannot be negative, got {self.chunk_decode_overhead_s}"
+            )
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,8 @@ class StallScenario:
 
     def timeline(self, costs: NapkinCosts, chunk_size: int | None = None, steps_before: int = 5,
                  steps_after: int = 5) -> list[StepRecord]:
-        """The iterations around the prompt's arrival at ``costs``; ``chunk_size=None``: monolithic prefill."""
+        """The iterations around the prompt's arrival at ``costs``; ``chunk_size=None``: monolithic
+        prefill."""
         if chunk_size is not None:
             self.num_chunks(chunk_size)  # validates chunk_size
         if steps_before < 0 or steps_after < 0:
@@ -124,8 +127,11 @@ class StallScenario:
         for _ in range(self.warmup_steps):
             engine.step()
         steady = float(np.median([g for s in streams for g in s.itl_s[-self.warmup_steps:]]))
-        first, n_hist, arrival_s = [len(s.token_times_s) - 1 for s in streams], len(engine.history), engine.clock.now()
-        long_req = engine.add_request([0] * self.prompt_tokens, LONG_PROMPT_OUTPUT_TOKENS, arrival_s=arrival_s)
+        first, n_hist, arrival_s = (
+            [len(s.token_times_s) - 1 for s in streams], len(engine.history), engine.clock.now()
+        )
+        long_req = engine.add_request([0] * self.prompt_tokens, LONG_PROMPT_OUTPUT_TOKENS,
+                                      arrival_s=arrival_s)
         while not long_req.token_times_s:
             engine.step()
         for _ in range(self.tail_steps):

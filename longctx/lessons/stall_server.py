@@ -21,7 +21,8 @@ def run_stall(base_url: str, model: str, tokenizer, slos: SLO | None = None,
     Keys: ``chat`` / ``long`` (summaries of each class, as ``bench.client_metrics.summarize``), ``chat_gaps``
     (``[(time_s, gap_s)]`` of every chat chunk after the first), ``long_sent_s``, ``long_first_token_s``
     (None if it failed), and per completed chat user ``chat_worst_gap_s``, ``chat_ttft_s``, ``chat_good``
-    (met ``slos``); ``chat_itl_s`` pools every chat gap. Chunks are timed by vLLM's rule (``longctx.request_metrics``).
+    (met ``slos``); ``chat_itl_s`` pools every chat gap. Chunks are timed by vLLM's rule
+    (``longctx.request_metrics``).
     """
     requests, offsets = (scenario or StallScenario(4, 1024)).requests(tokenizer, **request_options)
     records, duration_s = run_benchmark(base_url, model, requests, offsets_s=offsets)
