@@ -172,19 +172,20 @@ def capstone(ctx, name: str) -> None:
     on different attention backends (fused for the model's dtype, reference for a quantized pool, which fused
     cannot read), the model's dtype runs once more on the reference backend, last: the pair that differs in
     the KV dtype alone (the cap may skip it; the skip is recorded)."""
-    for kv in ctx.config.capstone_kv_dtypes:
-        _capstone_point(ctx, name, kv)
-    ran = {r["attention_backend"] for r in ctx.record.get("capstone", [])}
+    rows = [_capstone_point(ctx, name, kv) for kv in ctx.config.capstone_kv_dtypes]  # this model's runs only
+    ran = {r["attention_backend"] for r in rows if r is not None}
     if len(ran) > 1 and ctx.config.dtype in ctx.config.capstone_kv_dtypes:
         _capstone_point(ctx, name, ctx.config.dtype, "reference")
 
 
-def _capstone_point(ctx, name: str, kv: str, backend: str | None = None) -> None:
+def _capstone_point(ctx, name: str, kv: str, backend: str | None = None) -> dict | None:
+    """One capstone run, appended to the record and logged: its row (None: skipped or failed)."""
     what = (f"{name} capstone {ctx.config.capstone_users} users kv {kv}"
             + (f" on {backend}" if backend else ""))
     if (row := ctx.point(what, lambda: capstone_run(ctx, name, kv, backend))) is None:
-        return
+        return None
     ctx.record.setdefault("capstone", []).append(row)
     mem = "" if row["gpu_mem_peak_gib"] is None else f", peak {row['gpu_mem_peak_gib']:.1f} GiB"
     ctx.log(f"  {what:<40}: {row['wall_s']:6.1f} s, TTFT median {row['ttft_median_s']:.2f} s, "
             f"peak resident {row['peak_resident']}/{row['users']}{mem} ({row['attention_backend']})")
+    return row

@@ -61,16 +61,13 @@ REFUSED = {  # fields this server does not implement: what it says instead of ig
 LOG = logging.getLogger("longctx.serve")
 MAX_BODY_BYTES = 32 * 2**20  # 32 MiB: a batch of long prompts fits; a larger body is a 413
 NOT_A_NUMBER = ("float_type", "float_parsing", "missing")
-MODEL_CHECKS = {  # a model validator's message -> the field it is about
-    "best_of != n": "best_of",
-    "top_logprobs without logprobs": "top_logprobs",
-    "stream_options without stream": "stream_options",
-    "continuous_usage_stats without include_usage": "stream_options",
-}
-CROSS_CHECKS = {  # a model validator's message -> what the 400 says
-    "stream_options without stream": "'stream_options' needs \"stream\": true (as vLLM's server says)",
+MODEL_CHECKS = {  # a model validator's message -> (the field it is about, what the 400 says; None: by field)
+    "best_of != n": ("best_of", None),
+    "top_logprobs without logprobs": ("top_logprobs", None),
+    "stream_options without stream": (
+        "stream_options", "'stream_options' needs \"stream\": true (as vLLM's server says)"),
     "continuous_usage_stats without include_usage": (
-        "'stream_options.continuous_usage_stats' reports usage in every chunk, so it needs "
+        "stream_options", "'stream_options.continuous_usage_stats' reports usage in every chunk, so it needs "
         "include_usage: true"),
 }
 
@@ -85,9 +82,9 @@ def _message(field: str, err: dict, body) -> str:
                 f"{MAX_PROMPTS} of either (a list of strings or a list of token-id lists)")
     if field == "messages":
         return _messages_message(err, body)
-    check = next((m for m in CROSS_CHECKS if m in str(err.get("msg", ""))), None)
-    if check is not None:
-        return CROSS_CHECKS[check]
+    said = next((text for m, (_, text) in MODEL_CHECKS.items() if m in str(err.get("msg", ""))), None)
+    if said is not None:
+        return said
     if field in REFUSED:
         return REFUSED[field]
     if err["type"] in ("none_required", "literal_error") and field not in FIELD_ORDER[:6]:
@@ -177,7 +174,7 @@ def to_api_error(errors: Sequence[dict], body) -> APIError:
         if len(err["loc"]) > 1:
             return str(err["loc"][1])
         msg = str(err.get("msg", ""))  # a check across fields has no field of its own in pydantic's loc
-        return next((name for check, name in MODEL_CHECKS.items() if check in msg), "")
+        return next((name for check, (name, _) in MODEL_CHECKS.items() if check in msg), "")
 
     def rank(err: dict) -> int:
         field = field_of(err)
