@@ -41,34 +41,33 @@ Usage (one CPU thread, in the background; resumable)::
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import platform
 import sys
-import time
+import time  # noqa: F401 (tests patch niah_grid.time.sleep)
 from pathlib import Path
+
+from niah_grid_records import (  # noqa: F401 (re-exported: kv_pruning.py, serving.py, capstone.py, tests)
+    RECORD_VERSION,
+    merge_records,
+    now,
+    open_record,
+    trial_key,
+    trial_seed,
+    write_record,
+)
+from niah_grid_sections import run_depth_one, run_entropy, run_perplexity, run_trials
 
 from longctx.provenance import git_commit, git_dirty, load_gate, machine, wait_for_quiet  # noqa: F401 (re-exported)
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDED = ROOT / "longctx" / "data" / "recorded"
 DEPTHS = "0,0.25,0.5,0.75,1"
-FACTOR = 2.0
-TRAINED = 8192
 NEEDLE_RECORDS = (
     "niah_grid_passkey.json", "niah_grid_multikey.json", "niah_beyond.json", "kv_pruning_niah.json",
     "capstone_niah.json",
 )
-VARIANTS = {
-    "none": None, "linear": {"rope_type": "linear", "factor": FACTOR},
-    "ntk": {"rope_type": "ntk", "factor": FACTOR},
-    "yarn": {"rope_type": "yarn", "factor": FACTOR, "original_max_position_embeddings": TRAINED},
-}
-
-
-def now() -> str:
-    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
 def provenance(threads: int, usable: bool = True, gate_load: float | None = None) -> dict:
@@ -84,156 +83,6 @@ def provenance(threads: int, usable: bool = True, gate_load: float | None = None
         "load_average_1min_start": os.getloadavg()[0] if gate_load is None else gate_load,
         "load_average_1min_after_setup": os.getloadavg()[0], "usable": bool(usable),
     }  # fmt: skip
-
-
-def trial_seed(length: int, depth: float, i: int) -> int:
-    """The seed of trial ``i`` (< 100) of cell (length, depth): its own needle value and filler."""
-    if not 0 <= int(i) < 100:
-        raise ValueError(f"at most 100 trials per cell, got trial {i}")
-    return int(length) * 10_000 + round(float(depth) * 100) * 100 + int(i)
-
-
-def write_record(path: Path, data: dict) -> None:
-    """``{"meta", "rows"}`` with one row per line (readable diffs), ``meta.n`` = rows, written atomically."""
-    data["meta"]["n"] = len(data["rows"])
-    data["meta"]["finished"] = now()
-    rows = ",\n".join(json.dumps(r, separators=(",", ":")) for r in data["rows"])
-    text = '{"meta": ' + json.dumps(data["meta"], indent=1) + ',\n"rows": [\n' + rows + "\n]}\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
-RECORD_VERSION = 2  # independent trials, containment scoring, load-gated; version 1 files are replaced
-
-
-def open_record(path: Path, meta: dict) -> dict:
-    """The record at ``path`` with this run's provenance appended to ``meta.runs``; a new one when absent or
-    older than ``RECORD_VERSION`` (its rows were made otherwise; git history keeps them)."""
-    if path.exists():
-        data = json.loads(path.read_text())
-        if data.get("meta", {}).get("record_version") == RECORD_VERSION:
-            runs = data["meta"].setdefault("runs", [])
-            runs.append(meta)
-            data["meta"]["usable"] = all(r.get("usable", True) for r in runs)
-            return data
-        print(f"{path.name}: replacing a record of an older version (git history keeps it)", file=sys.stderr)
-    return {"meta": {**meta, "record_version": RECORD_VERSION, "runs": [meta]}, "rows": []}
-
-
-def trial_key(row: dict) -> tuple:
-    """What makes a recorded row one trial: its haystack, RoPE variant (or depth-1 variant), length, depth and
-    seed (fields a section does not have are None). A rerun skips, and ``merge`` refuses a second copy of, a
-    key."""
-    return (
-        row.get("haystack"), row.get("rope", row.get("variant")), row["length"], row.get("depth"),
-        row["seed"],
-    )
-
-
-def run_trials(path, cells, model, tok, meta, max_tokens, threads, force):
-    """cells: (haystack, variant, length, depth, trial); skips those already in the file."""
-    from tqdm import tqdm
-
-    from longctx.evals.niah import NiahRunner, rope_label
-    from longctx.evals.scoring import SCORING
-
-    data = open_record(path, meta)
-    data["meta"].update(scoring=SCORING, trials="independent: own needle value and filler offset per trial")
-    done = {trial_key(r) for r in data["rows"]}
-    runner = NiahRunner(model, tok, max_tokens=max_tokens)
-    for hay, var, n, d, i in tqdm(cells, desc=path.stem, file=sys.stderr):
-        seed = trial_seed(n, d, i)
-        if (hay, rope_label(VARIANTS[var]), n, d, seed) in done:
-            continue
-        load = wait_for_quiet(threads, force)
-        model.rope_scaling = VARIANTS[var]
-        t0 = time.perf_counter()
-        row = runner.trial(n, d, seed, hay).to_dict()
-        row.update(trial=i, trial_s=time.perf_counter() - t0, load_1min=load, usable=meta["usable"],
-                   timings_usable=meta.get("timings_usable", True))
-        data["rows"].append(row)
-        write_record(path, data)
-    model.rope_scaling = None
-    return data
-
-
-def run_depth_one(path, model, tok, meta, lengths, trials, threads, force):
-    """The ``depth1`` section: every variant of ``depth_one_variants`` on the same trials; resumable."""
-    from tqdm import tqdm
-
-    from longctx.evals.depth_probe import depth_one_variants
-    from longctx.evals.haystack import HaystackBuilder
-    from longctx.evals.niah import NiahRunner
-    from longctx.evals.scoring import SCORING
-    from longctx.evals.stats import Rate
-
-    data = open_record(path, meta)
-    data["meta"].update(
-        scoring=SCORING,
-        trials="independent: own needle value and filler offset per trial; every "
-        "variant of a trial shares its value and filler",
-    )
-    done = {trial_key(r) for r in data["rows"]}
-    builder, runner = HaystackBuilder(tok), NiahRunner(model, tok, max_tokens=max(lengths) + 64)
-    for n, i in tqdm([(n, i) for i in trials for n in lengths], desc=path.stem, file=sys.stderr):
-        seed = trial_seed(n, 1.0, i)
-        todo = {
-            v: p
-            for v, p in depth_one_variants(builder, n, seed).items()
-            if (None, v, n, None, seed) not in done
-        }
-        if not todo:
-            continue
-        load = wait_for_quiet(threads, force)
-        for variant, prompt in todo.items():
-            r = runner.score(prompt)
-            data["rows"].append({
-                "variant": variant, "length": n, "tokens": len(prompt.token_ids), "trial": i, "seed": seed,
-                "needle_start": prompt.needle_start, "question_start": prompt.question_start,
-                "answer": prompt.answer, "output": r.output, "correct": r.correct, "exact": r.exact,
-                "answer_logprob": r.answer_logprob, "breaks_at": r.breaks_at, "load_1min": load,
-                "usable": meta["usable"]})  # fmt: skip
-        write_record(path, data)
-    print(f"\n{'variant':<28}" + "".join(f"{n:>30}" for n in lengths))
-    rows = data["rows"]
-    for v in dict.fromkeys(r["variant"] for r in rows):
-        print(
-            f"{v:<28}"
-            + "".join(
-                f"{str(Rate.of(r['correct'] for r in rows if r['variant'] == v and r['length'] == n)):>30}"
-                for n in lengths
-            )
-        )
-    return data
-
-
-def merge_records(paths: list[Path], out: Path) -> dict:
-    """One record from several of the same section and version: their rows (a trial recorded twice is an
-    error)
-    and every run's provenance; ``usable`` only if every input is."""
-    parts = [json.loads(Path(p).read_text()) for p in paths]
-    versions = {d["meta"].get("record_version") for d in parts}
-    if versions != {RECORD_VERSION}:
-        raise SystemExit(
-            f"merge: every input must be a version-{RECORD_VERSION} record, got versions "
-            f"{sorted(map(str, versions))}"
-        )
-    rows, seen = [], set()
-    for d in parts:
-        for r in d["rows"]:
-            if trial_key(r) in seen:
-                raise SystemExit(f"merge: trial {trial_key(r)} is in more than one input")
-            seen.add(trial_key(r))
-            rows.append(r)
-    runs = [run for d in parts for run in d["meta"].get("runs", [d["meta"]])]
-    first = min(runs, key=lambda run: run["date"])
-    meta = {**parts[0]["meta"], **first, "runs": runs,
-            "usable": all(d["meta"].get("usable", True) for d in parts)}
-    data = {"meta": meta, "rows": rows}
-    write_record(out, data)
-    return data
 
 
 def print_table(data) -> None:
@@ -297,49 +146,6 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _run_perplexity(out: Path, model, tok, meta: dict, lengths: list[int], variants: list[str]) -> None:
-    """The perplexity section: each RoPE variant's perplexity by 1,024-token bucket of a natural text."""
-    from longctx.evals.haystack import natural_text
-    from longctx.evals.perplexity import perplexity_by_bucket, token_nll
-
-    n = lengths[0]
-    ids = tok.encode(natural_text())[:n]
-    data = json.loads(out.read_text()) if out.exists() else {"meta": meta, "variants": {}}
-    for v in variants:
-        if v in data["variants"]:
-            continue
-        model.rope_scaling = VARIANTS[v]
-        t0 = time.perf_counter()
-        nll = token_nll(model, ids, chunk_size=1024)
-        buckets = perplexity_by_bucket(nll, 1024)
-        data["variants"][v] = {
-            "rope_scaling": VARIANTS[v], "tokens": len(ids), "seconds": time.perf_counter() - t0,
-            "buckets": [{"start": a, "stop": b, "perplexity": p} for a, b, p in buckets],
-        }
-        data["meta"]["finished"] = now()
-        out.write_text(json.dumps(data, indent=1) + "\n")
-        print(v, " ".join(f"{p:.1f}" for _, _, p in buckets), flush=True)
-    model.rope_scaling = None
-
-
-def _run_entropy(out: Path, model, tok, meta: dict, lengths: list[int]) -> None:
-    """The entropy section: attention entropy by layer and length, plain RoPE and YaRN."""
-    from longctx.evals.attention import measure_attention
-    from longctx.evals.haystack import natural_text
-
-    ids = tok.encode(natural_text())[: max(lengths)]
-    layers = [0, 2, 8, 15, 22, 29]
-    rows = []
-    for v in ("none", "yarn"):
-        model.rope_scaling = VARIANTS[v]
-        t0 = time.perf_counter()
-        for r in measure_attention(model, ids, layers, [n - 1 for n in lengths]):
-            rows.append({**r, "rope": v})
-        print(v, f"{time.perf_counter() - t0:.0f} s", flush=True)
-    model.rope_scaling = None
-    out.write_text(json.dumps({"meta": meta, "layers": layers, "rows": rows}) + "\n")
-
-
 def main(argv=None) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
@@ -392,9 +198,9 @@ def main(argv=None) -> int:
             out, model, tok, meta, ints(args.lengths or "768,1024"), trials, args.threads, args.force
         )
     elif args.section == "perplexity":
-        _run_perplexity(out, model, tok, meta, ints(args.lengths or "16384"), variants)
+        run_perplexity(out, model, tok, meta, ints(args.lengths or "16384"), variants)
     else:  # entropy
-        _run_entropy(out, model, tok, meta, ints(args.lengths or "64,128,256,512,1024,2048,4096,8192"))
+        run_entropy(out, model, tok, meta, ints(args.lengths or "64,128,256,512,1024,2048,4096,8192"))
     print(f"wrote {out}")
     return 0
 

@@ -150,12 +150,10 @@ more pairs narrow the intervals only as the square root.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import pathlib
 import pickle
-import platform
 
 # One core for everything (torch and numpy's BLAS): oversubscribed threads make step times erratic.
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -171,10 +169,7 @@ from sim_fidelity_analysis import (  # noqa: E402  (the analysis: steps 2-8)
 )
 from sim_fidelity_measure import (  # noqa: E402  (step 1 and the runs: measuring)
     HOST_GAP_DEFINITION,
-    HOST_GAP_MEASURED,
     HOST_GAP_S,
-    RECORD_FILE,
-    RUNS_FILE,
     STAIR_GAP_S,
     STAIR_REQUESTS,
     STAIR_START_S,
@@ -185,45 +180,22 @@ from sim_fidelity_measure import (  # noqa: E402  (step 1 and the runs: measurin
     steps_to_json,
     workloads,
 )
+from sim_fidelity_record import (  # noqa: E402  (the record: its inputs, files and provenance)
+    RECORD,
+    RUNS,
+    STEADY_SPREAD,
+    print_inputs,
+    record_files,
+    record_provenance,
+)
 
-from longctx.provenance import git_commit, git_dirty, load_gate, machine  # noqa: E402
-from longctx.sim.gemm_profile import GROUPS as GEMM_GROUPS  # noqa: E402
+from longctx.provenance import load_gate  # noqa: E402
 from longctx.sim.gemm_profile import GemmProfile  # noqa: E402
 
-RECORD = pathlib.Path(__file__).resolve().parents[1] / "longctx" / "data" / "recorded" / RECORD_FILE
-RUNS = RECORD.with_name(RUNS_FILE)  # the record's raw measured runs (compact)
 __all__ = ["A_BUDGET", "B_BUDGET", "B_RATE", "B_REQUESTS", "METRICS", "RECORD", "RUNS", "STAIR_GAP_S",
            "STAIR_REQUESTS", "STAIR_START_S", "STEADY_SPREAD", "cost_models", "load_saved", "main", "measure",
            # the script's names, its parts' included (tests read them)
            "steps_from_json", "steps_to_json", "workloads"]
-STEADY_SPREAD = 0.10  # the speed probe's largest / smallest - 1 over a measurement (module docstring)
-
-
-def _provenance(args, analysis: dict, probes, gate_load: float) -> dict:
-    """The record's provenance: a new measurement's, or (``--from-runs``) the recorded measurement's, with
-    when and by what its analysis was redone."""
-    import torch
-
-    if args.from_runs:  # the measurement's provenance stays; the analysis says when and by what it was redone
-        old = json.loads(RECORD.read_text())
-        if old.get("speed_probe_s") != probes:
-            raise SystemExit(
-                f"{args.from_runs} does not hold the measurement in {RECORD.name} (its speed probes "
-                "differ): record a new measurement instead"
-            )
-        provenance = {k: v for k, v in old.items() if k not in analysis and k != "reanalysed"}
-        provenance["reanalysed"] = {
-            "date": datetime.date.today().isoformat(), "commit": git_commit(), "commit_dirty": git_dirty(),
-            "from": f"the measurement's saved runs ({args.from_runs.name})",
-        }
-    else:
-        provenance = {
-            "what": "simulator fidelity: calibrate on workload A (real engine, this CPU), predict workload B",
-            "produced_by": "benchmarks/sim_fidelity.py", "date": datetime.date.today().isoformat(),
-            "python": platform.python_version(), "torch": torch.__version__, "commit": git_commit(),
-            "commit_dirty": git_dirty(), "machine": machine(), "load_average_1min_start": gate_load,
-            "usable": not args.force}
-    return provenance
 
 
 def _args(argv):
@@ -251,77 +223,6 @@ def _args(argv):
     return args
 
 
-def _print_inputs(profile, profiles, profile_spread, num_runs_a: int, probes) -> tuple[float, bool]:
-    """Print the GEMM profile, its spread and the speed probes; returns the probes' spread and steadiness."""
-    print(
-        "GEMM profile (ms, all layers; the LM head once), rows: "
-        + "; ".join(
-            f"{n}: " + "/".join(f"{1e3 * profile.seconds[g][i]:.1f}" for g in GEMM_GROUPS)
-            for i, n in enumerate(profile.rows)
-            if n <= 16 or n in (64, 256, 512)
-        )
-        + f"  ({'/'.join(GEMM_GROUPS)})",
-        flush=True,
-    )
-    print(
-        "  spread of the "
-        + str(len(profiles) if profiles else num_runs_a)
-        + " profiles (median over rows of max / min - 1): "
-        + ", ".join(f"{g} {100 * v:.0f} %" for g, v in profile_spread.items())
-    )
-    spread = max(probes) / min(probes) - 1
-    steady = spread <= STEADY_SPREAD
-    print(
-        f"speed probe (one fixed GEMM, ms) before each A, before and after each B: "
-        f"{' '.join(f'{1e3 * p:.2f}' for p in probes)}; spread {100 * spread:.0f} %: "
-        + ("steady" if steady else f"UNSTEADY (> {100 * STEADY_SPREAD:.0f} %): no 5 % claim can be judged"),
-        flush=True,
-    )
-    return spread, steady
-
-
-def _record_files(saved, profile, profile_spread, spread, steady, gap, measured_gap, result, without):
-    """The record's analysis and its runs file (``RECORD``, ``RUNS``)."""
-    hw, probes, runs_a, real_runs = saved["hardware"], saved["probes"], saved["runs_a"], saved["real_runs"]
-    analysis = {
-        "cpu": {
-            "peak_flops_per_s": hw.peak_flops_per_s, "bandwidth_bytes_per_s": hw.memory_bandwidth_bytes_per_s,
-            "torch_threads": saved["threads"],
-        },
-        "workload_a": saved["workload_a"],
-        "workload_b": {"requests": B_REQUESTS, "rate_per_s": B_RATE, "budget": B_BUDGET},
-        "gemm_profile": profile.to_dict(),
-        "gemm_profile_spread": profile_spread,
-        "speed_probe_s": probes,
-        "speed_probe_spread": spread,
-        "steady": steady,
-        "host_gap_s": gap,
-        "host_gap_definition": HOST_GAP_DEFINITION,
-        "host_gap_source": "measured on A's runs" if measured_gap else f"HOST_GAP_S ({HOST_GAP_MEASURED})",
-        **(
-            {"host_gap_earlier_definition_s": saved["host_gap_earlier_definition_s"]}
-            if "host_gap_earlier_definition_s" in saved
-            else {}
-        ),
-        **result,
-        "roofline_gemms": without,
-        "measured_runs": RUNS.name,
-    }
-    runs_file = {
-        "what": f"the measured runs behind {RECORD.name}: "
-        "A's and B's steps ([seconds, [[new, cached], ...]])",
-        "a": [steps_to_json(run) for run in runs_a],
-        "b": [
-            {
-                "repeat": rep, "load_1min_start": load, "wall_s": wall, "measured_s": measured,
-                "steps": steps_to_json(steps),
-            }
-            for rep, load, wall, measured, steps in real_runs
-        ],
-    }
-    return analysis, runs_file
-
-
 def main(argv=None) -> None:
     args = _args(argv)
     threads = int(os.environ["OMP_NUM_THREADS"])
@@ -336,7 +237,7 @@ def main(argv=None) -> None:
     _, wl_b = workloads()
     profile_spread = GemmProfile.spread_of(profiles) if profiles else saved["profile_spread"]
     profiled, roofline = cost_models(hw, profile)
-    spread, steady = _print_inputs(profile, profiles, profile_spread, len(runs_a), probes)
+    spread, steady = print_inputs(profile, profiles, profile_spread, len(runs_a), probes)
     if args.save_runs:  # everything evaluate() reads, for a re-analysis without re-measuring
         args.save_runs.write_bytes(pickle.dumps(saved))
     measured_gap = saved.get("host_gap_definition") == HOST_GAP_DEFINITION
@@ -355,9 +256,9 @@ def main(argv=None) -> None:
         raise SystemExit(
             f"{args.from_runs} was saved without its workload A and thread count: it cannot be recorded"
         )
-    analysis, runs_file = _record_files(saved, profile, profile_spread, spread, steady, gap, measured_gap,
-                                        result, without)
-    provenance = _provenance(args, analysis, probes, gate_load)
+    analysis, runs_file = record_files(saved, profile, profile_spread, spread, steady, gap, measured_gap,
+                                       result, without)
+    provenance = record_provenance(args, analysis, probes, gate_load)
     RECORD.write_text(json.dumps({**provenance, **analysis}, indent=1) + "\n")
     header = {k: provenance[k] for k in ("commit", "commit_note", "date") if k in provenance}
     RUNS.write_text(json.dumps({**runs_file, **header}, separators=(",", ":")) + "\n")
