@@ -63,6 +63,28 @@ def test_generate_rejects_bad_input_with_one_line(args, message):
     assert res.stdout == ""
 
 
+# A refusal the arguments alone decide comes before torch loads (under load, torch's import takes seconds).
+TORCH_FREE_REFUSALS = [
+    ["generate", "--prompt", "hi", "--max-tokens", "0"],
+    ["generate", "--prompt", "hi", "--max-tokens", "3", "--kv-dtype", "fp4"],
+    ["generate", "--prompt", "hi", "--max-tokens", "3", "--prefix-caching", "--press", "knorm",
+     "--compression-ratio", "0.5"],
+    ["niah", "--lengths", "512", "--question-agnostic"],
+]
+
+
+def test_the_parser_and_argument_refusals_do_not_import_torch():
+    code = ("import sys\n"
+            "from longctx.__main__ import build_parser, main\n"
+            "build_parser()\n"
+            "assert 'torch' not in sys.modules, 'building the parser imported torch'\n"
+            f"for argv in {TORCH_FREE_REFUSALS!r}:\n"
+            "    assert main(argv) == 2, argv\n"
+            "    assert 'torch' not in sys.modules, f'refusing {argv} imported torch'\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+
+
 @pytest.mark.slow
 def test_fetch_model_is_idempotent_and_generate_prints_a_completion(tmp_path):
     first = run_cli("fetch-model")

@@ -59,8 +59,7 @@ def register(subparsers) -> None:
 
 def add_placement_arguments(parser) -> None:
     """``--device``, ``--dtype`` and ``--attention-backend``: where the real model runs and how it attends."""
-    from longctx.model.attention import BACKEND_NAMES
-    from longctx.model.device import DTYPE_CHOICES
+    from longctx.model.choices import BACKEND_NAMES, DTYPE_CHOICES
 
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
@@ -120,16 +119,19 @@ def run_generate(args) -> int:
     if args.chunk_size is not None and args.chunk_size < 1:
         raise ValueError(f"--chunk-size must be >= 1, got {args.chunk_size}")
     texts = _read_prompts(args)
-    press = make_cli_press(args.press, args.compression_ratio)
-    if press is not None and args.prefix_caching:
+    if args.press is not None and args.prefix_caching:
         raise ValueError(
             "--press and --prefix-caching do not combine: a press rewrites the blocks a cache shares"
         )
+    from longctx.kv.quant import get_format, pool_bytes_per_token
+
+    if args.kv_dtype is not None:
+        get_format(args.kv_dtype)   # an unknown name is refused before torch and the model load
+    press = make_cli_press(args.press, args.compression_ratio)
     import json
     import time
 
     from longctx.kv.block_manager import blocks_for_tokens
-    from longctx.kv.quant import get_format, pool_bytes_per_token
     from longctx.model.device import dtype_name
 
     model, tokenizer, prompts = _load(args, texts)

@@ -63,11 +63,11 @@ def run(args) -> int:
         from longctx.model.rope import validate_scaling
 
         validate_scaling(scaling)
+    if args.question_agnostic and args.press is None:   # checked before torch loads (the press needs it)
+        raise ValueError("--question-agnostic needs --press NAME --compression-ratio R")
     from longctx.cli.model import make_cli_press
 
     press = make_cli_press(args.press, args.compression_ratio)
-    if args.question_agnostic and press is None:
-        raise ValueError("--question-agnostic needs --press NAME --compression-ratio R")
     import torch
 
     if args.threads:

@@ -27,12 +27,12 @@ from typing import Protocol
 import torch
 
 from longctx.model.attention_ops import attention_weights, causal_mask, fresh_prompt, prefill_keys, sdpa
+from longctx.model.choices import BACKEND_NAMES
 
 # sdpa, causal_mask and attention_weights live in attention_ops and are importable from here too
 __all__ = ["BACKEND_NAMES", "NO_ATTENTION", "REFERENCE", "AttentionBackend", "BackendChoice",
            "ReferenceBackend", "attention_weights", "causal_mask", "choose_backend", "sdpa"]
 
-BACKEND_NAMES = ("auto", "reference", "fused")
 # query rows x keys x heads per attention call (reference backend's memory guard)
 MAX_SCORES_PER_CALL = 1 << 24
 

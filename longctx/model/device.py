@@ -13,8 +13,9 @@ import re
 
 import torch
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-DTYPE_CHOICES = ("auto", *DTYPES)
+from longctx.model.choices import DTYPE_CHOICES, DTYPE_NAMES
+
+DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.bfloat16, torch.float16), strict=True))
 _DEVICE_RE = re.compile(r"cpu|cuda(:\d+)?")
 
 
