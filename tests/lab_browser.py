@@ -39,6 +39,24 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--disable-quic", "--disable-extensions"]
 _PROMPT_DONE = re.compile(r"^\[(\d+)\]:$")
+# In the page: the prompt of a cell shows a new execution count ([12]:), not its old one nor [*]:.
+_RUN_FINISHED = """([selector, before]) => {
+  const prompt = document.querySelector(selector);
+  const text = prompt ? prompt.innerText.trim() : before;
+  return text !== before && /^\\[\\d+\\]:$/.test(text);
+}"""
+# In the page: resolves once every image a cell's outputs show has loaded or failed to.
+_IMAGES_SETTLED = """cell => Promise.all([...cell.querySelectorAll(".jp-OutputArea-output img")].map(
+  img => img.complete ? null : new Promise(done => { img.onload = done; img.onerror = done; })))"""
+# In the page: what a cell's outputs show (images decoded out of all, each output's MIME type, the text).
+_OUTPUTS_SEEN = """cell => {
+  const images = [...cell.querySelectorAll(".jp-OutputArea-output img")];
+  const area = cell.querySelector(".jp-OutputArea");
+  return {images: images.length, decoded: images.filter(i => i.complete && i.naturalWidth > 0).length,
+          mimes: [...cell.querySelectorAll(".jp-OutputArea-output")]
+                   .map(n => n.getAttribute("data-mime-type") || ""),
+          text: area ? area.innerText : ""};
+}"""
 
 
 def chromium_path() -> str | None:
@@ -268,50 +286,70 @@ class NotebookPage:
         self.page.keyboard.press("Escape")
 
     def go_to(self, index: int) -> None:
-        """Make cell `index` the active one with the arrow keys (JupyterLab scrolls it into view)."""
+        """Make cell `index` the active one, as a learner does: click its prompt when it is on the page,
+        else move with the arrow keys (JupyterLab scrolls the active cell into view)."""
+        target = self.cell(index)
+        if target.count():
+            target.scroll_into_view_if_needed()
+            target.locator(".jp-InputPrompt").first.click()
+            self.page.keyboard.press("Escape")
+            if self.active_index() == index:
+                return
         self.command_mode()
-        for _ in range(1000):
+        for _ in range(20):
             current = self.active_index()
             if current == index:
                 self.cell(index).scroll_into_view_if_needed()
                 return
-            self.page.keyboard.press("ArrowDown" if current < index else "ArrowUp")
+            key = "ArrowDown" if current < index else "ArrowUp"
+            for _ in range(abs(index - current)):   # the whole distance, then one look at the page
+                self.page.keyboard.press(key)
         raise RuntimeError(f"could not reach cell {index}")
 
+    def _prompt_selector(self, index: int) -> str:
+        return (f'.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook '
+                f'.jp-Cell[data-windowed-list-index="{index}"] .jp-InputArea-prompt')
+
     def run_cell(self, index: int, timeout_s: float = 300.0) -> CellRun:
-        """Run cell `index` with Ctrl+Enter and wait until its prompt shows its execution count."""
+        """Run cell `index` with Ctrl+Enter and wait until its prompt shows its execution count.
+
+        The wait runs in the page (a predicate polled every 50 ms), the outputs are read in one call."""
+        from playwright.sync_api import TimeoutError as PageTimeout
+
         self.go_to(index)
-        cell = self.cell(index)
-        prompt = cell.locator(".jp-InputArea-prompt").first
+        prompt = self.cell(index).locator(".jp-InputArea-prompt").first
         before = prompt.inner_text().strip()
         start = time.monotonic()
         self.page.keyboard.press("Control+Enter")
-        deadline, pressed_at = start + timeout_s, start
+        deadline = start + timeout_s
         while True:
-            text = prompt.inner_text().strip()
-            done = _PROMPT_DONE.match(text)
-            if done and text != before:
+            wait_s = min(10.0, deadline - time.monotonic())
+            try:
+                self.page.wait_for_function(_RUN_FINISHED, arg=[self._prompt_selector(index), before],
+                                            polling=50, timeout=max(wait_s, 0.1) * 1000)
                 break
-            if text == before and time.monotonic() - pressed_at > 10:
-                # JupyterLab marks a cell [*] as soon as it takes the keypress: this one was lost.
-                self.go_to(index)
-                self.page.keyboard.press("Control+Enter")
-                pressed_at = time.monotonic()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"cell {index} of {self.relpath} still running after {timeout_s:.0f} s "
-                                   f"(prompt {text!r})")
-            time.sleep(0.1)
+            except PageTimeout:
+                text = prompt.inner_text().strip()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"cell {index} of {self.relpath} still running after "
+                                       f"{timeout_s:.0f} s (prompt {text!r})") from None
+                if text == before:
+                    # JupyterLab marks a cell [*] as soon as it takes the keypress: this one was lost.
+                    self.go_to(index)
+                    self.page.keyboard.press("Control+Enter")
         seconds = time.monotonic() - start
+        text = prompt.inner_text().strip()
+        done = _PROMPT_DONE.match(text)
         # Outputs arrive before the reply that sets the prompt; give the images a moment to decode.
-        self.page.wait_for_timeout(150)
-        images = cell.locator(".jp-OutputArea-output img").evaluate_all(
-            "imgs => imgs.map(i => i.complete && i.naturalWidth > 0)")
-        mimes = cell.locator(".jp-OutputArea-output").evaluate_all(
-            "nodes => nodes.map(n => n.getAttribute('data-mime-type') || '')")
-        text_out = cell.locator(".jp-OutputArea").first.inner_text() if mimes else ""
+        cell = self.cell(index)
+        try:
+            cell.evaluate(_IMAGES_SETTLED, timeout=5000)
+        except PageTimeout:
+            pass   # counted below as broken
+        seen = cell.evaluate(_OUTPUTS_SEEN)
         return CellRun(index=index, execution_count=int(done.group(1)), seconds=seconds,
-                       images=sum(images), broken_images=len(images) - sum(images), output_mimes=mimes,
-                       output_text=text_out)
+                       images=seen["decoded"], broken_images=seen["images"] - seen["decoded"],
+                       output_mimes=seen["mimes"], output_text=seen["text"] if seen["mimes"] else "")
 
     def wait_for_cell(self, index: int, timeout_s: float = 300.0) -> int:
         """Bring cell `index` into view and wait until it has run (its prompt shows a number)."""
