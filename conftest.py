@@ -11,6 +11,9 @@ file, always loaded because it sits in the rootdir:
 - uses nbval_sanitize.cfg unless `--nbval-sanitize-with` names another file;
 - starts each notebook's kernel in a fresh temporary folder instead of the notebook's own, so a relative
   write cannot land in solutions/ (and from there, through `make release`, in lessons/);
+- starts each kernel with Python's warnings shown (PYTHONWARNINGS=default, as the grading run does) and
+  fails a narrative cell (neither exercise nor test) that writes to stderr: tests/test_lessons_graded.py
+  leaves the heavy narrative cells no exercise reads to this run;
 - names the failing cell by its cell id and nbgrader grade_id too (nbval counts code cells only), and
   prints each notebook's total time at the end, beside `--durations`.
 
@@ -76,7 +79,17 @@ def _start_kernels_in_scratch_folders():
 
         def __init__(self, kernel_name, cwd=None, startup_timeout=60):
             self.scratch_dir = tempfile.mkdtemp(prefix="nbval-kernel-")
-            super().__init__(kernel_name, cwd=self.scratch_dir, startup_timeout=startup_timeout)
+            # Python's warnings shown in the kernel, as the grading run shows them (grade.py
+            # --python-warnings default): a warning in a narrative cell is what a learner sees as a failure.
+            before = os.environ.get("PYTHONWARNINGS")
+            os.environ["PYTHONWARNINGS"] = "default"
+            try:
+                super().__init__(kernel_name, cwd=self.scratch_dir, startup_timeout=startup_timeout)
+            finally:
+                if before is None:
+                    os.environ.pop("PYTHONWARNINGS", None)
+                else:
+                    os.environ["PYTHONWARNINGS"] = before
 
         def stop(self):
             try:
@@ -106,9 +119,29 @@ def pytest_itemcollected(item):
         item.add_marker(pytest.mark.notebooks)
 
 
+def is_narrative_cell(cell) -> bool:
+    """A code cell that is neither an exercise (nbgrader solution) nor a test (nbgrader grade)."""
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    return not (meta.get("solution") or meta.get("grade"))
+
+
+def _stderr_of_narrative_cell(item) -> str:
+    """What a narrative notebook cell wrote to stderr in nbval's run ('' for any other item)."""
+    found = _notebook_cell(item)
+    if not found or not is_narrative_cell(found[1]):
+        return ""
+    return "".join(o.get("text", "") for o in getattr(item, "test_outputs", None) or []
+                   if o.get("output_type") == "stream" and o.get("name") == "stderr")
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     report = yield
+    if call.when == "call" and report.passed and (stderr := _stderr_of_narrative_cell(item)):
+        # nbval checks that a cell runs; a lesson's narrative cell must also run silently on stderr (a
+        # warning included): tests/test_lessons_graded.py leaves the heavy ones to this run
+        report.outcome = "failed"
+        report.longrepr = f"a narrative cell wrote to stderr (warnings are shown):\n{stderr[:1000]}"
     found = _notebook_cell(item)
     if found and report.failed:
         path, cell = found

@@ -508,6 +508,21 @@ def defined_and_used(source: str) -> tuple[set, set]:
     return defined, used
 
 
+def read_by_graded_cells(nb) -> set[int]:
+    """The code cells an exercise or test cell reads from, directly or through other such cells: by name, as
+    `defined_and_used` sees them, each name from the last cell before its reader that binds it."""
+    needed, wanted = set(), set()
+    for index in range(len(nb.cells) - 1, -1, -1):
+        cell = nb.cells[index]
+        if cell.cell_type != "code":
+            continue
+        defined, used = defined_and_used(cell.source)
+        if nbgrader_role(cell) in ("exercise", "test") or defined & wanted:
+            needed.add(index)
+            wanted = (wanted - defined) | used
+    return needed
+
+
 def plan_cells(nb, run_everything: bool | None = None) -> tuple[list[int], dict[int, str]]:
     """(code cells to run, {skipped cell: why}) for a browser run of `nb`."""
     if run_everything is None:

@@ -5,13 +5,18 @@ this module on the other xdist worker: every cell runs without error, and a cell
 prints its committed output. What nbval cannot see is checked here, on the grading run only (no third
 execution). One session fixture (`lesson_runs`) puts a copy of the course in a temporary folder and grades
 each lesson twice through `make grade`'s grader, in its sandbox, two submissions at a time (both cores):
-- "solution": the source notebook from solutions/ submitted as a student's answer;
+- "solution": the source notebook from solutions/ submitted as a student's answer, with the heavy narrative
+  cells that no exercise or test cell reads (lab_browser.read_by_graded_cells: by name, transitively)
+  replaced by a one-line comment: they decide no grade, and nbval's run of the solution executes them
+  (every cell must run, and a narrative cell must write nothing to stderr, warnings shown: conftest.py);
+  running them here too would repeat that run (about 100 s of CPU, lessons 05, 06 and 08);
 - "untouched": the released lesson from a fresh `make release`, submitted unanswered, with its heavy
   narrative cells (those the browser run skips too: `lab_browser.plan_cells`, they import torch, load the
   model, build an engine, start a server, or read what such a cell defines) replaced by a one-line comment.
   Those cells are the solution's own, word for word (same cell id and source), and run in the solution's
   graded run, where test_untouched_narrative_cells_run_cleanly checks them; running them a second time,
-  unanswered, would only repeat that run (about three minutes of CPU on two cores). The cheap narrative
+  unanswered, would only repeat that run (about three minutes of CPU on two cores); those the solution's
+  run stubs too are nbval's to check. The cheap narrative
   cells, every exercise and every test cell of the release run as the learner first meets them.
 The kernel runs with Python warnings shown (`grade.py --python-warnings default`), because a warning in a
 narrative cell is exactly what a learner would see as a failure. Parametrized tests then read the grades and
@@ -45,7 +50,7 @@ from dataclasses import dataclass, field
 import autograder_helpers as h
 import nbformat
 import pytest
-from lab_browser import nbgrader_role, plan_cells
+from lab_browser import nbgrader_role, plan_cells, read_by_graded_cells
 
 sys.path.insert(0, os.path.join(h.REPO, "autograder"))
 import sandbox  # noqa: E402
@@ -69,18 +74,22 @@ class LessonRuns:
     rows: dict = field(default_factory=dict)       # (variant, lesson) -> grades.csv row
     states: dict = field(default_factory=dict)     # (variant, lesson) -> how its execution ended
     stubbed: dict = field(default_factory=dict)    # lesson -> {cell id: why} of the untouched release's stubs
+    solution_stubbed: dict = field(default_factory=dict)  # the same for the solution's (no grade reads them)
     log: str = ""
 
 
 @pytest.fixture(scope="session")
 def lesson_runs(tmp_path_factory) -> LessonRuns:
     root = h.make_course(tmp_path_factory.mktemp("lessons"), lessons=LESSONS, use_real_lessons=True)
-    stubbed = {}
+    stubbed, solution_stubbed = {}, {}
     for lesson in LESSONS:
-        h.submit(root, "solution", lesson, h.solution(root, lesson))
+        solution = h.solution(root, lesson)
         release = h.released(root, lesson)
-        if not SANDBOX_PROBLEMS:  # graded: the solution's run executes the heavy narrative cells
+        if not SANDBOX_PROBLEMS:  # graded: the solution's run executes the heavy cells its grades read
             stubbed[lesson] = _stub_heavy_narrative_cells(release)
+            graded_reads = read_by_graded_cells(solution)
+            solution_stubbed[lesson] = _stub_heavy_narrative_cells(solution, keep=graded_reads)
+        h.submit(root, "solution", lesson, solution)
         h.submit(root, "untouched", lesson, release)
     if SANDBOX_PROBLEMS:
         return _execute_without_sandbox(root)
@@ -88,7 +97,8 @@ def lesson_runs(tmp_path_factory) -> LessonRuns:
     # xdist worker, and the lessons' time budget is measured by `make bench` / `make binder-check`, not here
     result = h.grade(root, "--jobs", "2", "--python-warnings", "default", "--no-feedback",
                      "--cell-timeout-s", "300", "--wall-s", "1200", timeout=2600)
-    runs = LessonRuns(root, graded=True, log=result.stdout[-4000:] + result.stderr[-4000:], stubbed=stubbed)
+    runs = LessonRuns(root, graded=True, log=result.stdout[-4000:] + result.stderr[-4000:], stubbed=stubbed,
+                      solution_stubbed=solution_stubbed)
     assert result.returncode == 0, runs.log
     for variant, lesson, state in re.findall(r"executed ([^/\s]+)/(\S+): (.*)", result.stdout):
         runs.states[(variant, lesson)] = state
@@ -103,13 +113,14 @@ def lesson_runs(tmp_path_factory) -> LessonRuns:
     return runs
 
 
-def _stub_heavy_narrative_cells(nb) -> dict:
-    """Replace, in place, the narrative cells a browser run skips by a comment; {cell id: why} of each."""
+def _stub_heavy_narrative_cells(nb, keep=frozenset()) -> dict:
+    """Replace, in place, the narrative cells a browser run skips (except those in `keep`) by a comment;
+    {cell id: why} of each."""
     _, skipped = plan_cells(nb, run_everything=False)
     stubbed = {}
     for index, why in skipped.items():
         cell = nb.cells[index]
-        if nbgrader_role(cell) == "":
+        if nbgrader_role(cell) == "" and index not in keep:
             stubbed[cell.get("id")] = why
             cell.source = (f"# not run in the untouched release's grading run ({why}): "
                            "see tests/test_lessons_graded.py")
@@ -203,6 +214,8 @@ def test_untouched_narrative_cells_run_cleanly(lesson_runs, lesson):
         if cell.cell_type != "code" or nbgrader_role(cell) != "":
             continue
         where = f"cell {index}"
+        if cell.get("id") in lesson_runs.solution_stubbed.get(lesson, {}):
+            continue   # heavy and read by no grade: nbval's run of the solution checks it (conftest.py)
         if cell.get("id") in stubbed:
             cell, where = solved.get(cell.get("id")), f"cell {index} (heavy: in the solution's graded run)"
             assert cell is not None, f"{lesson}: {where} is missing from the graded solution"

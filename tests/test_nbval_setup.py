@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -135,6 +136,42 @@ def test_nbval_names_a_changed_output_and_a_raising_cell(tmp_path):
     assert "2 failed, 2 passed" in text, text[-3000:]
     assert re.search(r"FAILED toy\.ipynb::Cell 1\b", text) and "Cell outputs differ" in text
     assert re.search(r"FAILED toy\.ipynb::Cell 3\b", text) and "broken on purpose" in text
+
+
+def test_the_graded_run_keeps_every_cell_a_grade_reads():
+    """tests/test_lessons_graded.py stubs a solution's heavy narrative cells except those an exercise or test
+    cell reads, by name and through other cells; a cell that only re-binds a name later re-bound is free."""
+    from lab_browser import read_by_graded_cells
+
+    role = {"exercise": {"solution": True, "grade": False}, "test": {"solution": False, "grade": True}}
+    sources = [("import math", ""), ("engine = build_engine()", ""), ("ttft = engine.run()", ""),
+               ("ttft = 0.0", ""), ("unused = build_engine()", ""), ("answer = math.ceil(ttft)", "exercise"),
+               ("assert answer >= 0", "test"), ("print(unused)", "")]
+    cells = [new_code_cell(src, metadata={"nbgrader": role[kind]} if kind else {}) for src, kind in sources]
+    cells.insert(2, new_markdown_cell("a narrative paragraph"))
+    assert read_by_graded_cells(_toy_notebook(cells)) == {0, 4, 6, 7}   # math, ttft = 0.0, the two graded
+
+
+@pytest.mark.notebooks
+def test_a_narrative_cell_that_warns_fails_with_what_it_wrote(tmp_path):
+    """The repository's conftest.py (copied beside a toy course) shows warnings in nbval's kernels and fails a
+    narrative cell that writes to stderr; an exercise or test cell may (a failing check prints there)."""
+    shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
+    grade = {"grade": True, "grade_id": "t", "points": 1, "solution": False, "locked": True,
+             "schema_version": 3, "task": False}
+    cells = [new_code_cell("import warnings\nimport nbformat\nprint('ok')"),
+             # a DeprecationWarning from a library: hidden by Python's default filters, shown with "default"
+             new_code_cell("warnings.warn_explicit('a library warning', DeprecationWarning, 'lib.py', 1, "
+                           "module='lib')"),
+             new_code_cell("import sys\nsys.stderr.write('a test cell may')", metadata={"nbgrader": grade})]
+    (tmp_path / "solutions" / "toy").mkdir(parents=True)
+    nbformat.write(_toy_notebook(cells), tmp_path / "solutions" / "toy" / "toy.ipynb")
+    done = _pytest("-c", "/dev/null", "--rootdir", str(tmp_path), "--nbval-lax", "--nbval-current-env",
+                   "--nbval-sanitize-with", str(ROOT / "nbval_sanitize.cfg"), "solutions", cwd=tmp_path)
+    text = done.stdout + done.stderr
+    assert done.returncode == 1 and "1 failed, 2 passed" in text, text[-3000:]
+    assert re.search(r"FAILED solutions/toy/toy\.ipynb::Cell 1\b", text), text[-3000:]
+    assert "a narrative cell wrote to stderr" in text and "DeprecationWarning: a library warning" in text
 
 
 @pytest.mark.notebooks
