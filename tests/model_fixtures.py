@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import functools
+import hashlib
 import os
+import shutil
 import warnings
 
 
@@ -26,11 +29,52 @@ def our_tokenizer():
 
 @functools.lru_cache(maxsize=1)
 def hf_reference():
-    """(transformers LlamaForCausalLM, tokenizer) loaded from the same GGUF: ~25 s, once per session."""
+    """(transformers LlamaForCausalLM, tokenizer) loaded from the same GGUF, once per session (`hf_model`)."""
+    from transformers import AutoTokenizer
+
+    folder = reference_folder()
+    return hf_model(), AutoTokenizer.from_pretrained(folder)
+
+
+def hf_model(**options):
+    """transformers' LlamaForCausalLM in fp32 as transformers itself reads the GGUF (its dequantization).
+
+    Dequantizing takes ~20 s on two busy cores, and four test modules on two workers need it: the first
+    caller saves transformers' result (safetensors, config, tokenizer) under the course's cache, keyed by
+    the GGUF file's digest and the transformers version, and every later load (this session's other
+    worker, later runs) reads that copy, the same tensors bit for bit (a file lock makes the second worker
+    wait, not redo it)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    folder = reference_folder()
+    if not (folder / "model.safetensors").is_file():
+        with open(folder.parent / f"{folder.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (folder / "model.safetensors").is_file():
+                _save_reference(folder)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32, **options).eval()
+
+
+def reference_folder():
+    import transformers
+
+    from longctx.model.weights import cache_dir, find_gguf
+
+    with open(find_gguf(), "rb") as fh:
+        digest = hashlib.file_digest(fh, "sha256").hexdigest()[:16]
+    return cache_dir() / f"transformers-reference-{digest}-{transformers.__version__}"
+
+
+def _save_reference(folder) -> None:
+    """transformers' model and tokenizer from the GGUF, written to `folder` (atomically: a rename)."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TQDM_DISABLE", "1")
     import torch
+    from safetensors.torch import save_file
     from transformers import AutoTokenizer, LlamaForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -43,7 +87,18 @@ def hf_reference():
         warnings.simplefilter("ignore")
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         model = LlamaForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    return model.eval(), tok
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config   # the tensors are plain fp32 now (GGUF's quantizer cannot save them)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()
+             if not (config.tie_word_embeddings and k == "lm_head.weight")}   # tied: stored once
+    scratch = folder.parent / f"{folder.name}.tmp{os.getpid()}"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    config.save_pretrained(scratch)
+    tok.save_pretrained(scratch)
+    save_file(state, scratch / "model.safetensors", metadata={"format": "pt"})
+    os.replace(scratch, folder)
 
 
 PROMPTS = [

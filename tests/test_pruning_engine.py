@@ -175,26 +175,16 @@ def test_continuation_nll_without_press_matches_token_nll_and_pruning_changes_it
 def test_snapkv_scores_of_the_real_model_match_transformers_attention_weights():
     """The window queries the probe collects give the same SnapKV scores as transformers' own (eager)
     attention weights of SmolLM2: an independent check of the press's inputs on the real model."""
-    import os
-    import warnings
-
     import torch.nn.functional as F
-    from model_fixtures import our_model, our_tokenizer
-    from transformers import LlamaForCausalLM
+    from model_fixtures import hf_model, our_model, our_tokenizer
 
     from longctx.engine.pruning import PressRecorder
     from longctx.evals.forcing import forward_at
     from longctx.evals.haystack import HaystackBuilder
     from longctx.kv.cache import PagedKVCache
     from longctx.kv.press import per_kv_head
-    from longctx.model.weights import find_gguf
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    path = find_gguf()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        hf = LlamaForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
-                                              attn_implementation="eager").eval()
+    hf = hf_model(attn_implementation="eager")   # transformers' GGUF reading, its eager attention
     model, tok = our_model(), our_tokenizer()
     prompt = HaystackBuilder(tok).build(256, 0.5, 0, "passkey").token_ids
     with torch.no_grad():
