@@ -30,7 +30,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from longctx.sim.cost_model import GEMM_TILE_TOKENS, GEMM_WAVE_SMS, CostFactors
+from longctx.sim.cost_model import CostFactors
+from longctx.sim.factors import GEMM_TILE_TOKENS, GEMM_WAVE_SMS
 from longctx.sim.operators import gemm_dims, gemm_tile_area, layers_time_s
 from longctx.sim.profiles import GEMM_OPS, SMALL_OPS, ProfiledModel, load_profiles
 from longctx.sim.step_fit import Calibration, bounded_lstsq, calibrate

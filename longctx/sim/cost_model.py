@@ -44,20 +44,7 @@ from longctx import checks, flops
 from longctx.engine.executor import ExecutionResult, Executor
 from longctx.kv.quant import pool_bytes_per_token
 from longctx.memory import evicted_tokens
-from longctx.sim.factors import (  # noqa: F401  (re-exported: the cost model's factors and step records)
-    ASSUMED,
-    ASSUMED_BATCH,
-    COST_FORMS,
-    EFFICIENCIES,
-    FACTOR_NAMES,
-    FITTED_H100,
-    GEMM_TILE_TOKENS,
-    GEMM_WAVE_SMS,
-    SECONDS,
-    CostFactors,
-    StepBreakdown,
-    StepFeatures,
-)
+from longctx.sim.factors import COST_FORMS, CostFactors, StepBreakdown, StepFeatures
 from longctx.sim.gemm_profile import LAYER_GROUPS, GemmProfile
 from longctx.sim.operators import check_tp, embedding_time_s, gemm_time_s, layers_time_s, lm_head_rows
 from longctx.sim.step_terms import operator_breakdown

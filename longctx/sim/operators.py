@@ -56,8 +56,6 @@ from longctx.checks import positive_int
 from longctx.sim.factors import GEMM_WAVE_SMS
 from longctx.specs import ModelSpec
 
-GEMMS = ("qkv", "o", "gate_up", "down")
-
 
 def ffn_size(m: ModelSpec) -> float:
     """``m``'s MLP width for the operator costs: ``intermediate_size``, or for a model known only by its

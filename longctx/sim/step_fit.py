@@ -21,7 +21,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from longctx.sim.cost_model import FACTOR_NAMES, CostFactors, CostModelExecutor
+from longctx.sim.cost_model import CostFactors, CostModelExecutor
+from longctx.sim.factors import FACTOR_NAMES
 from longctx.sim.recording import MeasuredStep
 from longctx.sim.step_terms import design_row, operator_terms
 

@@ -52,10 +52,6 @@ class Fixed:
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return np.full(n, int(self.tokens), dtype=np.int64)
 
-    @property
-    def mean(self) -> float:
-        return float(self.tokens)
-
 
 @dataclass(frozen=True)
 class Uniform:
@@ -72,10 +68,6 @@ class Uniform:
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return rng.integers(self.low, self.high + 1, size=n, dtype=np.int64)
-
-    @property
-    def mean(self) -> float:
-        return (self.low + self.high) / 2
 
 
 @dataclass(frozen=True)
@@ -120,10 +112,6 @@ class Trace:
         if self.replay:
             return np.resize(arr, n)
         return rng.choice(arr, size=n, replace=True)
-
-    @property
-    def mean(self) -> float:
-        return float(np.mean(self.lengths))
 
 
 def _lengths(spec: int | Fixed | Uniform | LogNormal | Trace):
