@@ -154,11 +154,16 @@ def load_saved(path: pathlib.Path) -> dict:
         "threads": cpu["torch_threads"],
         "workload_a": rec.get("workload_a"),
     }
-    if rec.get("host_gap_definition") == HOST_GAP_DEFINITION:
+    # a record analysed with the HOST_GAP_S constant stores that constant under the current definition: it
+    # was not measured on its runs, and a re-analysis must keep saying so
+    constant = str(rec.get("host_gap_source", "")).startswith("HOST_GAP_S")
+    if rec.get("host_gap_definition") == HOST_GAP_DEFINITION and not constant:
         saved["host_gap_s"], saved["host_gap_definition"] = rec["host_gap_s"], HOST_GAP_DEFINITION
+    if "host_gap_earlier_definition_s" in rec:
+        saved["host_gap_earlier_definition_s"] = rec["host_gap_earlier_definition_s"]
     # measured as the next start - this end, which missed the engine's work in a step
-    elif "host_gap_s" in rec:
-        saved["host_gap_earlier_definition_s"] = rec.get("host_gap_earlier_definition_s", rec["host_gap_s"])
+    elif "host_gap_s" in rec and rec.get("host_gap_definition") != HOST_GAP_DEFINITION:
+        saved["host_gap_earlier_definition_s"] = rec["host_gap_s"]
     return saved
 
 
