@@ -45,7 +45,6 @@ import json
 import os
 import platform
 import sys
-import time  # noqa: F401 (tests patch niah_grid.time.sleep)
 from pathlib import Path
 
 from niah_grid_records import (  # noqa: F401 (re-exported: kv_pruning.py, serving.py, capstone.py, tests)

@@ -39,6 +39,14 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--disable-quic", "--disable-extensions"]
 _PROMPT_DONE = re.compile(r"^\[(\d+)\]:$")
+# The notebook on screen, and its cell `index` (JupyterLab 4's windowed list numbers every cell).
+_PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"
+
+
+def _cell_selector(index: int) -> str:
+    return f'.jp-Notebook .jp-Cell[data-windowed-list-index="{index}"]'
+
+
 # In the page: the prompt of a cell shows a new execution count ([12]:), not its old one nor [*]:.
 _RUN_FINISHED = """([selector, before]) => {
   const prompt = document.querySelector(selector);
@@ -252,10 +260,10 @@ class NotebookPage:
     # -- what is on the screen -------------------------------------------------------------------
     @property
     def panel(self):
-        return self.page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)").first
+        return self.page.locator(_PANEL).first
 
     def cell(self, index: int):
-        return self.panel.locator(f'.jp-Notebook .jp-Cell[data-windowed-list-index="{index}"]')
+        return self.panel.locator(_cell_selector(index))
 
     def active_index(self) -> int:
         active = self.panel.locator(".jp-Notebook .jp-Cell.jp-mod-active").first
@@ -306,10 +314,6 @@ class NotebookPage:
                 self.page.keyboard.press(key)
         raise RuntimeError(f"could not reach cell {index}")
 
-    def _prompt_selector(self, index: int) -> str:
-        return (f'.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook '
-                f'.jp-Cell[data-windowed-list-index="{index}"] .jp-InputArea-prompt')
-
     def run_cell(self, index: int, timeout_s: float = 300.0) -> CellRun:
         """Run cell `index` with Ctrl+Enter and wait until its prompt shows its execution count.
 
@@ -325,7 +329,8 @@ class NotebookPage:
         while True:
             wait_s = min(10.0, deadline - time.monotonic())
             try:
-                self.page.wait_for_function(_RUN_FINISHED, arg=[self._prompt_selector(index), before],
+                prompt_selector = f"{_PANEL} {_cell_selector(index)} .jp-InputArea-prompt"
+                self.page.wait_for_function(_RUN_FINISHED, arg=[prompt_selector, before],
                                             polling=50, timeout=max(wait_s, 0.1) * 1000)
                 break
             except PageTimeout:

@@ -58,7 +58,9 @@ def hf_model(**options):
         return LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32, **options).eval()
 
 
+@functools.lru_cache(maxsize=1)
 def reference_folder():
+    """Where transformers' dequantized copy lives (the GGUF's digest read once per process)."""
     import transformers
 
     from longctx.model.weights import cache_dir, find_gguf

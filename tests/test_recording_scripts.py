@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from model_fixtures import our_tokenizer
 
+from longctx import provenance
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import kv_pruning  # noqa: E402
 import niah_grid  # noqa: E402
@@ -31,7 +33,7 @@ def test_the_scripts_refuse_to_record_above_their_cores(monkeypatch, capsys):
 def test_a_run_pauses_while_other_work_loads_the_machine(monkeypatch):
     loads = iter([3.5, 2.9, 1.8])
     monkeypatch.setattr(niah_grid.os, "getloadavg", lambda: (next(loads), 0.0, 0.0))
-    monkeypatch.setattr(niah_grid.time, "sleep", lambda s: None)
+    monkeypatch.setattr(provenance.time, "sleep", lambda s: None)   # where wait_for_quiet sleeps
     assert niah_grid.wait_for_quiet(1, force=False) == 1.8  # its own thread counts: others ~0.8 <= 1
 
 
