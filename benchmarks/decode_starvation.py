@@ -9,6 +9,13 @@ long prompt's time to first token. It recommends the largest budget whose max IT
 
     python benchmarks/decode_starvation.py                       # the full table (~1-2 min on 2 cores)
     python benchmarks/decode_starvation.py --prompt-tokens 1024 --budgets 64,256 --json out.json
+    python benchmarks/decode_starvation.py --repeats 5 --json longctx/data/recorded/decode_starvation_cpu.json
+
+``--repeats N`` runs every scheduler N times, in rounds (each round runs each scheduler once, so drift in the
+machine's speed touches all of them alike) and pauses between rounds while other work loads the machine. The
+table then shows each metric's median over the rounds with its range; the record keeps every round
+(``rounds``), the first round with its step timelines (``rows``), and per scheduler the median, range and 95 %
+Student-t interval of the mean of each metric (``summary``), with the commit and the load in ``provenance``.
 
 Measured 2026-11-29, 2 threads on the course's 2-core x86 VM (AVX-512), torch 2.13.0 CPU, fp32:
 
@@ -27,15 +34,14 @@ cores make two torch threads much slower than one; compare runs made under the s
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from longctx.provenance import load_gate
+from decode_starvation_record import METRICS, recommended_budget, scheduler_name, summarize, write_record
+
+from longctx.provenance import load_gate, wait_for_quiet
 
 STREAM_TOPICS = [
     "the water cycle", "how bees make honey", "why the sky is blue", "the history of chess",
@@ -58,12 +64,15 @@ def parse_args(argv=None):
     )
     p.add_argument("--max-ratio", type=float, default=3.0, help="max ITL / decode-only median ITL allowed")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--repeats", type=int, default=1, help="rounds of every scheduler (>= 2 gives intervals)")
     p.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
     p.add_argument("--force", action="store_true", help="write --json despite the load (a dry run)")
     args = p.parse_args(argv)
     args.budgets = [int(b) for b in args.budgets.split(",") if b.strip()]
     if args.prompt_tokens < 1 or args.streams < 1 or any(b < 1 for b in args.budgets):
         p.error("--prompt-tokens, --streams and every budget must be >= 1")
+    if args.repeats < 1:
+        p.error(f"--repeats must be >= 1 (rounds of every scheduler), got {args.repeats}")
     return args
 
 
@@ -113,6 +122,7 @@ def run_one(model, tokenizer, scheduler, args) -> dict:
     base_median = statistics.median(base)
     itl_max = max(gaps)
     prefill_steps = [r for r in engine.history if r.end_s > arrival_s and long.seq_id in r.seq_ids]
+    largest = max(prefill_steps, key=lambda r: r.num_prefill_tokens)
     return {
         "scheduler": "monolithic" if scheduler.token_budget is None else "chunked",
         "token_budget": scheduler.token_budget,
@@ -124,6 +134,9 @@ def run_one(model, tokenizer, scheduler, args) -> dict:
         "ttft_long_s": long.ttft_s,
         "long_prefill_steps": len(prefill_steps) - args.after_tokens,
         "num_stream_gaps": len(gaps),
+        # the step that carried the most prompt tokens (monolithic: the whole prefill, no decodes)
+        "largest_prefill_s_per_token": largest.duration_s / largest.num_prefill_tokens,
+        "largest_prefill_step_decode_tokens": largest.num_decode_tokens,
         "timeline": [
             {
                 "start_s": round(r.start_s - arrival_s, 5), "duration_s": round(r.duration_s, 5),
@@ -134,22 +147,33 @@ def run_one(model, tokenizer, scheduler, args) -> dict:
     }
 
 
-def _write_json(args, best, rows: list[dict], torch_version: str) -> None:
-    """The record (``--json``): the arguments, the recommended budget, every row and the provenance."""
-    out = {
-        "benchmark": "decode_starvation",
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "recommended_token_budget": best,
-        "rows": rows,
-        "provenance": {
-            "date": datetime.date.today().isoformat(), "torch": torch_version,
-            "python": platform.python_version(), "machine": platform.machine(),
-            "processor": platform.processor() or platform.machine(), "threads": args.threads, "device": "cpu",
-        },
-    }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(out, indent=1))
-    print(f"wrote {args.json}")
+def print_table(args, summary: list[dict], torch_version: str, best) -> None:
+    """Each metric's median over the rounds; with several rounds, the range of the worst gap and the TTFT."""
+    n = summary[0]["n"]
+    print(f"{args.streams} decoding streams + one {args.prompt_tokens}-token prompt, torch {torch_version}, "
+          f"{args.threads} threads (ITL of the streams; TTFT of the long prompt); "
+          + ("one run per scheduler" if n == 1 else f"median of {n} rounds [min - max]"))
+    head = (f"{'scheduler':<14}{'median ITL':>12}{'P99 ITL':>10}{'max ITL':>10}{'max/base':>10}"
+            f"{'TTFT long':>11}")
+    if n > 1:
+        head += f"{'max/base range':>18}{'TTFT range':>16}"
+    print(head)
+    print("-" * len(head))
+    for s in summary:
+        med = {metric: s[metric]["median"] for metric in METRICS}
+        line = (f"{scheduler_name(s):<14}{med['itl_median_s']:>11.3f}s{med['itl_p99_s']:>9.3f}s"
+                f"{med['itl_max_s']:>9.3f}s{med['max_over_decode_only_median']:>9.1f}x{med['ttft_long_s']:>10.2f}s")
+        if n > 1:
+            ratio, ttft = s["max_over_decode_only_median"], s["ttft_long_s"]
+            line += (f"{ratio['min']:>10.1f} - {ratio['max']:<5.1f}"
+                     f"{ttft['min']:>8.2f} - {ttft['max']:<5.2f}")
+        print(line)
+    base = statistics.median(s["itl_decode_only_median_s"]["median"] for s in summary)
+    print(f"base = median ITL of decode-only steps before the prompt arrived (~{base:.3f}s)")
+    if best is None:
+        print(f"no budget keeps the median max ITL within {args.max_ratio:g}x base")
+    else:
+        print(f"largest budget with median max ITL <= {args.max_ratio:g}x base: {best} tokens")
 
 
 def main(argv=None) -> int:
@@ -166,42 +190,22 @@ def main(argv=None) -> int:
     model, tokenizer = load_model(), load_tokenizer()
     schedulers = [] if args.no_monolithic else [MonolithicScheduler()]
     schedulers += [ChunkedPrefillScheduler(token_budget=b) for b in args.budgets]
-    rows = []
+    if not schedulers:
+        raise SystemExit("nothing to run: --no-monolithic and no --budgets")
+    rounds, loads = [], []
     t0 = time.perf_counter()
-    for sch in schedulers:
-        rows.append(run_one(model, tokenizer, sch, args))
-    ok = [
-        r["token_budget"]
-        for r in rows
-        if r["token_budget"] and r["max_over_decode_only_median"] <= args.max_ratio
-    ]
-    best = max(ok) if ok else None
-
-    print(
-        f"{args.streams} decoding streams + one {args.prompt_tokens}-token prompt, torch "
-        f"{torch.__version__}, "
-        f"{args.threads} threads (ITL of the streams; TTFT of the long prompt)"
-    )
-    head = (
-        f"{'scheduler':<14}{'median ITL':>12}{'P99 ITL':>10}{'max ITL':>10}{'max/base':>10}{'TTFT long':>11}"
-    )
-    print(head)
-    print("-" * len(head))
-    for r in rows:
-        name = "monolithic" if r["token_budget"] is None else f"chunked {r['token_budget']}"
-        print(
-            f"{name:<14}{r['itl_median_s']:>11.3f}s{r['itl_p99_s']:>9.3f}s{r['itl_max_s']:>9.3f}s"
-            f"{r['max_over_decode_only_median']:>9.1f}x{r['ttft_long_s']:>10.2f}s"
-        )
-    base = statistics.median(r["itl_decode_only_median_s"] for r in rows)
-    print(f"base = median ITL of decode-only steps before the prompt arrived (~{base:.3f}s)")
-    if best is None:
-        print(f"no budget keeps max ITL within {args.max_ratio:g}x base")
-    else:
-        print(f"largest budget with max ITL <= {args.max_ratio:g}x base: {best} tokens")
+    for i in range(args.repeats):
+        loads.append(wait_for_quiet(args.threads, args.force or args.json is None))
+        rounds.append([run_one(model, tokenizer, sch, args) for sch in schedulers])
+        if args.repeats > 1:
+            print(f"round {i + 1}/{args.repeats} done ({time.perf_counter() - t0:.0f} s, "
+                  f"load {loads[-1]:.2f})", file=sys.stderr, flush=True)
+    summary = summarize(rounds)
+    best = recommended_budget(summary, args.max_ratio)
+    print_table(args, summary, torch.__version__, best)
     print(f"({time.perf_counter() - t0:.0f} s)")
     if args.json:
-        _write_json(args, best, rows, torch.__version__)
+        write_record(args, rounds, loads, torch.__version__)
     return 0
 
 

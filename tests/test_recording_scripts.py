@@ -1,6 +1,6 @@
-"""The recording scripts of lessons 05 and 06 (benchmarks/niah_grid.py, benchmarks/kv_pruning.py): they refuse
-to record on a loaded machine, give every trial its own seed, keep provenance, and place needles off every
-window edge."""
+"""The recording scripts of lessons 05 and 06 (benchmarks/niah_grid.py, benchmarks/kv_pruning.py) and lessons
+01/02's decode_starvation.py (its summary of repeated rounds): they refuse to record on a loaded machine, give
+every trial its own seed, keep provenance, and place needles off every window edge."""
 
 from __future__ import annotations
 
@@ -134,3 +134,29 @@ def test_every_recording_script_refuses_a_loaded_machine(script, argv, monkeypat
         and "refusing to record: the one-minute load average is 9.50" in capsys.readouterr().err
     )
     assert not list(tmp_path.iterdir())
+
+
+def test_decode_starvation_summarizes_its_rounds_per_scheduler():
+    import decode_starvation
+    import decode_starvation_record as record
+
+    def run(budget, ratio, ttft):
+        row = {"scheduler": "monolithic" if budget is None else "chunked", "token_budget": budget}
+        row.update({metric: 1.0 for metric in record.METRICS}, max_over_decode_only_median=ratio, ttft_long_s=ttft)
+        return row
+
+    rounds = [[run(None, 40.0, 4.0), run(32, 2.0, 12.0), run(64, 2.9, 7.0)],
+              [run(None, 50.0, 4.2), run(32, 2.2, 12.4), run(64, 3.4, 7.2)],
+              [run(None, 45.0, 4.1), run(32, 2.1, 12.2), run(64, 3.2, 7.1)]]
+    summary = record.summarize(rounds)
+    assert [(s["scheduler"], s["token_budget"], s["n"]) for s in summary] == [
+        ("monolithic", None, 3), ("chunked", 32, 3), ("chunked", 64, 3)]
+    ttft = summary[1]["ttft_long_s"]
+    assert (ttft["median"], ttft["min"], ttft["max"]) == (12.2, 12.0, 12.4)
+    assert ttft["mean"] == pytest.approx(12.2) and ttft["mean_low"] < 12.2 < ttft["mean_high"]
+    # budget 64's median worst gap (3.2x) is over the 3x bar although one round (2.9x) is under it
+    assert record.recommended_budget(summary, 3.0) == 32
+    assert record.recommended_budget(summary, 1.5) is None
+    assert "mean" not in record.summarize(rounds[:1])[0]["ttft_long_s"], "one round: no interval"
+    with pytest.raises(SystemExit):
+        decode_starvation.parse_args(["--repeats", "0"])
