@@ -1,5 +1,6 @@
-"""The record of ``benchmarks/decode_starvation.py``: every round of runs, the first round with its step
-timelines, a summary per scheduler over the rounds, the recommended budget and the provenance.
+"""The record of ``benchmarks/decode_starvation.py``: every round of runs, per scheduler its median run (by
+the long prompt's TTFT) with its step timeline, a summary per scheduler over the rounds, the recommended
+budget and the provenance.
 
 A round runs every scheduler once. ``summarize`` gives, per scheduler and metric, the median over the rounds,
 their range and (from two rounds on) the mean with its 95 % Student-t interval (``longctx.evals.stats``); the
@@ -42,10 +43,21 @@ def summarize(rounds: list[list[dict]]) -> list[dict]:
     return out
 
 
+def median_runs(rounds: list[list[dict]]) -> list[dict]:
+    """Per scheduler, the run whose long-prompt TTFT is the median of the rounds' (the lower one of the middle
+    two for an even count): a real run, timeline included, to plot as the typical one."""
+    by_scheduler = zip(*rounds, strict=True)
+    return [sorted(runs, key=lambda r: r["ttft_long_s"])[(len(runs) - 1) // 2] for runs in by_scheduler]
+
+
 def recommended_budget(summary: list[dict], max_ratio: float) -> int | None:
     ok = [s["token_budget"] for s in summary
           if s["token_budget"] and s["max_over_decode_only_median"]["median"] <= max_ratio]
     return max(ok) if ok else None
+
+
+def _round_of(run: dict, rounds: list[list[dict]]) -> int:
+    return next(i for i, runs in enumerate(rounds) if any(r is run for r in runs))
 
 
 def write_record(args, rounds: list[list[dict]], loads: list[float], torch_version: str) -> None:
@@ -56,7 +68,7 @@ def write_record(args, rounds: list[list[dict]], loads: list[float], torch_versi
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "recommended_token_budget": recommended_budget(summary, args.max_ratio),
         "summary": summary,
-        "rows": rounds[0],
+        "rows": [dict(run, round=_round_of(run, rounds)) for run in median_runs(rounds)],
         "rounds": [[{k: v for k, v in r.items() if k != "timeline"} for r in runs] for runs in rounds],
         "provenance": {
             "date": datetime.date.today().isoformat(), "torch": torch_version,

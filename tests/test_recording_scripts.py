@@ -142,7 +142,7 @@ def test_decode_starvation_summarizes_its_rounds_per_scheduler():
 
     def run(budget, ratio, ttft):
         row = {"scheduler": "monolithic" if budget is None else "chunked", "token_budget": budget}
-        row.update({metric: 1.0 for metric in record.METRICS}, max_over_decode_only_median=ratio, ttft_long_s=ttft)
+        row.update(dict.fromkeys(record.METRICS, 1.0), max_over_decode_only_median=ratio, ttft_long_s=ttft)
         return row
 
     rounds = [[run(None, 40.0, 4.0), run(32, 2.0, 12.0), run(64, 2.9, 7.0)],
@@ -158,5 +158,7 @@ def test_decode_starvation_summarizes_its_rounds_per_scheduler():
     assert record.recommended_budget(summary, 3.0) == 32
     assert record.recommended_budget(summary, 1.5) is None
     assert "mean" not in record.summarize(rounds[:1])[0]["ttft_long_s"], "one round: no interval"
+    assert [r["ttft_long_s"] for r in record.median_runs(rounds)] == [4.1, 12.2, 7.1]
+    assert [r["ttft_long_s"] for r in record.median_runs(rounds[:2])] == [4.0, 12.0, 7.0], "even: the lower"
     with pytest.raises(SystemExit):
         decode_starvation.parse_args(["--repeats", "0"])
