@@ -15,8 +15,8 @@ long prompt's time to first token. It recommends the largest budget whose max IT
 machine's speed touches all of them alike) and pauses between rounds while other work loads the machine. The
 table then shows each metric's median over the rounds with its range; the record keeps every round
 (``rounds``), per scheduler its median run by the long prompt's TTFT with its step timeline (``rows``, with
-the run's ``round``), and per scheduler the median, range and 95 % Student-t interval of the mean of each metric
-(``summary``), with the commit and the load of each round in ``provenance``.
+the run's ``round``), and per scheduler the median, range and 95 % Student-t interval of the mean of each
+metric (``summary``), with the commit and the load of each round in ``provenance``.
 
 Measured 2026-11-29, 2 threads on the course's 2-core x86 VM (AVX-512), torch 2.13.0 CPU, fp32:
 
