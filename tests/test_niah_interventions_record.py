@@ -6,8 +6,9 @@
   verdict.
 - ``niah_grid_passkey_cliff.json``: 1,280 / 1,536 / 1,792 tokens at the middle depths, whole rounds of trials.
 
-Both were recorded with ``--verdicts-only`` on a loaded machine (a first run of the 1K record was gated): a
-run either started under the load gate or marks its timings unusable; verdicts stay usable.
+The 1K record was recorded with ``--verdicts-only`` on a loaded machine (its first run was gated); the cliff
+record again from a clean commit on a quiet machine (the same 90 outputs as its loaded first recording). A run
+either started under the load gate or marks its timings unusable; verdicts stay usable.
 """
 
 from __future__ import annotations
