@@ -18,15 +18,16 @@ table then shows each metric's median over the rounds with its range; the record
 the run's ``round``), and per scheduler the median, range and 95 % Student-t interval of the mean of each
 metric (``summary``), with the commit and the load of each round in ``provenance``.
 
-Measured 2026-11-29, 2 threads on the course's 2-core x86 VM (AVX-512), torch 2.13.0 CPU, fp32:
+Recorded 2026-12-07 with --repeats 5 (longctx/data/recorded/decode_starvation_cpu.json), 2 threads on the
+course's 2-core AMD EPYC VM, torch 2.13.0 CPU, fp32, commit 0c089aa; medians of 5 rounds:
 
-    scheduler       median ITL   P99 ITL   max ITL  max/base  TTFT long
-    monolithic          0.095s    4.029s    4.029s     54.0x      3.94s
-    chunked 32          0.136s    0.168s    0.168s      2.1x     11.94s
-    chunked 64          0.183s    0.248s    0.248s      3.2x      7.14s
-    chunked 128         0.287s    0.384s    0.384s      4.9x      5.42s
-    chunked 256         0.471s    1.774s    1.774s     23.1x      5.67s   (max: one step hit by other load)
-    base ~0.077 s; largest budget with max ITL <= 3x base: 32 tokens
+    scheduler       median ITL   P99 ITL   max ITL  max/base  TTFT long    max/base range      TTFT range
+    monolithic          0.120s    4.937s    4.937s     56.0x      4.80s      48.2 - 68.3     4.31 - 5.85
+    chunked 32          0.187s    0.253s    0.255s      2.4x     16.32s       2.2 - 9.4     13.21 - 24.58
+    chunked 64          0.274s    0.339s    0.339s      3.3x     10.02s       3.0 - 3.5      9.20 - 10.81
+    chunked 128         0.422s    0.609s    0.609s      5.4x      7.93s       4.2 - 6.7      5.90 - 8.44
+    chunked 256         0.615s    0.866s    0.866s      8.2x      6.24s       6.8 - 9.9      4.98 - 6.42
+    largest budget with median max ITL <= 3x base: 32 tokens
 
 Timings on a shared machine are noisy: one slow step sets max ITL. Other processes competing for the two
 cores make two torch threads much slower than one; compare runs made under the same load.

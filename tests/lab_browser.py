@@ -53,17 +53,28 @@ _RUN_FINISHED = """([selector, before]) => {
   const text = prompt ? prompt.innerText.trim() : before;
   return text !== before && /^\\[\\d+\\]:$/.test(text);
 }"""
-# In the page: resolves once every image a cell's outputs show has loaded or failed to.
-_IMAGES_SETTLED = """cell => Promise.all([...cell.querySelectorAll(".jp-OutputArea-output img")].map(
-  img => img.complete ? null : new Promise(done => { img.onload = done; img.onerror = done; })))"""
-# In the page: what a cell's outputs show (images decoded out of all, each output's MIME type, the text).
-_OUTPUTS_SEEN = """cell => {
-  const images = [...cell.querySelectorAll(".jp-OutputArea-output img")];
+# In the page, once a cell has run: wait (at most 5 s) until every image its outputs show has loaded or failed
+# to, then report what the outputs show (images decoded out of all, each output's MIME type, the text) and
+# the prompt's text.
+_OUTPUTS_SEEN = """async cell => {
+  const images = () => [...cell.querySelectorAll(".jp-OutputArea-output img")];
+  const settled = Promise.all(images().map(
+    img => img.complete ? null : new Promise(done => { img.onload = done; img.onerror = done; })));
+  await Promise.race([settled, new Promise(done => setTimeout(done, 5000))]);
   const area = cell.querySelector(".jp-OutputArea");
-  return {images: images.length, decoded: images.filter(i => i.complete && i.naturalWidth > 0).length,
+  const prompt = cell.querySelector(".jp-InputArea-prompt");
+  return {images: images().length, decoded: images().filter(i => i.complete && i.naturalWidth > 0).length,
           mimes: [...cell.querySelectorAll(".jp-OutputArea-output")]
                    .map(n => n.getAttribute("data-mime-type") || ""),
-          text: area ? area.innerText : ""};
+          text: area ? area.innerText : "", prompt: prompt ? prompt.innerText.trim() : ""};
+}"""
+# In the page: the active cell's index and the prompt text of cell `index` (null when it is not on the page).
+_WHERE = """([panel, index]) => {
+  const active = document.querySelector(`${panel} .jp-Notebook .jp-Cell.jp-mod-active`);
+  const prompt = document.querySelector(
+    `${panel} .jp-Notebook .jp-Cell[data-windowed-list-index="${index}"] .jp-InputArea-prompt`);
+  return {active: active ? Number(active.getAttribute("data-windowed-list-index")) : -1,
+          prompt: prompt ? prompt.innerText.trim() : null};
 }"""
 
 
@@ -293,22 +304,23 @@ class NotebookPage:
         active.click()
         self.page.keyboard.press("Escape")
 
-    def go_to(self, index: int) -> None:
-        """Make cell `index` the active one, as a learner does: click its prompt when it is on the page,
-        else move with the arrow keys (JupyterLab scrolls the active cell into view)."""
+    def go_to(self, index: int) -> str:
+        """Make cell `index` the active one, as a learner does: click its prompt when it is on the page (the
+        click scrolls it into view), else move with the arrow keys (JupyterLab scrolls the active cell into
+        view). Returns the cell's prompt text."""
         target = self.cell(index)
         if target.count():
-            target.scroll_into_view_if_needed()
             target.locator(".jp-InputPrompt").first.click()
             self.page.keyboard.press("Escape")
-            if self.active_index() == index:
-                return
+            where = self.page.evaluate(_WHERE, [_PANEL, index])
+            if where["active"] == index:
+                return where["prompt"]
         self.command_mode()
         for _ in range(20):
             current = self.active_index()
             if current == index:
                 self.cell(index).scroll_into_view_if_needed()
-                return
+                return self.page.evaluate(_WHERE, [_PANEL, index])["prompt"]
             key = "ArrowDown" if current < index else "ArrowUp"
             for _ in range(abs(index - current)):   # the whole distance, then one look at the page
                 self.page.keyboard.press(key)
@@ -317,24 +329,23 @@ class NotebookPage:
     def run_cell(self, index: int, timeout_s: float = 300.0) -> CellRun:
         """Run cell `index` with Ctrl+Enter and wait until its prompt shows its execution count.
 
-        The wait runs in the page (a predicate polled every 50 ms), the outputs are read in one call."""
+        The wait runs in the page (a predicate polled every 50 ms); the outputs, once their images have
+        settled, and the prompt are read in one call."""
         from playwright.sync_api import TimeoutError as PageTimeout
 
-        self.go_to(index)
-        prompt = self.cell(index).locator(".jp-InputArea-prompt").first
-        before = prompt.inner_text().strip()
+        before = self.go_to(index)
         start = time.monotonic()
         self.page.keyboard.press("Control+Enter")
         deadline = start + timeout_s
+        prompt_selector = f"{_PANEL} {_cell_selector(index)} .jp-InputArea-prompt"
         while True:
             wait_s = min(10.0, deadline - time.monotonic())
             try:
-                prompt_selector = f"{_PANEL} {_cell_selector(index)} .jp-InputArea-prompt"
                 self.page.wait_for_function(_RUN_FINISHED, arg=[prompt_selector, before],
                                             polling=50, timeout=max(wait_s, 0.1) * 1000)
                 break
             except PageTimeout:
-                text = prompt.inner_text().strip()
+                text = self.cell(index).locator(".jp-InputArea-prompt").first.inner_text().strip()
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"cell {index} of {self.relpath} still running after "
                                        f"{timeout_s:.0f} s (prompt {text!r})") from None
@@ -343,15 +354,9 @@ class NotebookPage:
                     self.go_to(index)
                     self.page.keyboard.press("Control+Enter")
         seconds = time.monotonic() - start
-        text = prompt.inner_text().strip()
-        done = _PROMPT_DONE.match(text)
-        # Outputs arrive before the reply that sets the prompt; give the images a moment to decode.
-        cell = self.cell(index)
-        try:
-            cell.evaluate(_IMAGES_SETTLED, timeout=5000)
-        except PageTimeout:
-            pass   # counted below as broken
-        seen = cell.evaluate(_OUTPUTS_SEEN)
+        # Outputs arrive before the reply that sets the prompt; the images get up to 5 s to decode.
+        seen = self.cell(index).evaluate(_OUTPUTS_SEEN)
+        done = _PROMPT_DONE.match(seen["prompt"])
         return CellRun(index=index, execution_count=int(done.group(1)), seconds=seconds,
                        images=seen["decoded"], broken_images=seen["images"] - seen["decoded"],
                        output_mimes=seen["mimes"], output_text=seen["text"] if seen["mimes"] else "")
