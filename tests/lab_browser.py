@@ -507,7 +507,7 @@ def defined_and_used(source: str) -> tuple[set, set]:
         tree = ast.parse(source)
     except SyntaxError:
         return set(), set()
-    defined, used = set(), set()
+    defined, used, parameters = set(), set(), set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
             (defined if isinstance(node.ctx, ast.Store) else used).add(node.id)
@@ -515,12 +515,19 @@ def defined_and_used(source: str) -> tuple[set, set]:
             defined.add(node.name)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             defined |= {(a.asname or a.name).split(".")[0] for a in node.names}
-    return defined, used
+        elif isinstance(node, ast.arg):
+            parameters.add(node.arg)
+    # a function's parameter read in its body is not a read of the notebook's name (a cell that also reads the
+    # notebook's own `x` beside a parameter `x` is missed: the graded run then fails with a NameError, loudly)
+    return defined, used - parameters
 
 
 def read_by_graded_cells(nb) -> set[int]:
     """The code cells an exercise or test cell reads from, directly or through other such cells: by name, as
-    `defined_and_used` sees them, each name from the last cell before its reader that binds it."""
+    `defined_and_used` sees them, each name from the last cell before its reader that binds it. A name a cell
+    binds itself (a loop variable, a local) is not a read from an earlier cell; a cell that reads a name
+    before rebinding it (`rows = [r for r in rows]`) is missed, and the graded run then fails with a
+    NameError, loudly."""
     needed, wanted = set(), set()
     for index in range(len(nb.cells) - 1, -1, -1):
         cell = nb.cells[index]
@@ -529,7 +536,7 @@ def read_by_graded_cells(nb) -> set[int]:
         defined, used = defined_and_used(cell.source)
         if nbgrader_role(cell) in ("exercise", "test") or defined & wanted:
             needed.add(index)
-            wanted = (wanted - defined) | used
+            wanted = (wanted - defined) | (used - defined)
     return needed
 
 

@@ -150,6 +150,11 @@ def test_the_graded_run_keeps_every_cell_a_grade_reads():
     cells = [new_code_cell(src, metadata={"nbgrader": role[kind]} if kind else {}) for src, kind in sources]
     cells.insert(2, new_markdown_cell("a narrative paragraph"))
     assert read_by_graded_cells(_toy_notebook(cells)) == {0, 4, 6, 7}   # math, ttft = 0.0, the two graded
+    # a loop variable or a parameter of the reader's own is no read of an earlier cell's `r`
+    sources = [("r = build_engine()", ""), ("rows = [1, 2]", ""),
+               ("def f(r):\n    return r\n\n\nanswer = [f(r) for r in rows]", "exercise")]
+    cells = [new_code_cell(src, metadata={"nbgrader": role[kind]} if kind else {}) for src, kind in sources]
+    assert read_by_graded_cells(_toy_notebook(cells)) == {1, 2}
 
 
 @pytest.mark.notebooks

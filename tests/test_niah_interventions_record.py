@@ -1,14 +1,13 @@
 """The two needle records lesson 05 added for issue 43 hold what the lesson says they hold.
 
 - ``niah_grid_passkey_1k_depths.json``: passkey at 1,024 tokens re-run through lesson 05's runner at lesson
-06's
-  depths; every trial that shares its seed with lesson 06's full-cache baseline gives the same output and
+  06's depths; every trial that shares its seed with lesson 06's full-cache baseline gives the same output and
   verdict.
 - ``niah_grid_passkey_cliff.json``: 1,280 / 1,536 / 1,792 tokens at the middle depths, whole rounds of trials.
 
-The 1K record was recorded with ``--verdicts-only`` on a loaded machine (its first run was gated); the cliff
-record again from a clean commit on a quiet machine (the same 90 outputs as its loaded first recording). A run
-either started under the load gate or marks its timings unusable; verdicts stay usable.
+Both records were first recorded with ``--verdicts-only`` on a loaded machine, then again from a clean commit
+on a quiet machine (every output the two recordings share is the same). A run either started under the load
+gate or marks its timings unusable; verdicts stay usable.
 """
 
 from __future__ import annotations
