@@ -6,10 +6,11 @@ prints its committed output. What nbval cannot see is checked here, on the gradi
 execution). One session fixture (`lesson_runs`) puts a copy of the course in a temporary folder and grades
 each lesson twice through `make grade`'s grader, in its sandbox, two submissions at a time (both cores):
 - "solution": the source notebook from solutions/ submitted as a student's answer, with the heavy narrative
-  cells that no exercise or test cell reads (lab_browser.read_by_graded_cells: by name, transitively)
-  replaced by a one-line comment: they decide no grade, and nbval's run of the solution executes them
-  (every cell must run, and a narrative cell must write nothing to stderr, warnings shown: conftest.py);
-  running them here too would repeat that run (about 100 s of CPU, lessons 05, 06 and 08);
+  cells that no exercise or test cell reads (lab_browser.read_by_graded_cells: by name, transitively; a
+  loop variable or a parameter of the reader's own is no read) replaced by a one-line comment: they decide
+  no grade, and nbval's run of the solution executes them (every cell must run, and a narrative cell must
+  write nothing to stderr, warnings shown: conftest.py); running them here too would repeat that run
+  (every heavy narrative cell of lessons 02, 03, 04 and 07, most of 05, 06 and 08's);
 - "untouched": the released lesson from a fresh `make release`, submitted unanswered, with its heavy
   narrative cells (those the browser run skips too: `lab_browser.plan_cells`, they import torch, load the
   model, build an engine, start a server, or read what such a cell defines) replaced by a one-line comment.
