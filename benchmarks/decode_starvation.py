@@ -207,7 +207,7 @@ def main(argv=None) -> int:
     print_table(args, summary, torch.__version__, best)
     print(f"({time.perf_counter() - t0:.0f} s)")
     if args.json:
-        write_record(args, rounds, loads, torch.__version__)
+        write_record(args, rounds, summary, best, loads, torch.__version__)
     return 0
 
 

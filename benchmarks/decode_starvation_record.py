@@ -45,9 +45,12 @@ def summarize(rounds: list[list[dict]]) -> list[dict]:
 
 def median_runs(rounds: list[list[dict]]) -> list[dict]:
     """Per scheduler, the run whose long-prompt TTFT is the median of the rounds' (the lower one of the middle
-    two for an even count): a real run, timeline included, to plot as the typical one."""
-    by_scheduler = zip(*rounds, strict=True)
-    return [sorted(runs, key=lambda r: r["ttft_long_s"])[(len(runs) - 1) // 2] for runs in by_scheduler]
+    two for an even count), with its ``round``: a real run, timeline included, to plot as the typical one."""
+    out = []
+    for runs in zip(*rounds, strict=True):
+        i = sorted(range(len(runs)), key=lambda k: runs[k]["ttft_long_s"])[(len(runs) - 1) // 2]
+        out.append(dict(runs[i], round=i))
+    return out
 
 
 def recommended_budget(summary: list[dict], max_ratio: float) -> int | None:
@@ -56,19 +59,15 @@ def recommended_budget(summary: list[dict], max_ratio: float) -> int | None:
     return max(ok) if ok else None
 
 
-def _round_of(run: dict, rounds: list[list[dict]]) -> int:
-    return next(i for i, runs in enumerate(rounds) if any(r is run for r in runs))
-
-
-def write_record(args, rounds: list[list[dict]], loads: list[float], torch_version: str) -> None:
-    """The record (``--json``)."""
-    summary = summarize(rounds)
+def write_record(args, rounds: list[list[dict]], summary: list[dict], best: int | None, loads: list[float],
+                 torch_version: str) -> None:
+    """The record (``--json``); ``summary`` and ``best`` as ``summarize`` and ``recommended_budget`` say."""
     out = {
         "benchmark": "decode_starvation",
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "recommended_token_budget": recommended_budget(summary, args.max_ratio),
+        "recommended_token_budget": best,
         "summary": summary,
-        "rows": [dict(run, round=_round_of(run, rounds)) for run in median_runs(rounds)],
+        "rows": median_runs(rounds),
         "rounds": [[{k: v for k, v in r.items() if k != "timeline"} for r in runs] for runs in rounds],
         "provenance": {
             "date": datetime.date.today().isoformat(), "torch": torch_version,

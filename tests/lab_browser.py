@@ -43,8 +43,15 @@ _PROMPT_DONE = re.compile(r"^\[(\d+)\]:$")
 _PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"
 
 
+_ACTIVE_CELL = ".jp-Notebook .jp-Cell.jp-mod-active"
+
+
 def _cell_selector(index: int) -> str:
     return f'.jp-Notebook .jp-Cell[data-windowed-list-index="{index}"]'
+
+
+def _prompt_selector(index: int) -> str:
+    return f"{_PANEL} {_cell_selector(index)} .jp-InputArea-prompt"
 
 
 # In the page: the prompt of a cell shows a new execution count ([12]:), not its old one nor [*]:.
@@ -68,11 +75,10 @@ _OUTPUTS_SEEN = """async cell => {
                    .map(n => n.getAttribute("data-mime-type") || ""),
           text: area ? area.innerText : "", prompt: prompt ? prompt.innerText.trim() : ""};
 }"""
-# In the page: the active cell's index and the prompt text of cell `index` (null when it is not on the page).
-_WHERE = """([panel, index]) => {
-  const active = document.querySelector(`${panel} .jp-Notebook .jp-Cell.jp-mod-active`);
-  const prompt = document.querySelector(
-    `${panel} .jp-Notebook .jp-Cell[data-windowed-list-index="${index}"] .jp-InputArea-prompt`);
+# In the page: the active cell's index and the text of a prompt (null when it is not on the page).
+_WHERE = """([activeSelector, promptSelector]) => {
+  const active = document.querySelector(activeSelector);
+  const prompt = document.querySelector(promptSelector);
   return {active: active ? Number(active.getAttribute("data-windowed-list-index")) : -1,
           prompt: prompt ? prompt.innerText.trim() : null};
 }"""
@@ -277,7 +283,7 @@ class NotebookPage:
         return self.panel.locator(_cell_selector(index))
 
     def active_index(self) -> int:
-        active = self.panel.locator(".jp-Notebook .jp-Cell.jp-mod-active").first
+        active = self.panel.locator(_ACTIVE_CELL).first
         return int(active.get_attribute("data-windowed-list-index"))
 
     def wait_idle(self, timeout_s: float = 120.0) -> None:
@@ -300,9 +306,12 @@ class NotebookPage:
     def command_mode(self) -> None:
         """Leave any editor and give the notebook the keyboard (clicking the active cell's prompt)."""
         self.page.keyboard.press("Escape")
-        active = self.panel.locator(".jp-Notebook .jp-Cell.jp-mod-active .jp-InputPrompt").first
+        active = self.panel.locator(f"{_ACTIVE_CELL} .jp-InputPrompt").first
         active.click()
         self.page.keyboard.press("Escape")
+
+    def _where(self, index: int) -> dict:
+        return self.page.evaluate(_WHERE, [f"{_PANEL} {_ACTIVE_CELL}", _prompt_selector(index)])
 
     def go_to(self, index: int) -> str:
         """Make cell `index` the active one, as a learner does: click its prompt when it is on the page (the
@@ -312,7 +321,7 @@ class NotebookPage:
         if target.count():
             target.locator(".jp-InputPrompt").first.click()
             self.page.keyboard.press("Escape")
-            where = self.page.evaluate(_WHERE, [_PANEL, index])
+            where = self._where(index)
             if where["active"] == index:
                 return where["prompt"]
         self.command_mode()
@@ -320,7 +329,7 @@ class NotebookPage:
             current = self.active_index()
             if current == index:
                 self.cell(index).scroll_into_view_if_needed()
-                return self.page.evaluate(_WHERE, [_PANEL, index])["prompt"]
+                return self._where(index)["prompt"]
             key = "ArrowDown" if current < index else "ArrowUp"
             for _ in range(abs(index - current)):   # the whole distance, then one look at the page
                 self.page.keyboard.press(key)
@@ -337,11 +346,10 @@ class NotebookPage:
         start = time.monotonic()
         self.page.keyboard.press("Control+Enter")
         deadline = start + timeout_s
-        prompt_selector = f"{_PANEL} {_cell_selector(index)} .jp-InputArea-prompt"
         while True:
             wait_s = min(10.0, deadline - time.monotonic())
             try:
-                self.page.wait_for_function(_RUN_FINISHED, arg=[prompt_selector, before],
+                self.page.wait_for_function(_RUN_FINISHED, arg=[_prompt_selector(index), before],
                                             polling=50, timeout=max(wait_s, 0.1) * 1000)
                 break
             except PageTimeout:

@@ -158,7 +158,8 @@ def test_decode_starvation_summarizes_its_rounds_per_scheduler():
     assert record.recommended_budget(summary, 3.0) == 32
     assert record.recommended_budget(summary, 1.5) is None
     assert "mean" not in record.summarize(rounds[:1])[0]["ttft_long_s"], "one round: no interval"
-    assert [r["ttft_long_s"] for r in record.median_runs(rounds)] == [4.1, 12.2, 7.1]
+    medians = record.median_runs(rounds)
+    assert [(r["ttft_long_s"], r["round"]) for r in medians] == [(4.1, 2), (12.2, 2), (7.1, 2)]
     assert [r["ttft_long_s"] for r in record.median_runs(rounds[:2])] == [4.0, 12.0, 7.0], "even: the lower"
     with pytest.raises(SystemExit):
         decode_starvation.parse_args(["--repeats", "0"])
