@@ -119,6 +119,7 @@ class Run:
         finally:
             for thread in threads:
                 thread.join()
+            self.remove_empty_student_folders()
             for lease in leases:
                 lease.release()
             if self.checker_cgroup is not None:
@@ -224,7 +225,14 @@ class Run:
                        os.path.join(self.work, "staged", job.student, job.lesson)):
             if folder:
                 shutil.rmtree(folder, ignore_errors=True)
+
+    def remove_empty_student_folders(self):
+        """After the run, not in done(): a student's folder emptied there may be the one another of the
+        student's lessons is being staged in at that moment (its makedirs then finds no parent)."""
+        for kind in ("jobs", "staged"):
+            base = os.path.join(self.work, kind)
+            for name in os.listdir(base) if os.path.isdir(base) else ():
                 try:
-                    os.rmdir(os.path.dirname(folder))  # the student's folder, once empty
+                    os.rmdir(os.path.join(base, name))
                 except OSError:
-                    pass
+                    pass  # not empty: a folder kept on purpose

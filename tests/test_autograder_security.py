@@ -206,6 +206,31 @@ def test_item3_make_clean_removes_the_work_folder():
     assert "autograder/.work" in dry.stdout, dry.stdout
 
 
+def test_a_students_folder_outlives_its_first_lesson_until_the_run_ends(tmp_path):
+    """done() of a student's lesson leaves the student's folder: another of the student's lessons may be
+    creating its folder in it at that moment (a fresh-clone run once lost a lesson to that: makedirs found no
+    parent). The run removes the empty student folders once every job is done."""
+    sys.path.insert(0, os.path.join(h.REPO, "autograder"))
+    import pipeline
+
+    work = tmp_path / ".work"
+    jobs = [pipeline.Job("alice", lesson, ctl_dir=str(work / "jobs" / "alice" / lesson / "ctl"))
+            for lesson in ("00_a", "01_b")]
+    for job in jobs:
+        os.makedirs(job.ctl_dir)
+        os.makedirs(work / "staged" / "alice" / job.lesson)
+    runner = object.__new__(pipeline.Run)
+    runner.work = str(work)
+    runner.done(jobs[0])
+    assert sorted(os.listdir(work / "jobs" / "alice")) == ["01_b"]
+    os.rmdir(jobs[1].ctl_dir)  # 01_b still staging: its folder emptied for a moment
+    assert os.listdir(work / "jobs" / "alice") == ["01_b"]
+    runner.done(jobs[1])
+    assert os.listdir(work / "jobs") == ["alice"]  # empty now, and kept until the run ends
+    runner.remove_empty_student_folders()
+    assert os.listdir(work / "jobs") == [] and os.listdir(work / "staged") == []
+
+
 def test_item3_output_caps_count_whole_messages_and_the_notebook_total():
     import executor_output
 
