@@ -51,12 +51,8 @@ def toy_solution_notebook():
     return nb
 
 
-def make_course(tmp, lessons=("toy",), use_real_lessons=False, set_aside=()):
-    """A course copy in tmp: the grader, the library, solutions (toy or real), released lessons.
-
-    set_aside: pieces of source; a real solution's code cell that contains one becomes a comment saying so
-    (its place kept, so cell indices hold). For cells no check reads that cost every submission's kernel time,
-    e.g. lesson 00's doctor cell, which imports torch (1.3 s of CPU per kernel on 2 cores)."""
+def make_course(tmp, lessons=("toy",), use_real_lessons=False):
+    """A course copy in tmp: the grader, the library, solutions (toy or real), released lessons."""
     root = os.path.join(str(tmp), "course")
     os.makedirs(os.path.join(root, "autograder"))
     for name in GRADER_FILES:
@@ -68,23 +64,11 @@ def make_course(tmp, lessons=("toy",), use_real_lessons=False, set_aside=()):
         if use_real_lessons:
             shutil.copytree(os.path.join(REPO, "solutions", lesson), os.path.join(root, "solutions", lesson),
                             dirs_exist_ok=True)
-            if set_aside:
-                _set_aside(os.path.join(root, "solutions", lesson, f"{lesson}.ipynb"), set_aside)
         else:
             nbformat.write(toy_solution_notebook(),
                            os.path.join(root, "solutions", lesson, f"{lesson}.ipynb"))
         release(root, lesson)
     return root
-
-
-def _set_aside(path, pieces):
-    nb = nbformat.read(path, as_version=4)
-    hits = [c for c in nb.cells if c.cell_type == "code" and any(p in c.source for p in pieces)]
-    assert hits, f"no cell of {path} contains any of {pieces}"
-    for cell in hits:
-        cell.source = "# set aside by the test course (costly, and read by no check)"
-        cell.outputs = []
-    nbformat.write(nb, path)
 
 
 def env():
