@@ -235,4 +235,4 @@ class Run:
                 try:
                     os.rmdir(os.path.join(base, name))
                 except OSError:
-                    pass  # not empty: a folder kept on purpose
+                    pass  # not empty: something done() could not remove stays for `make clean`
