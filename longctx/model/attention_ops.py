@@ -23,11 +23,13 @@ def sdpa(q, k, v, mask=None, is_causal=False):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=True)
 
 
-def causal_mask(kv_len: int, first: int, stop: int, device=None) -> torch.Tensor:
+def causal_mask(kv_len: int, first: int, stop: int, device=None, window: int | None = None) -> torch.Tensor:
     """``[stop - first, kv_len]`` booleans: query at position ``p`` (rows ``first … stop - 1``) sees
-    keys ``<= p``."""
-    q_pos = torch.arange(first, stop, device=device)
-    return torch.arange(kv_len, device=device)[None, :] <= q_pos[:, None]
+    keys ``<= p`` (and ``> p - window`` with a sliding ``window``)."""
+    q_pos = torch.arange(first, stop, device=device)[:, None]
+    k_pos = torch.arange(kv_len, device=device)[None, :]
+    seen = k_pos <= q_pos
+    return seen if window is None else seen & (k_pos > q_pos - window)
 
 
 def attention_weights(queries: torch.Tensor, keys: torch.Tensor, tile_rows: int = 256) -> torch.Tensor:

