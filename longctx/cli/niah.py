@@ -39,6 +39,9 @@ def register(subparsers) -> None:
                    help="prune the context before the question is prefilled (default: with the question)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--json", action="store_true", help="print one JSON object per trial")
+    from longctx.cli.model import add_model_argument
+
+    add_model_argument(p)
     from longctx.cli.model import add_placement_arguments
 
     add_placement_arguments(p)
@@ -76,7 +79,7 @@ def run(args) -> int:
     from longctx.evals.niah import NiahRunner, run_grid
     from longctx.model.tokenizer import load_tokenizer
 
-    model, tok = load_placed_model(args), load_tokenizer()
+    model, tok = load_placed_model(args), load_tokenizer(args.model)
     model.rope_scaling = scaling
     runner = NiahRunner(model, tok, max_tokens=max(lengths) + 64, press=press,
                         question_aware=not args.question_agnostic)

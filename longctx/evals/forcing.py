@@ -19,11 +19,12 @@ def forward_at(model, cache, table, ids, slot: int, rows, position: int | None =
     ``table``."""
     import torch
 
-    from longctx.kv.cache import ChunkSlots, build_attention_metadata
+    from longctx.kv.cache import ChunkSlots
+    from longctx.kv.hybrid import layer_metadata
 
     dev = next(model.parameters()).device
     chunk = ChunkSlots(table, slot, len(ids), first_position=position)
-    meta = build_attention_metadata([chunk], block_size, dev)
+    meta = layer_metadata(model.config, [chunk], block_size, dev)
     with torch.inference_mode():
         out = model(torch.tensor(ids, device=dev), cache, meta, logits_rows=torch.tensor(rows, device=dev))
     return out.float()

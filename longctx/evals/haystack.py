@@ -106,12 +106,15 @@ def _check(length, depth, haystack) -> None:
 class HaystackBuilder:
     """Builds ``NeedlePrompt``s with a ``ChatTokenizer`` (``longctx.model.tokenizer.load_tokenizer()``).
 
-    The filler token streams are tokenized once and cached per builder."""
+    The filler token streams are tokenized once and cached per builder. A tokenizer with a chat template
+    (SmolLM2) frames the task as a ChatML user turn; one without (Gemma 3 270M, a base model) as plain text
+    after BOS, the question on its own line and the answer's first words after it."""
 
     def __init__(self, tokenizer, num_distractors: int = 3) -> None:
         self.tok = tokenizer
         self.num_distractors = int(num_distractors)
         self._filler: dict[str, list[int]] = {}
+        self.chat = bool(getattr(tokenizer, "chat_template", True))
 
     def _filler_ids(self, haystack: str, n: int) -> list[int]:
         ids = self._filler.get(haystack)
@@ -123,7 +126,8 @@ class HaystackBuilder:
         return (ids * max(1, reps))[:n]
 
     def _pieces(self, haystack: str, rng: random.Random):
-        chat_open = f"<|im_start|>system\n{DEFAULT_SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n"
+        chat_open = (f"<|im_start|>system\n{DEFAULT_SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n"
+                     if self.chat else "")
         if haystack == "passkey":
             value = str(rng.randint(10000, 99999))
             needle = f"\nThe pass key is {value}. Remember it. {value} is the pass key.\n"
@@ -164,9 +168,10 @@ class HaystackBuilder:
         _check(length, depth, haystack)
         rng = random.Random(f"{haystack}-{seed}")
         head_text, needle_text, question, answer_prefix, value, distractors = self._pieces(haystack, rng)
-        head = self.tok.encode(head_text)
+        head = self.tok.encode(head_text) if self.chat else self.tok.prompt_ids(head_text)
         needle = self.tok.encode(needle_text)
-        tail = self.tok.encode(question + "<|im_end|>\n<|im_start|>assistant\n" + answer_prefix)
+        turn = "<|im_end|>\n<|im_start|>assistant\n" if self.chat else "\n"
+        tail = self.tok.encode(question + turn + answer_prefix)
         answer_ids = self.tok.encode(" " + value)
         fixed = len(head) + len(needle) + len(tail) + sum(len(self.tok.encode(d)) for d in distractors)
         F = int(length) - fixed  # filler tokens

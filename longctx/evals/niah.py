@@ -87,6 +87,8 @@ class NiahRunner:
                  kv_dtype: str | None = None, chunk_size: int | None = None) -> None:
         positive_int("max_tokens", max_tokens)
         self.model, self.tok = model, tokenizer
+        if press is not None and model.config.is_hybrid:
+            raise ValueError(f"KV presses are not supported on {model.config.name} (sliding-window layers)")
         self.block_size = int(block_size)
         self.num_blocks = blocks_for_tokens(int(max_tokens), self.block_size)
         self.builder = builder or HaystackBuilder(tokenizer)

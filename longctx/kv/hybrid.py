@@ -277,6 +277,19 @@ def build_grouped_metadata(manager: HybridBlockManager, entries, device="cpu", d
     return GroupedMetadata(metas, manager.group_of_layer())
 
 
+def layer_metadata(spec: ModelSpec, chunks, block_size: int, device="cpu", decode_groups: bool = True):
+    """Step metadata over ONE block table per sequence shared by every layer (a pool with an entry per
+    layer that gives nothing back, as the evals' contiguous caches are): one ``AttentionMetadata`` for a
+    full-attention model; for a hybrid one, the same slots read with and without the sliding window."""
+    from longctx.kv.step_metadata import build_attention_metadata
+
+    full = build_attention_metadata(chunks, block_size, device, decode_groups)
+    if not spec.is_hybrid:
+        return full
+    sliding = build_attention_metadata(chunks, block_size, device, decode_groups, window=spec.sliding_window)
+    return GroupedMetadata([full, sliding], [int(spec.is_sliding_layer(i)) for i in range(spec.num_layers)])
+
+
 class GroupedMetadata:
     """A hybrid step's attention metadata: one ``AttentionMetadata`` per KV-cache group; layer ``i`` reads
     ``for_layer(i)``."""

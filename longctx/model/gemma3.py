@@ -136,6 +136,17 @@ class Gemma3(nn.Module):
     def output_weight(self) -> torch.Tensor:
         return self.embed.weight
 
+    @property
+    def rope_scaling(self) -> None:
+        """Plain RoPE (two bases); RoPE extensions are implemented for ``Llama`` only."""
+        return None
+
+    @rope_scaling.setter
+    def rope_scaling(self, scaling: dict | None) -> None:
+        if scaling:
+            raise ValueError(f"RoPE scaling is not implemented for {self.config.name} (gemma3): "
+                             "run it with plain RoPE")
+
     def forward(self, input_ids, cache, meta, logits_rows=None, backend: AttentionBackend | None = None):
         """input_ids: [T]; ``meta`` answers ``for_layer(i)`` (a hybrid pool's step metadata, one per
         KV-cache group, or one ``AttentionMetadata`` for all layers). Returns logits ``[R, vocab]``."""
