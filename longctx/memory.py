@@ -12,6 +12,11 @@ blocks of a common prefix: with paging, ``floor(prefix / block_size)`` blocks ar
 partial block of the prefix is stored by every request. Without paging (``block_size=None``) the whole
 prefix is stored once, which is the source's capstone arithmetic.
 
+Hybrid models (Gemma 3: ``ModelSpec.sliding_window_pattern``): a sliding layer never needs more than its
+last ``window`` tokens, so a request of ``T`` tokens holds ``T`` tokens in each global layer and
+``min(T, window)`` in each sliding one (``kv_bytes_per_request``); paged, a sliding layer holds whole blocks
+that cover its window and the tokens being computed (``sliding_blocks_bound``, vLLM's count).
+
 Units: bytes (ints). ``GiB = 2**30`` and ``GB = 1e9`` are the only unit constants; convert explicitly.
 Functions accept a ModelSpec or a registered model name.
 """
@@ -96,11 +101,35 @@ def padded_tokens(tokens: int, block_size: int | None) -> int:
     return blocks_for_tokens(tokens, block_size) * block_size
 
 
+def sliding_blocks_bound(window: int, block_size: int, chunk_tokens: int = 1) -> int:
+    """Most blocks a sliding-window layer holds for one request while ``chunk_tokens`` new tokens are
+    computed: the blocks that cover the ``window - 1`` keys before the chunk and the chunk,
+    ``ceil((window - 1 + chunk) / block_size) + 1`` (one more where they straddle a block edge; vLLM's
+    ``SlidingWindowSpec.max_memory_usage_bytes`` counts the same). The one place this bound is written."""
+    return blocks_for_tokens(window - 1 + chunk_tokens, block_size) + 1
+
+
+def layer_tokens_per_request(model: ModelSpec | str, tokens: int, block_size: int | None = None) -> int:
+    """Token slots one request of ``tokens`` tokens holds summed over the layers, while it decodes:
+    ``L * T`` for full attention; a sliding layer holds at most its window (paged: its
+    ``sliding_blocks_bound`` blocks). Rounded to whole blocks if ``block_size``."""
+    m = get_model(model)
+    held = padded_tokens(tokens, block_size)
+    if not m.is_hybrid:
+        return m.num_layers * held
+    window = m.sliding_window
+    cap = window if block_size is None else sliding_blocks_bound(window, block_size) * block_size
+    sliding = m.num_sliding_layers
+    return (m.num_layers - sliding) * held + sliding * min(held, cap)
+
+
 def kv_bytes_per_request(
     model: ModelSpec | str, tokens: int, dtype: str = "fp16", block_size: int | None = None
 ) -> int:
-    """KV bytes of one request of ``tokens`` tokens (rounded up to whole blocks if ``block_size``)."""
-    return padded_tokens(tokens, block_size) * kv_bytes_per_token(model, dtype)
+    """KV bytes of one request of ``tokens`` tokens (rounded up to whole blocks if ``block_size``; a hybrid
+    model's sliding layers hold their window only: ``layer_tokens_per_request``)."""
+    m = get_model(model)
+    return layer_tokens_per_request(m, tokens, block_size) * kv_bytes_per_token(m, dtype) // m.num_layers
 
 
 @dataclass(frozen=True)
@@ -144,7 +173,13 @@ def kv_pool(
 ) -> KVPool:
     """KV memory of a pool of equal-length requests, with an optional prefix stored once."""
     num_requests = check_token_count("num_requests", num_requests)
-    bpt = kv_bytes_per_token(model, dtype)
+    m = get_model(model)
+    if m.is_hybrid:
+        if shared_prefix_tokens:
+            raise ValueError(f"{m.name} has sliding-window layers: prefix sharing is not modelled for it; "
+                             "give shared_prefix_tokens=0")
+        return KVPool(0, kv_bytes_per_request(m, tokens_per_request, dtype, block_size), num_requests)
+    bpt = kv_bytes_per_token(m, dtype)
     shared, unique = split_prefix(tokens_per_request, shared_prefix_tokens, block_size)
     if num_requests == 0:
         shared = 0

@@ -41,6 +41,13 @@ blocks, our per-vector scales):
   rounding costs nothing here), and max users = floor((49,152 - 128) / 384) = 127, the source's number.
   All of the 0.377 GiB between 24.502 and 24.125 GiB is our per-vector scales.
 
+Hybrid models (sliding-window layers beside global ones, ``longctx.kv.hybrid``): the pool is the engine's
+hybrid pool. A block holds ``block_size`` tokens of ONE KV-cache group's layers (``block_bytes`` is
+``group_size / num_layers`` of a full-model block); each user holds ``ceil(context / block_size)`` blocks in
+every global group and at most ``memory.sliding_blocks_bound(window, block_size, chunk_tokens)`` in every
+sliding group (its peak, while a chunk of ``chunk_tokens`` prompt tokens is computed; the engine's default
+chunk is 512). Prefix sharing is refused for them, as the engine refuses it.
+
 Pure Python (no torch). Units: bytes (ints); ``memory.GiB = 2**30``.
 """
 
@@ -52,6 +59,7 @@ from dataclasses import asdict, dataclass
 from longctx import memory
 from longctx.checks import positive_int, positive_number
 from longctx.kv import quant
+from longctx.kv.hybrid import kv_cache_groups
 from longctx.kv.quant import KV_SCALES, scale_layout  # noqa: F401  (re-exported: the planner's layouts)
 from longctx.specs import ModelSpec, get_model
 
@@ -87,6 +95,8 @@ class Plan:
     headroom_bytes: int
     max_users: int
     naive_bytes: int
+    kv_groups: int = 1  # KV-cache groups of the pool (1: full attention; a hybrid model has more)
+    chunk_tokens: int | None = None  # prompt tokens computed a step, for a hybrid model's sliding groups
 
     @property
     def gib(self) -> float:
@@ -118,7 +128,7 @@ class Plan:
             ("users x context", f"{self.users:,} x {self.context:,} tokens"),
             ("shared prefix", prefix),
             ("KV per token", f"{self.bytes_per_token:,} B ({scales})"),
-            ("block", f"{self.block_size} tokens = {self.block_bytes:,} B"),
+            ("block", f"{self.block_size} tokens = {self.block_bytes:,} B" + self._group_note()),
             ("blocks per user", f"{self.per_user_blocks:,}"),
             ("blocks needed / pool", f"{self.blocks:,} / {self.pool_blocks:,}"),
             ("KV needed / pool", f"{self.gib:,.3f} GiB / {self.pool_gib:,.3f} GiB"),
@@ -127,6 +137,9 @@ class Plan:
             ("max users", f"{self.max_users:,}"),
             ("textbook (no blocks/scales)", f"{self.naive_bytes / memory.GiB:,.3f} GiB"),
         ]
+
+    def _group_note(self) -> str:
+        return f" (one KV-cache group's layers, of {self.kv_groups})" if self.kv_groups > 1 else ""
 
     def __str__(self) -> str:
         rows = self.rows()
@@ -168,13 +181,14 @@ def pool_blocks(model: ModelSpec | str, kv_dtype: str, block_size: int = 16, poo
 def plan(
     model: ModelSpec | str, kv_dtype: str, users: int, context: int, shared_prefix: int = 0,
     block_size: int = 16, pool_gib: float | None = None, pool_bytes: float | None = None,
-    kv_scales: str | None = None,
+    kv_scales: str | None = None, chunk_tokens: int = 512,
 ) -> Plan:
     """Plan a paged KV pool for ``users`` requests of ``context`` KV tokens each (prompt + output), the
     first ``shared_prefix`` of them common to all, in blocks of ``block_size`` tokens, in a pool of
     ``pool_gib`` GiB or ``pool_bytes`` bytes (exactly one), with quantization scales stored as ``kv_scales``
     says (``"per-tensor"``, ``"per-vector"``, ``"per-group"``; None: as this course's engine stores them).
-    Raises ``ValueError`` on bad input."""
+    ``chunk_tokens``: prompt tokens computed a step (a hybrid model's sliding groups hold the window and the
+    chunk). Raises ``ValueError`` on bad input."""
     m = get_model(model)
     fmt = quant.get_format(kv_dtype)
     users = positive_int("users", users, floats=False, what="an integer >= 1")
@@ -186,14 +200,24 @@ def plan(
             "user's context, which also holds its own output"
         )
     block_size = memory.check_token_count("block_size", block_size, allow_zero=False)
+    chunk_tokens = positive_int("chunk_tokens", chunk_tokens, floats=False, what="an integer >= 1")
     pool = _pool_size(pool_gib, pool_bytes)
+    groups = kv_cache_groups(m)
+    if len(groups) > 1 and shared_prefix:
+        raise ValueError(f"{m.name} has sliding-window layers: the engine does not share prefix blocks for "
+                         "it (no prefix caching); give shared_prefix=0")
 
     layout = scale_layout(fmt.name, kv_scales)
     bpt = quant.pool_bytes_per_token(m, fmt.name, layout)  # raises if per-group scales do not divide head_dim
-    block_bytes = block_size * bpt
-    pool_blocks = _whole_blocks(pool, block_size, bpt)
+    group_bpt = bpt * len(groups[0].layers) // m.num_layers  # a block holds one group's layers
+    block_bytes = block_size * group_bpt
+    pool_blocks = _whole_blocks(pool, block_size, group_bpt)
     shared_tokens, own_tokens = memory.split_prefix(context, shared_prefix, block_size)  # whole blocks both
     shared_blocks, per_user_blocks = shared_tokens // block_size, own_tokens // block_size  # per user >= 1
+    if len(groups) > 1:
+        sliding = memory.sliding_blocks_bound(m.sliding_window, block_size, min(chunk_tokens, context))
+        per_user_blocks = sum(per_user_blocks if g.window is None else min(per_user_blocks, sliding)
+                              for g in groups)
     blocks = shared_blocks + users * per_user_blocks
     total = blocks * block_bytes
     max_users = max(0, (pool_blocks - shared_blocks) // per_user_blocks)
@@ -205,4 +229,5 @@ def plan(
         bytes=total, fits=blocks <= pool_blocks, headroom_bytes=pool_blocks * block_bytes - total,
         max_users=max_users,
         naive_bytes=memory.kv_pool_bytes(m, users, context, fmt.name, shared_prefix, block_size=None),
+        kv_groups=len(groups), chunk_tokens=chunk_tokens if len(groups) > 1 else None,
     )

@@ -65,6 +65,9 @@ def run_kv(args: argparse.Namespace) -> int:
         rows.append(("shared prefix", f"{args.shared_prefix:,} tokens (stored once)"))
     if args.block_size:
         rows.append(("block size", f"{args.block_size} tokens (rounded up)"))
+    if model.is_hybrid:
+        rows.append(("sliding layers", f"{model.num_sliding_layers} of {model.num_layers} hold their last "
+                                       f"{model.sliding_window:,} tokens only (KV per token: all layers)"))
     rows += [
         ("KV per token", f"{bpt / mem.KiB:,.1f} KiB  ({bpt:,} B)"),
         ("KV total", f"{pool.total_bytes / mem.GiB:,.3f} GiB  ({pool.total_bytes:,} B)"),

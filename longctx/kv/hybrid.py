@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from longctx.checks import positive_int
 from longctx.kv.block_manager import BlockManager
-from longctx.memory import blocks_for_tokens
+from longctx.memory import blocks_for_tokens, sliding_blocks_bound
 from longctx.specs import ModelSpec
 
 
@@ -60,11 +60,8 @@ def kv_cache_groups(spec: ModelSpec) -> list[KVGroup]:
     return groups
 
 
-def sliding_blocks_bound(window: int, block_size: int, chunk_tokens: int) -> int:
-    """Most blocks a sliding group holds for one sequence while computing ``chunk_tokens`` new tokens:
-    ``ceil((window - 1 + chunk) / block_size) + 1`` (vLLM's ``SlidingWindowSpec.max_memory_usage_bytes``
-    counts the same)."""
-    return blocks_for_tokens(window - 1 + chunk_tokens, block_size) + 1
+__all__ = ["GroupedMetadata", "HybridBlockManager", "KVGroup", "block_manager_for", "build_grouped_metadata",
+           "kv_cache_groups", "layer_metadata", "pool_blocks_for_tokens"]
 
 
 def block_manager_for(spec: ModelSpec, num_blocks: int, block_size: int = 16,
