@@ -171,11 +171,16 @@ def pool_blocks(model: ModelSpec | str, kv_dtype: str, block_size: int = 16, poo
                 pool_bytes: float | None = None, kv_scales: str | None = None) -> int:
     """Whole blocks of ``block_size`` tokens of ``kv_dtype`` in a pool of ``pool_gib`` GiB or ``pool_bytes``
     bytes (exactly one): ``plan(...).pool_blocks`` without the users (the simulator sizes its pool with
-    it)."""
+    it; a hybrid model's block holds one KV-cache group's layers)."""
     block_size = memory.check_token_count("block_size", block_size, allow_zero=False)
-    return _whole_blocks(
-        _pool_size(pool_gib, pool_bytes), block_size, quant.pool_bytes_per_token(model, kv_dtype, kv_scales)
-    )
+    return _whole_blocks(_pool_size(pool_gib, pool_bytes), block_size, _group_bytes_per_token(
+        get_model(model), quant.pool_bytes_per_token(model, kv_dtype, kv_scales)))
+
+
+def _group_bytes_per_token(m: ModelSpec, bytes_per_token: int) -> int:
+    """Bytes a token takes in one block of the pool: all layers' (full attention), or one KV-cache group's
+    (a hybrid model's pool, ``longctx.kv.hybrid``)."""
+    return bytes_per_token * len(kv_cache_groups(m)[0].layers) // m.num_layers
 
 
 def plan(
@@ -209,7 +214,7 @@ def plan(
 
     layout = scale_layout(fmt.name, kv_scales)
     bpt = quant.pool_bytes_per_token(m, fmt.name, layout)  # raises if per-group scales do not divide head_dim
-    group_bpt = bpt * len(groups[0].layers) // m.num_layers  # a block holds one group's layers
+    group_bpt = _group_bytes_per_token(m, bpt)  # a block holds one group's layers
     block_bytes = block_size * group_bpt
     pool_blocks = _whole_blocks(pool, block_size, group_bpt)
     shared_tokens, own_tokens = memory.split_prefix(context, shared_prefix, block_size)  # whole blocks both

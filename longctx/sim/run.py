@@ -29,7 +29,7 @@ import numpy as np
 
 from longctx import checks
 from longctx.engine import SLO, Engine, Scheduler, StepRecord, VirtualClock, summarize
-from longctx.kv.block_manager import BlockManager
+from longctx.kv.hybrid import block_manager_for
 from longctx.kv.quant import pool_bytes_per_token
 from longctx.plan import pool_blocks
 from longctx.request_metrics import RequestMetrics, RunMetrics, request_metrics
@@ -145,7 +145,7 @@ def build_sim_engine(
         num_blocks = kv_pool_blocks(m, hw, block_size, gpu_memory_utilization, weight_dtype, kv_dtype)
     if max_model_len is None:
         max_model_len = m.max_context or num_blocks * block_size
-    bm = BlockManager(num_blocks, block_size, enable_prefix_caching=prefix_caching)
+    bm = block_manager_for(m, num_blocks, block_size, enable_prefix_caching=prefix_caching)
     return Engine(executor, scheduler, block_manager=bm, clock=VirtualClock(), max_model_len=max_model_len)
 
 
