@@ -25,6 +25,7 @@ boundary (``generation``).
 from __future__ import annotations
 
 import contextlib
+import hmac
 import time
 
 from fastapi import FastAPI, Request
@@ -33,7 +34,9 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from longctx.serve.async_engine import AsyncEngine
+from longctx.serve.chat import ChatRenderer
 from longctx.serve.generation import Generation
+from longctx.serve.limits import ContextLimits
 from longctx.serve.prometheus import EngineCollector, exposition, metrics_registry
 from longctx.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest, error_body
 from longctx.serve.tokenizer_routes import add_tokenizer_routes
@@ -50,11 +53,14 @@ def create_app(
     base_seed: int = 0,
     cache_dtype: str = "auto",
     kv_press: str = "none",
+    api_key: str | None = None,
+    chat: ChatRenderer | None = None,
 ) -> FastAPI:
     """The FastAPI app. The engine loop starts with the app (lifespan) and stops with it.
 
     ``cache_dtype`` and ``kv_press`` only label ``/metrics``' ``cache_config_info`` (the engine
-    holds the rest).
+    holds the rest); ``api_key``: every ``/v1`` route answers 401 without ``Authorization: Bearer <api_key>``
+    (vLLM's ``--api-key``); ``chat``: how chats become prompts (default: the tokenizer's template).
     """
 
     @contextlib.asynccontextmanager
@@ -65,7 +71,11 @@ def create_app(
 
     app = FastAPI(title="longctx serve", lifespan=lifespan)
     _add_error_handlers(app)
-    _add_info_routes(app, aengine, model_name, EngineCollector(aengine, model_name, cache_dtype, kv_press))
+    if api_key:
+        app.add_middleware(BearerAuth, api_key=api_key)
+    limits = ContextLimits(tokenizer, aengine.engine.max_model_len)
+    collector = EngineCollector(aengine, model_name, cache_dtype, kv_press)
+    _add_info_routes(app, aengine, model_name, collector)
     names = {model_name, *aliases}
 
     def check_model(name: str | None) -> None:
@@ -77,9 +87,44 @@ def create_app(
                 "model_not_found",
             )
 
-    _add_generation_routes(app, Generation(aengine, tokenizer, base_seed, model_name), check_model)
-    add_tokenizer_routes(app, tokenizer, aengine.engine.max_model_len, check_model)
+    created = int(time.time())
+
+    @app.get("/v1/models/{name:path}")
+    async def model_card(name: str):
+        check_model(name)
+        return _card(aengine, name, created)
+
+    chat = chat or ChatRenderer(tokenizer)
+    generation = Generation(aengine, tokenizer, base_seed, model_name, limits, chat)
+    _add_generation_routes(app, generation, check_model, limits.body_limit_bytes)
+    add_tokenizer_routes(app, tokenizer, aengine.engine.max_model_len, check_model, limits.body_limit_bytes,
+                         generation.chat)
     return app
+
+
+def _card(aengine: AsyncEngine, name: str, created: int) -> dict:
+    return {"id": name, "object": "model", "created": created, "owned_by": "longctx",
+            "max_model_len": aengine.engine.max_model_len}
+
+
+class BearerAuth:
+    """ASGI middleware: a request to a ``/v1`` route without ``Authorization: Bearer <api_key>`` gets a 401
+    in OpenAI's shape (vLLM's ``--api-key``; ``/health``, ``/metrics``, ``/ping`` and the tokenizer routes
+    stay open, as in vLLM; an ``OPTIONS`` preflight passes)."""
+
+    def __init__(self, app, api_key: str) -> None:
+        self.app, self._expected = app, f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if (scope["type"] == "http" and scope["method"] != "OPTIONS"
+                and scope["path"].startswith("/v1")):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self._expected):
+                body = error_body(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
+                                  None, "invalid_api_key")
+                await JSONResponse(body, status_code=401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def _add_error_handlers(app: FastAPI) -> None:
@@ -116,15 +161,14 @@ def _add_info_routes(app: FastAPI, aengine: AsyncEngine, model_name: str, collec
             body["error"] = aengine.loop_error
         return JSONResponse(body, status_code=200 if aengine.healthy else 503)
 
+    @app.get("/ping")
+    @app.post("/ping")
+    async def ping():
+        return Response(status_code=200 if aengine.healthy else 503)
+
     @app.get("/v1/models")
     async def models():
-        card = {
-            "object": "model",
-            "created": created,
-            "owned_by": "longctx",
-            "max_model_len": aengine.engine.max_model_len,
-        }
-        return {"object": "list", "data": [{"id": model_name, **card}]}
+        return {"object": "list", "data": [_card(aengine, model_name, created)]}
 
     @app.get("/metrics")
     async def metrics():
@@ -132,9 +176,9 @@ def _add_info_routes(app: FastAPI, aengine: AsyncEngine, model_name: str, collec
         return Response(body, media_type=content_type)
 
 
-def _add_generation_routes(app: FastAPI, generation: Generation, check_model) -> None:
+def _add_generation_routes(app: FastAPI, generation: Generation, check_model, body_limit: int) -> None:
     async def respond(request: Request, model: type[CompletionRequest | ChatCompletionRequest]):
-        req = await parse_body(request, model)
+        req = await parse_body(request, model, body_limit)
         check_model(req.model)
         return await generation.respond(request, req)
 

@@ -65,16 +65,17 @@ class AsyncEngine:
         engine: a ``longctx.engine.Engine`` (its executor samples each request's tokens with the
             ``SamplingParams`` given to ``submit``, carried on the sequence).
         max_waiting: requests allowed to wait for KV blocks at once; beyond it ``submit`` raises
-            ``Overloaded`` (the server answers 503).
+            ``Overloaded`` (the server answers 503). None: no limit (vLLM queues every request).
         history_len: step records kept in ``engine.history`` (the loop trims older ones).
         observer: gets ``first_token(s)``, ``inter_token(s)`` and ``finished(s)`` latencies (None: nobody).
     """
 
-    def __init__(self, engine, max_waiting: int = 256, history_len: int = 10_000, observer=None) -> None:
-        if max_waiting < 0:
-            raise ValueError(f"max_waiting must be >= 0, got {max_waiting}")
+    def __init__(self, engine, max_waiting: int | None = None, history_len: int = 10_000,
+                 observer=None) -> None:
+        if max_waiting is not None and max_waiting < 0:
+            raise ValueError(f"max_waiting must be >= 0 or None, got {max_waiting}")
         self.engine = engine
-        self.max_waiting = int(max_waiting)
+        self.max_waiting = None if max_waiting is None else int(max_waiting)
         self.history_len = int(history_len)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -120,7 +121,7 @@ class AsyncEngine:
         ``ignore_eos``: generate ``max_tokens`` tokens whatever comes (the EOS token does not end it)."""
         if not self.healthy:
             raise Overloaded("the engine loop is not running")
-        if self.num_waiting() >= self.max_waiting:
+        if self.max_waiting is not None and self.num_waiting() >= self.max_waiting:
             raise Overloaded(f"{self.max_waiting} requests already wait for KV cache blocks; retry later")
         handle = RequestHandle(list(prompt_token_ids), int(max_tokens), sampling, asyncio.Queue(),
                                bool(ignore_eos))

@@ -4,8 +4,9 @@ Byte-level BPE can split one character over several tokens; decoding a prefix th
 decode the whole output so far each time and hold back a trailing U+FFFD until the next token completes the
 character. With stop strings, text that could still be the start of a stop string is held back too, and
 when a stop string appears the text is cut just before it (OpenAI's convention: the stop string is not
-returned). Special tokens (``<|im_end|>``) decode to nothing. Before ``min_tokens`` tokens no stop string
-counts (vLLM's rule).
+returned; with vLLM's ``include_stop_str_in_output`` just after it). A character still incomplete when the
+output ends (``max_tokens`` cut it) is left out rather than sent as U+FFFD. Special tokens
+(``<|im_end|>``) decode to nothing. Before ``min_tokens`` tokens no stop string counts (vLLM's rule).
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from __future__ import annotations
 class IncrementalDetokenizer:
     """Feed token ids one at a time; ``add`` returns the new text that is safe to send."""
 
-    def __init__(self, tokenizer, stop: list[str] | None = None, min_tokens: int = 0) -> None:
+    def __init__(self, tokenizer, stop: list[str] | None = None, min_tokens: int = 0,
+                 include_stop: bool = False) -> None:
         self.tokenizer = tokenizer
         self.stop = list(stop or [])
         self.min_tokens = int(min_tokens)
+        self.include_stop = bool(include_stop)
         self.token_ids: list[int] = []
         self.sent = ""  # text already returned
         self.stopped = False  # a stop string was found
@@ -29,10 +32,12 @@ class IncrementalDetokenizer:
             visible = text[:-1] if text.endswith("\ufffd") else text
             self._search_from = len(visible)
             return visible
-        cut = [at for at in (text.find(s, self._search_from) for s in self.stop) if at != -1]
-        if cut:
+        found = [(at, len(s)) for at, s in ((text.find(s, self._search_from), s) for s in self.stop)
+                 if at != -1]
+        if found:
             self.stopped = True
-            return text[: min(cut)]
+            at, length = min(found)
+            return text[: at + length] if self.include_stop else text[:at]
         hold = 0
         for s in self.stop:  # the longest tail of text that is a proper prefix of a stop string
             for k in range(min(len(s) - 1, len(text)), 0, -1):
@@ -56,10 +61,11 @@ class IncrementalDetokenizer:
         return delta
 
     def flush(self) -> str:
-        """At the end of the output: release held-back text (no stop string can complete any more)."""
+        """At the end of the output: release held-back text (no stop string can complete any more), except
+        a character whose bytes were cut (``max_tokens`` inside a multi-byte character): never U+FFFD."""
         if self.stopped:
             return ""
-        text = self.tokenizer.decode(self.token_ids)
+        text = self.tokenizer.decode(self.token_ids).rstrip("\ufffd")
         delta = text[len(self.sent) :] if text.startswith(self.sent) else ""
         self.sent = text
         return delta
