@@ -362,8 +362,8 @@ def test_bench_cli_against_the_server(server, tmp_path, capsys):
          "'top_logprobs' must be an integer in [0, 20], with logprobs: true, got 2"),
         ("chat/completions",
          {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
-         "'tools' are accepted only with tool_choice \"none\" (vLLM then leaves them out of the prompt): this "
-         "server has no tool-call parser and SmolLM2's chat template has no tool calling"),
+         "'tools' are accepted only with tool_choice \"none\" (vLLM then leaves them out of the prompt): "
+         "this server has no tool-call parser and SmolLM2's chat template has no tool calling"),
         ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"},
          "'tool_choice' must be \"none\" (or left out without tools): this server has no tool-call parser "
          "(SmolLM2's chat template has no tool calling)"),

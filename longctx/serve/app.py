@@ -37,7 +37,7 @@ from longctx.serve.async_engine import AsyncEngine
 from longctx.serve.chat import ChatRenderer
 from longctx.serve.generation import Generation
 from longctx.serve.limits import ContextLimits
-from longctx.serve.prometheus import EngineCollector, exposition, metrics_registry
+from longctx.serve.prometheus import PREFIX, EngineCollector, exposition, metrics_registry
 from longctx.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest, error_body
 from longctx.serve.tokenizer_routes import add_tokenizer_routes
 from longctx.serve.validation import parse_body, to_api_error
@@ -55,12 +55,14 @@ def create_app(
     kv_press: str = "none",
     api_key: str | None = None,
     chat: ChatRenderer | None = None,
+    metrics_prefix: str = PREFIX,
 ) -> FastAPI:
     """The FastAPI app. The engine loop starts with the app (lifespan) and stops with it.
 
     ``cache_dtype`` and ``kv_press`` only label ``/metrics``' ``cache_config_info`` (the engine
     holds the rest); ``api_key``: every ``/v1`` route answers 401 without ``Authorization: Bearer <api_key>``
-    (vLLM's ``--api-key``); ``chat``: how chats become prompts (default: the tokenizer's template).
+    (vLLM's ``--api-key``); ``chat``: how chats become prompts (default: the tokenizer's template);
+    ``metrics_prefix``: the namespace of ``/metrics`` (vLLM's by default).
     """
 
     @contextlib.asynccontextmanager
@@ -74,7 +76,7 @@ def create_app(
     if api_key:
         app.add_middleware(BearerAuth, api_key=api_key)
     limits = ContextLimits(tokenizer, aengine.engine.max_model_len)
-    collector = EngineCollector(aengine, model_name, cache_dtype, kv_press)
+    collector = EngineCollector(aengine, model_name, cache_dtype, kv_press, metrics_prefix)
     _add_info_routes(app, aengine, model_name, collector)
     names = {model_name, *aliases}
 
@@ -151,8 +153,8 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 def _add_info_routes(app: FastAPI, aengine: AsyncEngine, model_name: str, collector: EngineCollector) -> None:
     created = int(time.time())
-    registry, latency = metrics_registry(collector)
-    aengine.observer = latency
+    registry, observer = metrics_registry(collector, aengine.engine.max_model_len)
+    aengine.observer = observer
 
     @app.get("/health")
     async def health():
