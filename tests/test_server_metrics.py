@@ -87,7 +87,8 @@ def test_metrics_parse_with_prometheus_client_and_use_vllms_names(tiny):
                 "generation_tokens", "kv_press_evicted_tokens", "kv_press_freed_blocks", "request_success"}
     histograms = {"time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
                   "request_time_per_output_token_seconds", "request_queue_time_seconds",
-                  "request_inference_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds",
+                  "request_inference_time_seconds", "request_prefill_time_seconds",
+                  "request_decode_time_seconds",
                   "request_prompt_tokens", "request_generation_tokens", "request_params_max_tokens",
                   "iteration_tokens_total"}
     assert ({n for n in families if not n.endswith("_created")}
@@ -261,12 +262,13 @@ def test_per_request_series_as_vllm_observes_them(tiny, tokenizer):
         assert r.status_code == 200
         after = s.metrics()
         text = httpx.get(s.url + "/metrics").text
-    assert 'vllm:request_success_total{engine="0",finished_reason="length",model_name="%s"} 1.0' % MODEL in text
+    assert f'vllm:request_success_total{{engine="0",finished_reason="length",model_name="{MODEL}"}} 1.0' in text
     for name in ("queue", "inference", "prefill", "decode"):
         assert after[f"{M}request_{name}_time_seconds_count"] == 1
     assert after[M + "request_prompt_tokens_sum"] == n_prompt
     assert after[M + "request_generation_tokens_sum"] == 5 and after[M + "request_params_max_tokens_sum"] == 5
     steps = after[M + "iteration_tokens_total_count"] - before.get(M + "iteration_tokens_total_count", 0)
     assert steps >= 5 and after[M + "iteration_tokens_total_sum"] == n_prompt + 4  # the last token: no step
-    decode, inference = after[M + "request_decode_time_seconds_sum"], after[M + "request_inference_time_seconds_sum"]
+    decode = after[M + "request_decode_time_seconds_sum"]
+    inference = after[M + "request_inference_time_seconds_sum"]
     assert 0 < decode < inference <= after[M + "e2e_request_latency_seconds_sum"]
