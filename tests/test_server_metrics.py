@@ -262,7 +262,8 @@ def test_per_request_series_as_vllm_observes_them(tiny, tokenizer):
         assert r.status_code == 200
         after = s.metrics()
         text = httpx.get(s.url + "/metrics").text
-    assert f'vllm:request_success_total{{engine="0",finished_reason="length",model_name="{MODEL}"}} 1.0' in text
+    labels = f'engine="0",finished_reason="length",model_name="{MODEL}"'
+    assert f"vllm:request_success_total{{{labels}}} 1.0" in text
     for name in ("queue", "inference", "prefill", "decode"):
         assert after[f"{M}request_{name}_time_seconds_count"] == 1
     assert after[M + "request_prompt_tokens_sum"] == n_prompt
