@@ -464,6 +464,14 @@ def test_tokenize_detokenize_version_and_tokenizer_info(server, tokenizer):
     assert httpx.post(url + "/detokenize", json={"tokens": r["tokens"]}).json() == {"prompt": "hello world"}
     _assert_openai_error(httpx.post(url + "/detokenize", json={"tokens": [10**9]}), 400, "tokens")
     _assert_openai_error(httpx.post(url + "/tokenize", json={}), 400, "prompt")
+    # a lone surrogate (JSON may write one; no UTF-8 form): a 400, not the tokenizer's TypeError as a 500
+    import json
+
+    for path, body, param in (("/tokenize", {"prompt": "\ud800"}, "prompt"),
+                              ("/v1/completions", {"prompt": "a\ud800b"}, "prompt"),
+                              ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\udfff"}]},
+                               "messages")):
+        _assert_openai_error(httpx.post(url + path, content=json.dumps(body).encode()), 400, param)
     from longctx import __version__
 
     assert httpx.get(url + "/version").json() == {"version": __version__}

@@ -96,7 +96,13 @@ class Generation:
         least = max(1, req.requested_max_tokens or 1)
         for _, p in prompts:
             if isinstance(p, str):
-                self.refuse_over_context(self.limits.min_tokens(p), least, req, at_least=True)
+                try:
+                    least_prompt = self.limits.min_tokens(p)
+                except UnicodeEncodeError as exc:
+                    field = "messages" if req.kind == "chat" else "prompt"
+                    raise APIError(400, f"'{field}' is not valid Unicode: a lone surrogate "
+                                   f"({p[exc.start]!r}) has no UTF-8 form", field, "invalid_value") from None
+                self.refuse_over_context(least_prompt, least, req, at_least=True)
         return [(text, self.token_ids(p)) for text, p in prompts]
 
     async def tokenize(self, req: GenerationRequest) -> list[tuple[str | None, list[int]]]:

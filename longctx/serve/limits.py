@@ -43,6 +43,7 @@ class ContextLimits:
                                  + BODY_SLACK_BYTES)
 
     def min_tokens(self, text: str) -> int:
-        """A lower bound on the tokens of ``text`` (exact arithmetic on its UTF-8 length)."""
-        num_bytes = len(text.encode("utf-8", "surrogatepass"))
-        return -(-num_bytes // self.max_token_bytes)
+        """A lower bound on the tokens of ``text`` (exact arithmetic on its UTF-8 length). Raises
+        ``UnicodeEncodeError`` for a text with a lone surrogate (JSON's ``"\\ud800"``): no tokenizer takes
+        it."""
+        return -(-len(text.encode("utf-8")) // self.max_token_bytes)

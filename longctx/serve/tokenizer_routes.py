@@ -62,6 +62,12 @@ def add_tokenizer_routes(app: FastAPI, tokenizer, max_model_len: int, check_mode
         else:
             text = renderer.render([m.template_dict for m in req.messages], req.add_generation_prompt)
 
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise APIError(400, "the text is not valid Unicode: a lone surrogate has no UTF-8 form", "prompt",
+                           "invalid_value") from None
+
         def encode():
             ids = tokenizer.encode(text)
             return ids, [text_of(t) for t in ids] if req.return_token_strs else None
