@@ -216,3 +216,36 @@ def test_a_cut_inside_a_character_sends_no_replacement_character(tokenizer):
             else:
                 text = r.json()["choices"][0]["text"]
             assert text == " 日本"
+
+
+def test_under_pool_pressure_every_request_queues_as_in_vllm(tokenizer):
+    """A pool of 2 blocks runs two requests at a time; 300 at once all wait their turn (no 503: vLLM has no
+    queue limit, and neither has this server unless --max-waiting sets one)."""
+    import asyncio
+
+    import uvicorn
+
+    script = tokenizer.encode(" the quick brown fox")
+    engine = Engine(ScriptedExecutor(script, 0.001), ChunkedPrefillScheduler(64), num_blocks=2, block_size=16,
+                    max_model_len=32, eos_token_id=tokenizer.eos_token_id, vocab_size=tokenizer.vocab_size)
+    app = create_app(AsyncEngine(engine), tokenizer, MODEL)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+
+    async def all_at_once():
+        limits = httpx.Limits(max_connections=300)
+        async with httpx.AsyncClient(timeout=120, limits=limits) as c:
+            body = {"prompt": "hi", "max_tokens": 3}
+            return await asyncio.gather(*(c.post(f"http://127.0.0.1:{port}/v1/completions", json=body)
+                                          for _ in range(300)))
+
+    try:
+        codes = [r.status_code for r in asyncio.run(all_at_once())]
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    assert codes == [200] * 300
