@@ -87,7 +87,7 @@ def test_the_pool_must_hold_one_request_of_max_model_len(tiny):
         build_app(model=tiny, kv_blocks=64, max_model_len=2048)  # 64 x 16 = 1024 tokens
     with pytest.raises(ValueError, match="over the model's context of 2048"):
         build_app(model=tiny, kv_blocks=256, max_model_len=4096)
-    app = build_app(model=tiny, kv_blocks=64, model_name=["mine", "alias"])  # not given: what the pool holds
+    app = build_app(model=tiny, kv_blocks=64, max_model_len=1024)  # what the pool holds: it starts
     assert [r.path for r in app.routes if r.path == "/v1/models"]
 
 
@@ -108,9 +108,10 @@ def served(tiny):
     thread.join(10)
 
 
-def test_served_names_and_the_pool_sized_context(served):
+def test_served_names_and_the_models_context(served):
     models = httpx.get(served + "/v1/models").json()["data"]
-    assert [m["id"] for m in models] == ["mine"] and models[0]["max_model_len"] == 1024
+    assert [m["id"] for m in models] == ["mine"]
+    assert models[0]["max_model_len"] == 2048  # not given: the model's context
     for name in ("mine", "alias", "HuggingFaceTB/SmolLM2-135M-Instruct"):
         r = httpx.post(served + "/v1/completions", json={"model": name, "prompt": "hi", "max_tokens": 1})
         assert r.status_code == 200 and r.json()["model"] == name
@@ -147,3 +148,13 @@ def test_min_p_one_keeps_only_the_most_likely_token(served):
     assert drawn == {greedy}  # min_p 1: only the top token survives, whatever the temperature
     loose = {text(seed=s) for s in range(3)}
     assert loose != {greedy}  # the same draws without min_p wander (the test can tell them apart)
+
+
+def test_chat_without_max_tokens_stops_at_what_the_pool_holds(served):
+    """The context left is 2048 - prompt, but a pool of 64 x 16 = 1024 tokens holds less: vLLM never meets
+    this (its pool holds one max_model_len request), so the default is what the pool holds."""
+    r = httpx.post(served + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                           "temperature": 0, "ignore_eos": True},
+                   timeout=300)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["total_tokens"] == 1024 and r.json()["choices"][0]["finish_reason"] == "length"

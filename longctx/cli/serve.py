@@ -55,8 +55,8 @@ def register(subparsers) -> None:
                    "model (on a CPU give --num-gpu-blocks-override)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
     p.add_argument("--max-model-len", type=int, default=None,
-                   help="prompt + output tokens of one request (default: the model's context, or what the "
-                   "pool holds if less; larger than the pool: refused at start, as vLLM)")
+                   help="prompt + output tokens of one request (default: the model's context); larger than "
+                   "the pool holds: refused at start, as vLLM")
     p.add_argument("--max-waiting", type=int, default=None,
                    help="requests allowed to wait for KV blocks before a 503 (default: no limit, as vLLM)")
     p.add_argument("--seed", type=int, default=0, help="base seed of sampled requests without a seed")

@@ -115,8 +115,10 @@ class Generation:
         the KV pool (else a 400)."""
         engine = self.aengine.engine
         limit, max_tokens = engine.max_model_len, req.requested_max_tokens
-        if max_tokens is None:  # chat without max_tokens: the context left (vLLM)
-            max_tokens = limit - n_prompt
+        if max_tokens is None:  # chat without max_tokens: the context left (vLLM), within what the pool holds
+            bm = engine.block_manager
+            room = min(limit, bm.num_blocks * bm.block_size) - n_prompt
+            max_tokens = room if room >= 1 else limit - n_prompt  # no room in the pool: its check says so
         self.refuse_over_context(n_prompt, max_tokens, req)
         try:
             engine.executor.check_prompt(n_prompt)  # e.g. a KV press whose window is longer than the prompt

@@ -41,9 +41,10 @@ def _load_model_and_tokenizer(model_ref: str, device, dtype, attention_backend: 
 
 def _max_model_len(asked: int | None, model_context: int, pool_tokens: int) -> int:
     """``--max-model-len``: at most the model's context; a pool that cannot hold one request of that length
-    refuses to start (vLLM's rule). Not given: the model's context, or what the pool holds if less."""
+    refuses to start (vLLM's rule). Not given: the model's context, whatever the pool (the lessons serve from
+    pools smaller than one context: a request the pool cannot hold is a 400 ``kv_cache_too_small``)."""
     if asked is None:
-        return min(model_context, pool_tokens)
+        return model_context
     positive_int("max_model_len", asked)
     if asked > model_context:
         raise ValueError(f"--max-model-len {asked} is over the model's context of {model_context} tokens")
