@@ -1,11 +1,13 @@
 """The HTTP layer: a FastAPI app exposing the engine with OpenAI's API.
 
 Routes, as vLLM's OpenAI-compatible server (v0.11) has them: ``POST /v1/completions`` (one prompt or a batch,
-text or token ids; ``echo``, ``logprobs``), ``POST /v1/chat/completions`` (SmolLM2's chat template;
-``logprobs``, ``top_logprobs``), ``GET /v1/models``, ``GET /health`` (200 with pool and queue occupancy while
-the engine loop runs, else 503), ``GET /metrics`` (Prometheus text format, vLLM's metric names and latency
-histograms: ``longctx.serve.prometheus``), ``POST /tokenize``, ``POST /detokenize``, ``GET /tokenizer_info``,
+text or token ids; ``echo``, ``logprobs``, ``prompt_logprobs``), ``POST /v1/chat/completions`` (the model's
+chat template or a Jinja one, ``longctx.serve.chat``; ``logprobs``, ``top_logprobs``), ``GET /v1/models``,
+``GET /v1/models/{id}``, ``GET /health`` (200 with pool and queue occupancy while the engine loop runs, else
+503), ``GET|POST /ping`` (the same status, no body), ``GET /metrics`` (Prometheus text format under vLLM's
+names: ``longctx.serve.prometheus``), ``POST /tokenize``, ``POST /detokenize``, ``GET /tokenizer_info``,
 ``GET /version`` (``longctx.serve.tokenizer_routes``). ``model`` may be left out: the served model answers.
+With an API key every ``/v1`` route answers 401 without ``Authorization: Bearer <key>`` (``BearerAuth``).
 
 Streaming (``"stream": true``) is Server-Sent Events: one ``data: {chunk}`` per generated token (its text
 delta; empty while a multi-byte character or a possible stop string is held back), then a chunk with the
@@ -16,8 +18,9 @@ and every generated token including the EOS that ended it.
 Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``: 400 for bad parameters (the
 request models in ``protocol``, one handler in ``validation``; a body nested too deeply for the JSON parser
 included), for a prompt + max_tokens over the context length or the KV pool, and for a batch with more
-sequences (prompts x n) than the queue holds; 413 for a body over 32 MiB; 404 for an unknown model or route;
-503 when ``max_waiting`` requests already wait for KV blocks (retry later) or the engine loop is down. A
+sequences (prompts x n) than ``max_waiting`` allows; 401 without the API key; 413 for a body larger than one
+context can hold (``longctx.serve.limits``); 404 for an unknown model or route; 503 when ``max_waiting``
+requests already wait for KV blocks (retry later; no limit by default, as vLLM) or the engine loop is down. A
 client that disconnects (streaming or not) has its request aborted and its KV blocks freed at the next step
 boundary (``generation``).
 """

@@ -127,7 +127,7 @@ class Generation:
         try:
             check_fits_pool(engine.block_manager, n_prompt, max_tokens)
         except PoolTooSmall as exc:
-            hint = " (start the server with a larger --kv-blocks, or shorten the request)"
+            hint = " (start the server with a larger --num-gpu-blocks-override, or shorten the request)"
             raise APIError(400, f"{exc}{hint}", "max_tokens", "kv_cache_too_small") from None
         return max_tokens
 
