@@ -62,7 +62,9 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(tokenizer):
-    with Server(tokenizer) as s:
+    from longctx.serve.chat import ChatRenderer
+
+    with Server(tokenizer, chat=ChatRenderer(tokenizer, trust_request_template=True)) as s:
         yield s
 
 
@@ -191,6 +193,10 @@ def test_chat_template_and_continue_final_message(server, tokenizer):
     assert r.json()["usage"]["prompt_tokens"] == len(tokenizer.encode("[Name a colour.]"))
     bad = httpx.post(url, json={"messages": msgs[:1], "chat_template": "{% for %}"})
     assert "not a valid Jinja template" in _assert_openai_error(bad, 400, "chat_template")["message"]
+    with Server(tokenizer) as untrusting:  # vLLM's default: a request's template is code it does not run
+        r = httpx.post(untrusting.url + "/v1/chat/completions",
+                       json={"messages": msgs[:1], "chat_template": "{{ messages }}"})
+        assert "--trust-request-chat-template" in _assert_openai_error(r, 400, "chat_template")["message"]
 
 
 def test_include_stop_str_in_output(server):

@@ -70,6 +70,9 @@ def register(subparsers) -> None:
                    "requests (default off, unlike vLLM V1: the lessons measure with and without)")
     p.add_argument("--chat-template", default=None,
                    help="a Jinja chat template (a file's path, or the text) instead of the model's")
+    p.add_argument("--trust-request-chat-template", action="store_true",
+                   help="accept a request's own chat_template (refused by default, as vLLM: a template is "
+                   "code)")
     p.add_argument("--uvicorn-log-level", default="warning", choices=LOG_LEVELS,
                    help="uvicorn's log level (default warning; info and below log each request's line "
                    "at debug)")
@@ -178,5 +181,6 @@ def run(args) -> int:
         attention_backend=args.attention_backend,
         api_key=args.api_key or os.environ.get("VLLM_API_KEY") or None,
         chat_template=args.chat_template,
+        trust_request_chat_template=args.trust_request_chat_template,
     )
     return 0

@@ -47,10 +47,12 @@ def _compile(text: str, field: str):
 
 class ChatRenderer:
     """Renders conversations for one tokenizer; ``template``: the server's own Jinja template (text or
-    path), or None for the tokenizer's."""
+    path), or None for the tokenizer's; ``trust_request_template``: accept a request's ``chat_template``
+    (vLLM's ``--trust-request-chat-template``: off by default, since a template is code the server runs)."""
 
-    def __init__(self, tokenizer, template: str | None = None) -> None:
+    def __init__(self, tokenizer, template: str | None = None, trust_request_template: bool = False) -> None:
         self.tokenizer = tokenizer
+        self.trust_request_template = bool(trust_request_template)
         self.server_template = None
         if template is not None:
             try:
@@ -61,6 +63,10 @@ class ChatRenderer:
 
     def _jinja(self, request_template: str | None):
         if request_template is not None:
+            if not self.trust_request_template:
+                raise APIError(400, "'chat_template' in a request is refused: this server was not started "
+                               "with --trust-request-chat-template (as vLLM refuses it)", TEMPLATE_FIELD,
+                               "invalid_value")
             return _compile(request_template, TEMPLATE_FIELD)
         if self.server_template is not None:
             return self.server_template

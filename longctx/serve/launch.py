@@ -102,6 +102,7 @@ def build_app(
     gpu_memory_utilization: float | None = None,
     api_key: str | None = None,
     chat_template: str | None = None,
+    trust_request_chat_template: bool = False,
 ):
     """The FastAPI app over the model ``model_ref`` names, on the engine (``scheduler``: monolithic |
     chunked; vLLM's names in brackets).
@@ -122,7 +123,8 @@ def build_app(
     ``--dtype``, ``--attention-backend``: ``longctx.model.device``, ``longctx.model.attention``);
     ``model_name`` (``--served-model-name``): the name, or names, clients send (default ``model_ref``);
     ``api_key``: every ``/v1`` route needs ``Authorization: Bearer <api_key>``; ``chat_template``: a Jinja
-    template (text, or a file's path) replacing the model's own.
+    template (text, or a file's path) replacing the model's own; ``trust_request_chat_template``: accept a
+    request's own ``chat_template``.
     """
     if scheduler not in SCHEDULERS:
         raise ValueError(f"scheduler must be one of {SCHEDULERS}, got {scheduler!r}")
@@ -162,7 +164,7 @@ def build_app(
         from longctx.model.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer()
-    renderer = ChatRenderer(tokenizer, chat_template)
+    renderer = ChatRenderer(tokenizer, chat_template, trust_request_chat_template)
     if kv_blocks is None:
         kv_blocks = 256 if gpu_memory_utilization is None else _blocks_for_memory(
             gpu_memory_utilization, model, block_size, kv_format)
