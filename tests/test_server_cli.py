@@ -56,11 +56,12 @@ def test_vllms_names_and_todays_aliases():
     (["--scheduler", "monolithic", "--enable-chunked-prefill"], "contradicts --enable-chunked-prefill"),
     (["a-model", "--model", "b-model"], "two models given"),
     (["--max-num-seqs", "0"], "--max-num-seqs must be >= 1"),
+    (["gemma-9000"], "unknown model 'gemma-9000'; allowed: smollm2-135m"),  # before the banner and the model
 ])
 def test_refused_flags_say_why_in_one_line(argv, message, capsys):
     assert main(["serve", *argv]) == 2
-    err = capsys.readouterr().err
-    assert message in err and err.count("\n") == 1
+    out, err = capsys.readouterr()
+    assert message in err and err.count("\n") == 1 and not out
 
 
 def test_an_unknown_model_is_refused_by_the_one_loading_function():
@@ -158,3 +159,19 @@ def test_chat_without_max_tokens_stops_at_what_the_pool_holds(served):
                    timeout=300)
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["total_tokens"] == 1024 and r.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_block_size_max_num_seqs_and_a_monolithic_budget_reach_the_engine(tiny):
+    from fastapi.testclient import TestClient
+
+    app = build_app(model=tiny, kv_blocks=32, block_size=32, max_num_seqs=2, scheduler="monolithic",
+                    token_budget=64)
+    with TestClient(app) as c:
+        assert c.get("/health").json()["block_size"] == 32
+        r = c.post("/v1/completions", json={"prompt": ["a b c", "d e f", "g h i"], "max_tokens": 3,
+                                            "temperature": 0})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 9
+        text = c.get("/metrics").text
+    assert 'block_size="32"' in text
+    steps = [ln for ln in text.splitlines() if ln.startswith("vllm:iteration_tokens_total_count")]
+    assert float(steps[0].split()[-1]) >= 5  # at most 2 sequences at once: 3 prompts take more steps

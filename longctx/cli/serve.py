@@ -137,7 +137,7 @@ def run(args) -> int:
     _check_numbers(args)
     from longctx.cli.model import make_cli_press
     from longctx.model.device import resolve_placement
-    from longctx.serve.launch import run_server
+    from longctx.serve.launch import build_app, serve_app
 
     ref, scheduler = model_ref(args), scheduler_name(args)
     resolve_placement(args.device, args.dtype)  # a one-line error before the banner and the model
@@ -153,14 +153,7 @@ def run(args) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    kv = f"KV {kv_dtype or 'in the model dtype'}" + (", prefix caching" if args.prefix_caching else "")
-    if press is not None:
-        kv += f", {args.press} press at {args.compression_ratio}"
-    print(f"longctx serve {ref}: http://{args.host}:{args.port}/v1 ({scheduler} scheduler, {kv})", flush=True)
-    run_server(
-        args.host,
-        args.port,
-        log_level=args.uvicorn_log_level,
+    app = build_app(
         model_ref=ref,
         scheduler=scheduler,
         token_budget=args.token_budget,
@@ -183,4 +176,9 @@ def run(args) -> int:
         chat_template=args.chat_template,
         trust_request_chat_template=args.trust_request_chat_template,
     )
+    kv = f"KV {kv_dtype or 'in the model dtype'}" + (", prefix caching" if args.prefix_caching else "")
+    if press is not None:
+        kv += f", {args.press} press at {args.compression_ratio}"
+    print(f"longctx serve {ref}: http://{args.host}:{args.port}/v1 ({scheduler} scheduler, {kv})", flush=True)
+    serve_app(app, args.host, args.port, args.uvicorn_log_level)
     return 0

@@ -2,7 +2,8 @@
 
 - ``build_app(scheduler="chunked", token_budget=256, kv_blocks=256, ...)``: a model on our engine behind the
   OpenAI API (loads the model through ``_load_model_and_tokenizer``: torch).
-- ``run_server(host, port, **build_kwargs)``: uvicorn in the foreground (``python -m longctx serve``).
+- ``run_server(host, port, **build_kwargs)``: uvicorn in the foreground (``serve_app``: an app built already,
+  as ``python -m longctx serve`` does after its banner).
 - ``ServerProcess(**flags)``: ``python -m longctx serve`` in a child process on a free 127.0.0.1 port;
   a context manager that waits for ``/health`` and always stops the child (terminate, then kill).
 """
@@ -181,14 +182,19 @@ def build_app(
                       chat=renderer)
 
 
-def run_server(host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning",
-               **build_kwargs) -> None:
-    """Serve until interrupted (uvicorn at ``log_level``, one process, one engine loop)."""
+def serve_app(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning") -> None:
+    """Serve ``app`` until interrupted (uvicorn at ``log_level``, one process, one engine loop; each request's
+    access line only at debug and trace)."""
     import uvicorn
 
-    app = build_app(**build_kwargs)
     uvicorn.run(app, host=host, port=int(port), log_level=log_level,
                 access_log=log_level in ("debug", "trace"))
+
+
+def run_server(host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning",
+               **build_kwargs) -> None:
+    """``build_app(**build_kwargs)``, served until interrupted."""
+    serve_app(build_app(**build_kwargs), host, port, log_level)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
