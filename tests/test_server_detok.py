@@ -67,4 +67,6 @@ def test_incremental_text_equals_the_full_decode_and_costs_no_more_late(tokenize
     for t in long_ids[7800:]:
         d.add(t)
     late = time.perf_counter() - t0
-    assert late < 5 * early + 0.01, f"200 tokens took {late:.3f} s at 8,000 against {early:.3f} s at 0"
+    # decoding the whole output each time: ~6 ms a token at 8,000 tokens (1.2 s for these 200); now the
+    # per-token work left that grows is copying the text (~0.2 ms at 8,000 tokens)
+    assert late < max(20 * early, 0.25), f"200 tokens took {late:.3f} s at 8,000 against {early:.3f} s at 0"
