@@ -88,6 +88,8 @@ def test_the_pool_must_hold_one_request_of_max_model_len(tiny):
         build_app(model=tiny, kv_blocks=64, max_model_len=2048)  # 64 x 16 = 1024 tokens
     with pytest.raises(ValueError, match="over the model's context of 2048"):
         build_app(model=tiny, kv_blocks=256, max_model_len=4096)
+    with pytest.raises(ValueError, match="sizes the KV pool from CUDA memory"):
+        build_app(model=tiny, gpu_memory_utilization=0.5)  # a model on a CPU
     app = build_app(model=tiny, kv_blocks=64, max_model_len=1024)  # what the pool holds: it starts
     assert [r.path for r in app.routes if r.path == "/v1/models"]
 

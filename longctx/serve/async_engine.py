@@ -13,7 +13,7 @@ Events on ``RequestHandle.events``: ``("prompt_logprobs", [TokenLogprob, ...])``
 ``("tokens", [(token_id, time_s, TokenLogprob | None), ...])`` (the record when ``logprobs`` is set), then
 ``("finish", reason)`` (``"stop"``: EOS, ``"length"``: max_tokens, ``"abort"``) or ``("error", message)``.
 
-What vLLM's metrics observe (``observer``, e.g. ``longctx.serve.prometheus.RequestMetrics``): time to first
+What vLLM's metrics observe (``observer``, e.g. ``longctx.serve.prometheus.RequestObserver``): time to first
 token from the request's arrival at the engine, inter-token gaps between consecutive tokens, each finished
 request (``finished(seq, reason, end_s)``; a request stopped by a stop string ends normally with "stop", one
 whose client left with "abort") and the tokens of each step, all on the engine's clock.

@@ -63,6 +63,7 @@ def _blocks_for_memory(fraction: float, model, block_size: int, kv_format: str |
     import torch
 
     from longctx.kv.quant import pool_bytes_per_token
+    from longctx.memory import blocks_that_fit
     from longctx.model.device import dtype_name
 
     if not 0 < fraction <= 1:
@@ -72,9 +73,9 @@ def _blocks_for_memory(fraction: float, model, block_size: int, kv_format: str |
         raise ValueError("--gpu-memory-utilization sizes the KV pool from CUDA memory; on a CPU give the "
                          "pool in blocks: --num-gpu-blocks-override (--kv-blocks)")
     free_b, total_b = torch.cuda.mem_get_info(device)
-    per_block = block_size * pool_bytes_per_token(model.config,
-                                                  kv_format or dtype_name(next(model.parameters()).dtype))
-    blocks = int((fraction * total_b - (total_b - free_b)) // per_block)
+    kv_format = kv_format or dtype_name(next(model.parameters()).dtype)
+    bytes_per_token = pool_bytes_per_token(model.config, kv_format)
+    blocks = blocks_that_fit(fraction * total_b - (total_b - free_b), block_size, bytes_per_token)
     if blocks < 1:
         raise ValueError(f"--gpu-memory-utilization {fraction}: no room for a KV block beside the "
                          f"{(total_b - free_b) / 2**30:.2f} GiB in use")

@@ -23,6 +23,8 @@ A batch of prompts larger than that is sent in several requests.
 
 from __future__ import annotations
 
+from longctx.memory import blocks_for_tokens
+
 JSON_BYTES_PER_TEXT_BYTE = 6  # the longest JSON spelling of one UTF-8 byte: \u00XX
 BODY_SLACK_BYTES = 2**20  # the other fields (stop lists, a logit_bias over the whole vocabulary, ...)
 
@@ -46,4 +48,4 @@ class ContextLimits:
         """A lower bound on the tokens of ``text`` (exact arithmetic on its UTF-8 length). Raises
         ``UnicodeEncodeError`` for a text with a lone surrogate (JSON's ``"\\ud800"``): no tokenizer takes
         it."""
-        return -(-len(text.encode("utf-8")) // self.max_token_bytes)
+        return blocks_for_tokens(len(text.encode("utf-8")), self.max_token_bytes)  # the one ceil division

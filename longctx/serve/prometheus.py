@@ -45,7 +45,7 @@ ds``
 ``vllm:iteration_tokens_total``             hist.    tokens computed per engine step (prefill + decode)
 ==========================================  =======  ======================================================
 
-The per-request series (``RequestMetrics``, the ``AsyncEngine``'s observer) are observed by the engine
+The per-request series (``RequestObserver``, the ``AsyncEngine``'s observer) are observed by the engine
 thread on the engine's clock, with vLLM's buckets; a request a stop string ended counts as finished
 ("stop"), one a client abandoned counts only in ``request_success`` ("abort"). They do not include HTTP or
 detokenization time: what a client sees is measured by the benchmark client (``longctx.bench``). Counters
@@ -135,7 +135,7 @@ def _125_buckets(largest: int) -> tuple[int, ...]:
         scale *= 10
 
 
-class RequestMetrics:
+class RequestObserver:
     """The per-request and per-step series vLLM observes (an ``AsyncEngine`` observer): latency histograms
     on the engine's clock, token-count histograms, finished requests by reason, tokens per step."""
 
@@ -202,12 +202,12 @@ class RequestMetrics:
 
 
 def metrics_registry(collector: EngineCollector, max_model_len: int) -> tuple[CollectorRegistry,
-                                                                              RequestMetrics]:
+                                                                              RequestObserver]:
     """A registry of its own (not prometheus_client's global one: several servers in one process never clash)
     with the engine's collector and the per-request series."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
-    return registry, RequestMetrics(registry, collector.model_name, max_model_len, collector.prefix)
+    return registry, RequestObserver(registry, collector.model_name, max_model_len, collector.prefix)
 
 
 def exposition(registry: CollectorRegistry) -> tuple[bytes, str]:
