@@ -26,7 +26,12 @@ COMMAND_MODULES = (
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are a single line on stderr and exit status 2."""
+    """An ArgumentParser whose errors are a single line on stderr and exit status 2, and which never reads
+    an abbreviation as a longer flag (``--model`` is not ``--model-name``)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")

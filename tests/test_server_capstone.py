@@ -15,7 +15,7 @@ from longctx.serve.launch import ServerProcess
 
 pytestmark = pytest.mark.slow
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
-M = "longctx:"
+M = "vllm:"
 
 
 def _tokenizer():

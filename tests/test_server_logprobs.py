@@ -94,7 +94,7 @@ def test_n_sequences_share_the_prompt_through_the_prefix_cache(server):
     assert [c["index"] for c in out["choices"]] == [0, 1, 2]
     assert out["usage"]["completion_tokens"] == 9
     after = server.metrics()
-    hits = after["longctx:prefix_cache_hits_total"] - before["longctx:prefix_cache_hits_total"]
+    hits = after["vllm:prefix_cache_hits_total"] - before["vllm:prefix_cache_hits_total"]
     n_prompt = out["usage"]["prompt_tokens"]
     assert hits >= 2 * (n_prompt // 16) * 16  # the 2nd and 3rd sequences take the 1st one's full blocks
     assert _post(server, "/v1/completions", body)["choices"] == out["choices"]  # seeded: reproducible
@@ -148,8 +148,8 @@ def test_latency_histograms_use_vllms_names(server):
     _post(server, "/v1/completions", {"prompt": "Hello", "max_tokens": 3, "temperature": 0})
     m = server.metrics()
     for name in ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds"):
-        assert m[f"longctx:{name}_count"] >= 1 and math.isfinite(m[f"longctx:{name}_sum"])
-    assert m["longctx:inter_token_latency_seconds_count"] >= 2
+        assert m[f"vllm:{name}_count"] >= 1 and math.isfinite(m[f"vllm:{name}_sum"])
+    assert m["vllm:inter_token_latency_seconds_count"] >= 2
 
 
 def test_a_client_leaving_an_n_2_stream_frees_every_sequence(server):

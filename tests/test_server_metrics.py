@@ -21,7 +21,7 @@ from longctx.serve.prometheus import parse_metrics
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 BS = 16
-M = "longctx:"
+M = "vllm:"
 
 
 @pytest.fixture(scope="module")
@@ -84,15 +84,20 @@ def test_metrics_parse_with_prometheus_client_and_use_vllms_names(tiny):
     gauges = {"num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "kv_cache_used_blocks",
               "kv_cache_total_blocks", "cache_config_info"}
     counters = {"prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "prompt_tokens",
-                "generation_tokens", "kv_press_evicted_tokens", "kv_press_freed_blocks"}
-    histograms = {"time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds"}
+                "generation_tokens", "kv_press_evicted_tokens", "kv_press_freed_blocks", "request_success"}
+    histograms = {"time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
+                  "request_time_per_output_token_seconds", "request_queue_time_seconds",
+                  "request_inference_time_seconds", "request_prefill_time_seconds",
+                  "request_decode_time_seconds",
+                  "request_prompt_tokens", "request_generation_tokens", "request_params_max_tokens",
+                  "iteration_tokens_total"}
     assert ({n for n in families if not n.endswith("_created")}
             == {M + n for n in gauges | counters | histograms})
     assert all(families[M + n].type == "histogram" for n in histograms)
     assert all(families[M + n].type == "gauge" for n in gauges)
     assert all(families[M + n].type == "counter" for n in counters)
     assert families[M + "kv_cache_total_blocks"].samples[0].value == 64
-    assert families[M + "kv_cache_total_blocks"].samples[0].labels == {"model_name": MODEL}
+    assert families[M + "kv_cache_total_blocks"].samples[0].labels == {"model_name": MODEL, "engine": "0"}
     info = families[M + "cache_config_info"].samples[0].labels
     assert info["num_gpu_blocks"] == "64" and info["block_size"] == "16" and info["cache_dtype"] == "auto"
 
@@ -245,3 +250,26 @@ def test_prefix_tokens_belongs_to_the_shared_prefix_workload(tokenizer, capsys):
         build_workload("shared-prefix", 2, tokenizer, prefix_tokens=20)
     with pytest.raises(ValueError, match="not prompt_tokens"):
         build_workload("shared-prefix", 2, tokenizer, prompt_tokens=200)
+
+
+def test_per_request_series_as_vllm_observes_them(tiny, tokenizer):
+    with Served(model=tiny, kv_blocks=64) as s:
+        before = s.metrics()
+        prompt = _long_text(tokenizer, 40)
+        n_prompt = len(tokenizer.encode(prompt))
+        r = httpx.post(s.url + "/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 5,
+                                                         "temperature": 0, "ignore_eos": True})
+        assert r.status_code == 200
+        after = s.metrics()
+        text = httpx.get(s.url + "/metrics").text
+    labels = f'engine="0",finished_reason="length",model_name="{MODEL}"'
+    assert f"vllm:request_success_total{{{labels}}} 1.0" in text
+    for name in ("queue", "inference", "prefill", "decode"):
+        assert after[f"{M}request_{name}_time_seconds_count"] == 1
+    assert after[M + "request_prompt_tokens_sum"] == n_prompt
+    assert after[M + "request_generation_tokens_sum"] == 5 and after[M + "request_params_max_tokens_sum"] == 5
+    steps = after[M + "iteration_tokens_total_count"] - before.get(M + "iteration_tokens_total_count", 0)
+    assert steps >= 5 and after[M + "iteration_tokens_total_sum"] == n_prompt + 4  # the last token: no step
+    decode = after[M + "request_decode_time_seconds_sum"]
+    inference = after[M + "request_inference_time_seconds_sum"]
+    assert 0 < decode < inference <= after[M + "e2e_request_latency_seconds_sum"]

@@ -3,8 +3,8 @@ counters.
 
 ``MetricsWatch(base_url, every_s=0.05)`` is a context manager that scrapes in a background thread and keeps,
 for every sample, its largest value (``peak``) and its first and last values (``delta``). Names are matched
-after the engine's namespace, so ``watch.peak("num_requests_running")`` reads ``longctx:num_requests_running``
-on our server and ``vllm:num_requests_running`` on vLLM's. Parsing is prometheus_client's
+after the engine's namespace, so ``watch.peak("num_requests_running")`` reads ``vllm:num_requests_running``
+on our server as on vLLM's (any namespace). Parsing is prometheus_client's
 (``longctx.serve.prometheus.parse_metrics``); no torch, no engine.
 """
 

@@ -68,13 +68,22 @@ def add_model_argument(parser) -> None:
                         "Gemma 3 .gguf file")
 
 
+VLLM_DTYPES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
+
+
+def dtype_spelling(name: str) -> str:
+    """``--dtype``: our names, or vLLM's (float32 / float, bfloat16, float16 / half) mapped to ours."""
+    return VLLM_DTYPES.get(name, name)
+
+
 def add_placement_arguments(parser) -> None:
     """``--device``, ``--dtype`` and ``--attention-backend``: where the real model runs and how it attends."""
     from longctx.model.choices import BACKEND_NAMES, DTYPE_CHOICES
 
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
-    parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
-                        help="the model's dtype: auto (fp32 on a CPU, bf16 on CUDA), fp32, bf16, fp16")
+    parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, type=dtype_spelling,
+                        help="the model's dtype: auto (fp32 on a CPU, bf16 on CUDA), fp32, bf16, fp16 "
+                        "(or vLLM's float32, bfloat16, float16, half, float)")
     parser.add_argument("--attention-backend", default="auto", choices=BACKEND_NAMES,
                         help="auto (fused on CUDA in bf16/fp16, else reference), reference, fused")
 

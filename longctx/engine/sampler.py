@@ -51,6 +51,9 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.
     # extreme penalties or biases overflowed: take the limit, greedy
     if not bool(torch.isfinite(probs).all()):
         return int(torch.nan_to_num(logits.float(), nan=float("-inf")).argmax())
+    if params.min_p > 0:  # vLLM applies min_p first, then top-k / top-p on what is left
+        probs = torch.where(probs >= params.min_p * probs.max(), probs, 0.0)
+        probs = probs / probs.sum()
     if params.top_p < 1.0 or 0 < params.top_k < probs.shape[-1]:
         sorted_probs, order = probs.sort(descending=True)
         keep = sorted_probs.cumsum(-1) - sorted_probs < params.top_p  # the smallest set reaching top_p

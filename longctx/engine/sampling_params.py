@@ -3,8 +3,9 @@
 The fields and their meaning follow vLLM's ``SamplingParams`` (v0.11): ``temperature == 0`` is greedy
 (``argmax``, what ``Engine.add_request`` does when no parameters are given); otherwise the token is drawn
 from ``softmax(logits / temperature)`` restricted to the ``top_k`` most likely tokens and the ``top_p``
-nucleus, with a generator seeded by ``seed`` per request, so a request with a seed is reproducible. Before
-that, in vLLM's order, the logits are changed by ``logit_bias`` (added), ``min_tokens`` (the EOS token and
+nucleus (after ``min_p``: tokens below ``min_p`` times the top probability dropped), with a generator
+seeded by ``seed`` per request, so a request with a seed is reproducible. Before that, in vLLM's order,
+the logits are changed by ``logit_bias`` (added), ``min_tokens`` (the EOS token and
 ``stop_token_ids`` are impossible until that many tokens came) and the penalties (``repetition_penalty``: a
 token already in the prompt or the output has a positive logit divided, a negative one multiplied, by it;
 ``frequency_penalty`` times the token's count in the output and ``presence_penalty`` once if it occurs are
@@ -49,6 +50,7 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int = 0
     top_k: int = 0
+    min_p: float = 0.0  # drop tokens less likely than min_p x the most likely one (vLLM's min_p)
     min_tokens: int = 0
     repetition_penalty: float = 1.0
     frequency_penalty: float = 0.0
@@ -66,6 +68,7 @@ class SamplingParams:
         if not -(2**63) <= self.seed < 2**63:
             raise ValueError(f"seed must fit a 64-bit signed integer (as vLLM's), got {self.seed}")
         _check_count("top_k", self.top_k)
+        _check_range("min_p", self.min_p, 0.0, 1.0)
         _check_count("min_tokens", self.min_tokens)
         _check_range("repetition_penalty", self.repetition_penalty, 0.0, float("inf"), low_open=True)
         _check_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)

@@ -57,8 +57,10 @@ class ChatTokenizer:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` (special tokens written in the text are recognised; no BOS is added)."""
-        return self._tok.encode(text, add_special_tokens=False).ids
+        """Token ids of ``text`` (special tokens written in the text are recognised; no BOS is added).
+        ``encode_batch`` releases the GIL while it runs (``encode`` holds it): a long text tokenized in one
+        thread never stops the others (the server's event loop and engine)."""
+        return self._tok.encode_batch([text], add_special_tokens=False)[0].ids
 
     def prompt_ids(self, text: str) -> list[int]:
         """Token ids of a whole prompt: ``encode(text)`` after BOS when the model expects one (Gemma 3: as

@@ -13,10 +13,10 @@ Events on ``RequestHandle.events``: ``("prompt_logprobs", [TokenLogprob, ...])``
 ``("tokens", [(token_id, time_s, TokenLogprob | None), ...])`` (the record when ``logprobs`` is set), then
 ``("finish", reason)`` (``"stop"``: EOS, ``"length"``: max_tokens, ``"abort"``) or ``("error", message)``.
 
-Latencies as vLLM's histograms define them (``observer``, e.g.
-``longctx.serve.prometheus.LatencyHistograms``): time to first token and end-to-end from the request's arrival
-at the engine, inter-token gaps between consecutive tokens, all on the engine's clock; a request stopped by a
-stop string ends normally.
+What vLLM's metrics observe (``observer``, e.g. ``longctx.serve.prometheus.RequestObserver``): time to first
+token from the request's arrival at the engine, inter-token gaps between consecutive tokens, each finished
+request (``finished(seq, reason, end_s)``; a request stopped by a stop string ends normally with "stop", one
+whose client left with "abort") and the tokens of each step, all on the engine's clock.
 """
 
 from __future__ import annotations
@@ -65,16 +65,18 @@ class AsyncEngine:
         engine: a ``longctx.engine.Engine`` (its executor samples each request's tokens with the
             ``SamplingParams`` given to ``submit``, carried on the sequence).
         max_waiting: requests allowed to wait for KV blocks at once; beyond it ``submit`` raises
-            ``Overloaded`` (the server answers 503).
+            ``Overloaded`` (the server answers 503). None: no limit (vLLM queues every request).
         history_len: step records kept in ``engine.history`` (the loop trims older ones).
-        observer: gets ``first_token(s)``, ``inter_token(s)`` and ``finished(s)`` latencies (None: nobody).
+        observer: gets ``first_token(s)``, ``inter_token(s)``, ``finished(seq, reason, end_s)`` and
+            ``step(num_tokens)`` (None: nobody).
     """
 
-    def __init__(self, engine, max_waiting: int = 256, history_len: int = 10_000, observer=None) -> None:
-        if max_waiting < 0:
-            raise ValueError(f"max_waiting must be >= 0, got {max_waiting}")
+    def __init__(self, engine, max_waiting: int | None = None, history_len: int = 10_000,
+                 observer=None) -> None:
+        if max_waiting is not None and max_waiting < 0:
+            raise ValueError(f"max_waiting must be >= 0 or None, got {max_waiting}")
         self.engine = engine
-        self.max_waiting = int(max_waiting)
+        self.max_waiting = None if max_waiting is None else int(max_waiting)
         self.history_len = int(history_len)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -120,7 +122,7 @@ class AsyncEngine:
         ``ignore_eos``: generate ``max_tokens`` tokens whatever comes (the EOS token does not end it)."""
         if not self.healthy:
             raise Overloaded("the engine loop is not running")
-        if self.num_waiting() >= self.max_waiting:
+        if self.max_waiting is not None and self.num_waiting() >= self.max_waiting:
             raise Overloaded(f"{self.max_waiting} requests already wait for KV cache blocks; retry later")
         handle = RequestHandle(list(prompt_token_ids), int(max_tokens), sampling, asyncio.Queue(),
                                bool(ignore_eos))
@@ -187,8 +189,9 @@ class AsyncEngine:
                 live.pop(handle.seq.seq_id, None)
                 handle.done = True
                 self._forget_logprobs(handle.seq.seq_id)
-                if handle.stopped and self.observer is not None:
-                    self.observer.finished(self.engine.clock.now() - handle.seq.arrival_s)
+                if self.observer is not None:  # a stop string ended it normally; a client leaving: an abort
+                    self.observer.finished(handle.seq, "stop" if handle.stopped else "abort",
+                                           self.engine.clock.now())
                 self._push(handle, ("finish", "abort"))
 
     def _forget_logprobs(self, seq_id: int) -> None:
@@ -223,7 +226,7 @@ class AsyncEngine:
                 del live[seq_id]
                 self._forget_logprobs(seq_id)
                 if self.observer is not None:
-                    self.observer.finished(seq.finished_s - seq.arrival_s)
+                    self.observer.finished(seq, seq.finish_reason or "stop", seq.finished_s)
                 self._push(handle, ("finish", seq.finish_reason or "stop"))
 
     def _run(self) -> None:
@@ -238,6 +241,9 @@ class AsyncEngine:
                     continue
                 engine.step()
                 self.num_steps += 1
+                if self.observer is not None and engine.history:
+                    record = engine.history[-1]
+                    self.observer.step(record.num_prefill_tokens + record.num_decode_tokens)
                 self._deliver(live)
                 engine.finished.clear()  # delivered: the server keeps no per-request history
                 engine.aborted.clear()

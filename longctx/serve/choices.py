@@ -23,7 +23,8 @@ class ChoiceRun:
                  prompt_text: str | None) -> None:
         self.gen, self.req, self.index, self.handle = generation, req, index, handle
         self.prompt_index, self.prompt_text = prompt_index, prompt_text
-        self.detok = IncrementalDetokenizer(generation.tokenizer, req.stop_sequences, req.min_tokens)
+        self.detok = IncrementalDetokenizer(generation.tokenizer, req.stop_sequences, req.min_tokens,
+                                            req.include_stop_str_in_output)
         self.stop_ids = set(req.stop_token_ids or ())
         self.prompt_records: list = []
         self.tokens: list[tuple[int, object]] = []  # generated (token id, TokenLogprob | None)
@@ -85,14 +86,23 @@ class ChoiceRun:
             return self.gen.formatter.completion(tokens, offset)
         return self.gen.formatter.chat(tokens)
 
+    def prompt_logprobs(self) -> list[dict | None] | None:
+        """vLLM's ``prompt_logprobs`` of the prompt (None when the request did not ask)."""
+        if self.req.prompt_logprobs is None:
+            return None
+        return self.gen.formatter.prompt(self.echo_tokens())
+
     async def collect(self) -> dict:
         """The full response's choice."""
         parts = [self.echo_text()] if self.req.echo_prompt else []
         async for text, _tokens, _finish in self.events():
             parts.append(text)
         tokens = (self.echo_tokens() if self.req.echo_prompt else []) + self.tokens
-        return choice_body(self.req.kind, self.index, "".join(parts), self.finish_reason or "stop",
+        body = choice_body(self.req.kind, self.index, "".join(parts), self.finish_reason or "stop",
                            self.logprobs(tokens, 0))
+        if self.req.kind == "completion" and self.req.prompt_logprobs is not None:
+            body["prompt_logprobs"] = self.prompt_logprobs()
+        return body
 
     async def chunks(self):
         """The streamed chunks' choice bodies: the echoed prompt (if asked), one per delivery, the last with

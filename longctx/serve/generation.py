@@ -2,7 +2,8 @@
 
 ``Generation`` is what both endpoints run (``longctx.serve.app`` only routes to it):
 
-    prompts = tokenize(req)                       # chat template for chat; a batch of prompts for completions
+    prompts = await tokenize(req)                 # chat template for chat; a batch of prompts for
+                                                  # completions; refused untokenized if provably too long
     max_tokens = check_fits(len(ids), req)        # per prompt: context length (OpenAI's message), the KV pool
     handles = [aengine.submit(ids, max_tokens, sampling(req, j), ignore_eos) for each prompt, for j < n]
     stream(...) | collect(...)                    # one ``ChoiceRun`` per sequence (``longctx.serve.choices``)
@@ -25,11 +26,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from longctx.engine.admission import PoolTooSmall, check_fits_pool
 from longctx.engine.sampling_params import SamplingParams
 from longctx.serve.async_engine import AsyncEngine, Overloaded
+from longctx.serve.chat import ChatRenderer
 from longctx.serve.choices import ChoiceRun
+from longctx.serve.limits import ContextLimits
 from longctx.serve.protocol import APIError, GenerationRequest, error_body
 from longctx.serve.responses import LogprobFormatter, chunk, full_response, new_id, usage
 
-DEFAULT_CHAT_MAX_TOKENS = 256  # chat requests without max_tokens: at most this many (and what fits)
 DISCONNECT_POLL_S = 0.1
 
 
@@ -56,8 +58,11 @@ class Generation:
     """Runs requests on ``aengine`` with ``tokenizer``; unseeded sampled requests get seeds from
     ``base_seed``."""
 
-    def __init__(self, aengine: AsyncEngine, tokenizer, base_seed: int = 0, model_name: str = "") -> None:
+    def __init__(self, aengine: AsyncEngine, tokenizer, base_seed: int = 0, model_name: str = "",
+                 limits: ContextLimits | None = None, chat: ChatRenderer | None = None) -> None:
         self.aengine, self.tokenizer, self.model_name = aengine, tokenizer, model_name
+        self.limits = limits or ContextLimits(tokenizer, aengine.engine.max_model_len)
+        self.chat = chat or ChatRenderer(tokenizer)
         self.formatter = LogprobFormatter(tokenizer)
         self._seeds = itertools.count(base_seed)
 
@@ -70,33 +75,51 @@ class Generation:
             if bad:
                 raise APIError(400, f"token id {bad[0]} is outside the vocabulary [0, {vocab})", "prompt")
             return list(prompt)
-        ids = self.tokenizer.encode(prompt)
+        ids = self.tokenizer.prompt_ids(prompt)  # (BOS first where the model expects one: Gemma)
         if not ids:
             raise APIError(400, "the prompt is empty after tokenization", "prompt")
         return ids
 
-    def tokenize(self, req: GenerationRequest) -> list[tuple[str | None, list[int]]]:
-        """``(text or None, token ids)`` per prompt (chat: the rendered conversation, one prompt)."""
+    def prompt_texts(self, req: GenerationRequest) -> list[tuple[str | None, str | list[int]]]:
+        """``(text as sent or None, what to tokenize: a text, or token ids)`` per prompt (chat: the rendered
+        conversation, one prompt)."""
         if req.kind == "chat":
-            return [(None, self.tokenizer.encode_chat(req.conversation, req.add_generation_prompt))]
-        return [(p if isinstance(p, str) else None, self.token_ids(p)) for p in req.prompts]
+            text = self.chat.render(req.conversation, req.add_generation_prompt, req.continue_final_message,
+                                    req.chat_template, req.chat_template_kwargs)
+            return [(None, text)]
+        return [(p if isinstance(p, str) else None, p) for p in req.prompts]
+
+    def prepare(self, req: GenerationRequest) -> list[tuple[str | None, list[int]]]:
+        """``(text or None, token ids)`` per prompt. A text whose length alone proves it is over the context
+        is refused untokenized (``longctx.serve.limits``)."""
+        prompts = self.prompt_texts(req)
+        least = max(1, req.requested_max_tokens or 1)
+        for _, p in prompts:
+            if isinstance(p, str):
+                try:
+                    least_prompt = self.limits.min_tokens(p)
+                except UnicodeEncodeError as exc:
+                    field = "messages" if req.kind == "chat" else "prompt"
+                    raise APIError(400, f"'{field}' is not valid Unicode: a lone surrogate "
+                                   f"({p[exc.start]!r}) has no UTF-8 form", field, "invalid_value") from None
+                self.refuse_over_context(least_prompt, least, req, at_least=True)
+        return [(text, self.token_ids(p)) for text, p in prompts]
+
+    async def tokenize(self, req: GenerationRequest) -> list[tuple[str | None, list[int]]]:
+        """``prepare`` in a worker thread (the tokenizer releases the GIL while it encodes), so neither the
+        event loop nor the engine's steps wait for a long prompt."""
+        return await asyncio.to_thread(self.prepare, req)
 
     def check_fits(self, n_prompt: int, req: GenerationRequest) -> int:
         """The request's ``max_tokens`` once it fits the context length, the executor (a press's window) and
         the KV pool (else a 400)."""
         engine = self.aengine.engine
         limit, max_tokens = engine.max_model_len, req.requested_max_tokens
-        if max_tokens is None:  # chat without max_tokens: what fits, up to the default
-            max_tokens = min(DEFAULT_CHAT_MAX_TOKENS, limit - n_prompt)
-        if n_prompt + max(max_tokens, 1) > limit or max_tokens < 1:
-            raise APIError(
-                400,
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{n_prompt + max_tokens} tokens ({n_prompt} in the prompt, {max_tokens} "
-                "for the completion). Please reduce the length of the prompt or of max_tokens.",
-                "max_tokens" if n_prompt < limit else "prompt",
-                "context_length_exceeded",
-            )
+        if max_tokens is None:  # chat without max_tokens: the context left (vLLM), within what the pool holds
+            bm = engine.block_manager
+            room = min(limit, bm.num_blocks * bm.block_size) - n_prompt
+            max_tokens = room if room >= 1 else limit - n_prompt  # no room in the pool: its check says so
+        self.refuse_over_context(n_prompt, max_tokens, req)
         try:
             engine.executor.check_prompt(n_prompt)  # e.g. a KV press whose window is longer than the prompt
         except ValueError as exc:
@@ -104,15 +127,39 @@ class Generation:
         try:
             check_fits_pool(engine.block_manager, n_prompt, max_tokens)
         except PoolTooSmall as exc:
-            hint = " (start the server with a larger --kv-blocks, or shorten the request)"
+            hint = " (start the server with a larger --num-gpu-blocks-override, or shorten the request)"
             raise APIError(400, f"{exc}{hint}", "max_tokens", "kv_cache_too_small") from None
         return max_tokens
+
+    def refuse_over_context(self, n_prompt: int, max_tokens: int, req: GenerationRequest,
+                            at_least: bool = False) -> None:
+        """A 400 (OpenAI's message) when ``n_prompt`` + ``max_tokens`` (at least 1) exceed the context;
+        ``at_least``: ``n_prompt`` is a lower bound from the text's length, not a count."""
+        limit = self.aengine.engine.max_model_len
+        if n_prompt + max(max_tokens, 1) <= limit and max_tokens >= 1:
+            return
+        param = "max_tokens" if n_prompt < limit else "messages" if req.kind == "chat" else "prompt"
+        if at_least:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, your prompt has at least "
+                f"{n_prompt} tokens (its length in UTF-8 bytes over the {self.limits.max_token_bytes} bytes "
+                "of the longest token). Please reduce the length of the prompt.",
+                param, "context_length_exceeded")
+        raise APIError(
+            400,
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{n_prompt + max_tokens} tokens ({n_prompt} in the prompt, {max_tokens} "
+            "for the completion). Please reduce the length of the prompt or of max_tokens.",
+            param, "context_length_exceeded")
 
     def sampling(self, req: GenerationRequest, j: int) -> SamplingParams | None:
         """The parameters of the request's ``j``-th sequence of a prompt (None: plain greedy)."""
         logprobs = req.num_logprobs
         if not self.aengine.records_logprobs:  # a cost model: no logits to read or change
-            needs_logits = {"logprobs": logprobs is not None, "min_tokens": req.min_tokens,
+            needs_logits = {"logprobs": logprobs is not None,
+                            "prompt_logprobs": req.prompt_logprobs is not None,
+                            "min_p": req.min_p, "min_tokens": req.min_tokens,
                             "top_k": req.top_k, "logit_bias": req.logit_bias,
                             "repetition_penalty": req.repetition_penalty,
                             "frequency_penalty": req.frequency_penalty,
@@ -129,21 +176,23 @@ class Generation:
         temperature = 1.0 if req.temperature is None else float(req.temperature)
         # vLLM's children
         seed = 0 if not temperature else next(self._seeds) if req.seed is None else req.seed + j
+        prompt_k = [k for k in (req.prompt_logprobs, logprobs if req.echo_prompt else None) if k is not None]
         params = SamplingParams(
             temperature=temperature, top_p=1.0 if req.top_p is None else float(req.top_p),
-            seed=seed, top_k=max(req.top_k or 0, 0), min_tokens=req.min_tokens,
+            seed=seed, top_k=max(req.top_k or 0, 0), min_p=float(req.min_p), min_tokens=req.min_tokens,
             repetition_penalty=req.repetition_penalty or 1.0, frequency_penalty=req.frequency_penalty or 0.0,
             presence_penalty=req.presence_penalty or 0.0, logit_bias=bias,
             stop_token_ids=tuple(sorted(set(req.stop_token_ids or ()))) if req.min_tokens else (),
-            logprobs=logprobs, prompt_logprobs=logprobs if req.echo_prompt and logprobs is not None else None,
+            logprobs=logprobs, prompt_logprobs=max(prompt_k) if prompt_k else None,
         )
         return None if params == SamplingParams() else params
 
-    def submit(self, req: GenerationRequest) -> list[ChoiceRun]:
+    async def submit(self, req: GenerationRequest) -> list[ChoiceRun]:
         """Every sequence of the request, queued (prompt by prompt, ``n`` each), or an error for
         all of them."""
-        prompts = [(text, ids, self.check_fits(len(ids), req)) for text, ids in self.tokenize(req)]
-        if len(prompts) * req.n > max(self.aengine.max_waiting, 1):  # never fits the queue: not a retry-later
+        prompts = [(text, ids, self.check_fits(len(ids), req)) for text, ids in await self.tokenize(req)]
+        queue = self.aengine.max_waiting
+        if queue is not None and len(prompts) * req.n > max(queue, 1):  # never fits the queue: no retry-later
             raise APIError(400, f"this request asks for {len(prompts) * req.n} sequences "
                            f"({len(prompts)} prompts x n={req.n}); this server queues at most "
                            f"{self.aengine.max_waiting} (--max-waiting)", "n", "invalid_value")
@@ -163,7 +212,7 @@ class Generation:
 
     async def respond(self, request: Request, req: GenerationRequest):
         """The HTTP response to a validated request: an SSE stream, or one JSON body."""
-        runs = self.submit(req)
+        runs = await self.submit(req)
         rid, model = new_id(req.kind), req.model or self.model_name
         n_prompt = sum(len(run.handle.prompt_token_ids) for run in runs[:: req.n])
         if req.stream:
@@ -208,6 +257,8 @@ class Generation:
     async def _collect(self, req, rid: str, model: str, runs: list[ChoiceRun], n_prompt: int):
         choices = await asyncio.gather(*(run.collect() for run in runs))
         body = full_response(req.kind, rid, model, list(choices), n_prompt, sum(r.n_out for r in runs))
+        if req.kind == "chat" and req.prompt_logprobs is not None:  # vLLM: beside the choices
+            body["prompt_logprobs"] = runs[0].prompt_logprobs()
         return JSONResponse(body)
 
     async def _collect_or_disconnect(self, request: Request, req, rid, model, runs, n_prompt):

@@ -5,7 +5,8 @@ the error shape. Response and chunk bodies: ``longctx.serve.responses``.
 against them, and ``longctx.serve.validation`` turns the first failure into one 400 in OpenAI's error shape
 ``{"error": {"message", "type", "param", "code"}}`` that names the field, says what is allowed and quotes
 what came. Every field OpenAI or vLLM define is either honoured as vLLM honours it or refused with that
-400 (``suffix``, ``min_p``, ``prompt_logprobs``, tools, a non-text ``response_format``, ...); unknown fields
+400 (``suffix``, tools the model would have to call, a non-text ``response_format``, ...). Numbers are read
+as vLLM's pydantic models read them (``"0.5"`` is 0.5, ``4.0`` is 4; a boolean is no number); unknown fields
 are ignored with a warning in the server's log that names them, as vLLM does, and so is ``user`` (a caller's
 label, no effect on the answer in any server).
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from longctx.engine.sampling_params import MAX_LOGPROBS
 
@@ -55,10 +56,18 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 
 
 # ---- request models ----
+def _not_a_bool(value):
+    if isinstance(value, bool):  # pydantic's lax mode reads true as 1; vLLM's fields are numbers
+        raise ValueError("a boolean is not a number")
+    return value
+
+
 StrictInt = Annotated[int, Field(strict=True)]
 StrictBool = Annotated[bool, Field(strict=True)]
 NonEmptyStr = Annotated[str, Field(strict=True, min_length=1)]
-Number = Annotated[float, Field(strict=True)]
+# numbers as vLLM reads them (pydantic's lax mode): "0.5" -> 0.5, 4.0 and "4" -> 4; 4.5 is no integer
+LaxInt = Annotated[int, BeforeValidator(_not_a_bool)]
+LaxFloat = Annotated[float, BeforeValidator(_not_a_bool)]
 Refused = Annotated[None, Field(description="not supported: the validator refuses any value")]
 
 
@@ -69,13 +78,26 @@ class TextPart(BaseModel):
     text: str = ""
 
 
+class ToolCall(BaseModel):
+    """An assistant's earlier call of a tool, in a conversation's history (OpenAI's shape)."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: dict[str, Any]
+
+
 class ChatMessage(BaseModel):
-    """A message; ``content`` may be null (an assistant turn that only called tools, as OpenAI allows)."""
+    """A message; ``content`` may be null (an assistant turn that only called tools, as OpenAI allows).
+    ``tool_calls`` (an assistant's) and ``tool_call_id`` / ``name`` (a tool's answer) reach a Jinja chat
+    template; SmolLM2's renders only each message's role and content."""
 
     model_config = ConfigDict(extra="ignore")
     role: Literal[ROLES]
     content: Annotated[str, Field(strict=True)] | list[TextPart] | None = None
-    tool_calls: Annotated[list[Any], Field(max_length=0)] | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
 
     @property
     def text(self) -> str:
@@ -87,6 +109,18 @@ class ChatMessage(BaseModel):
     def template_role(self) -> str:
         return "system" if self.role == "developer" else self.role  # OpenAI's newer name for system
 
+    @property
+    def template_dict(self) -> dict:
+        """The message as a chat template reads it (``role``, ``content`` as text, and the tool fields
+        when present)."""
+        out = {"role": self.template_role, "content": self.text}
+        if self.tool_calls:
+            out["tool_calls"] = [c.model_dump(exclude_none=True) for c in self.tool_calls]
+        for key in ("tool_call_id", "name"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
+
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -96,7 +130,7 @@ class StreamOptions(BaseModel):
 
 class ResponseFormat(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    type: Literal["text"]
+    type: Literal["text"]  # json_object / json_schema: no guided decoding here (refused by name)
 
 
 class GenerationRequest(BaseModel):
@@ -106,29 +140,29 @@ class GenerationRequest(BaseModel):
     kind: ClassVar[str]
 
     model: NonEmptyStr | None = None  # None: the served model (vLLM)
-    max_tokens: Annotated[int | None, Field(strict=True, ge=1)] = None
-    n: Annotated[int, Field(strict=True, ge=1, le=MAX_N)] = 1
-    best_of: Annotated[int | None, Field(strict=True, ge=1)] = None
+    max_tokens: Annotated[LaxInt | None, Field(ge=1)] = None
+    n: Annotated[LaxInt, Field(ge=1, le=MAX_N)] = 1
+    best_of: Annotated[LaxInt | None, Field(ge=1)] = None
     stop: str | list[str] | None = None
     stop_token_ids: list[StrictInt] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     # vLLM: torch.long's range
-    seed: Annotated[int | None, Field(strict=True, ge=-(2**63), le=2**63 - 1)] = None
+    seed: Annotated[LaxInt | None, Field(ge=-(2**63), le=2**63 - 1)] = None
     # None: 1.0, OpenAI's default
-    temperature: Annotated[float | None, Field(strict=True, ge=0.0, le=2.0)] = None
-    top_p: Annotated[float | None, Field(strict=True, gt=0.0, le=1.0)] = None  # None: 1.0
-    top_k: Annotated[int | None, Field(strict=True, ge=-1)] = None  # -1 or 0: every token (vLLM)
-    min_p: Annotated[float, Field(strict=True, le=0.0, ge=0.0)] = 0.0
-    min_tokens: Annotated[int, Field(strict=True, ge=0)] = 0
+    temperature: Annotated[LaxFloat | None, Field(ge=0.0, le=2.0)] = None
+    top_p: Annotated[LaxFloat | None, Field(gt=0.0, le=1.0)] = None  # None: 1.0
+    top_k: Annotated[LaxInt | None, Field(ge=-1)] = None  # -1 or 0: every token (vLLM)
+    min_p: Annotated[LaxFloat, Field(ge=0.0, le=1.0)] = 0.0
+    min_tokens: Annotated[LaxInt, Field(ge=0)] = 0
     ignore_eos: StrictBool = False
-    repetition_penalty: Annotated[float | None, Field(strict=True, gt=0.0)] = None
-    frequency_penalty: Annotated[float | None, Field(strict=True, ge=-2.0, le=2.0)] = None
-    presence_penalty: Annotated[float | None, Field(strict=True, ge=-2.0, le=2.0)] = None
-    logit_bias: dict[str, Annotated[float, Field(strict=True, ge=-100.0, le=100.0)]] | None = None
+    repetition_penalty: Annotated[LaxFloat | None, Field(gt=0.0)] = None
+    frequency_penalty: Annotated[LaxFloat | None, Field(ge=-2.0, le=2.0)] = None
+    presence_penalty: Annotated[LaxFloat | None, Field(ge=-2.0, le=2.0)] = None
+    logit_bias: dict[str, Annotated[LaxFloat, Field(ge=-100.0, le=100.0)]] | None = None
     response_format: ResponseFormat | None = None
-    prompt_logprobs: Refused = None
-    include_stop_str_in_output: Literal[False] = False
+    prompt_logprobs: Annotated[LaxInt | None, Field(ge=0, le=MAX_LOGPROBS)] = None
+    include_stop_str_in_output: StrictBool = False
     skip_special_tokens: Literal[True] = True
     use_beam_search: Literal[False] = False
     user: str | None = None
@@ -163,6 +197,12 @@ class GenerationRequest(BaseModel):
     def _best_of_is_n(self):
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError("best_of != n")
+        return self
+
+    @model_validator(mode="after")
+    def _prompt_logprobs_not_streamed(self):  # vLLM's check
+        if self.prompt_logprobs is not None and self.stream:
+            raise ValueError("prompt_logprobs with stream")
         return self
 
     @model_validator(mode="after")
@@ -214,7 +254,7 @@ class CompletionRequest(GenerationRequest):
              | Annotated[list[Annotated[list[StrictInt], Field(min_length=1)]], Field(min_length=1,
                                                                                     max_length=MAX_PROMPTS)])
     echo: StrictBool = False
-    logprobs: Annotated[int | None, Field(strict=True, ge=0, le=MAX_LOGPROBS)] = None
+    logprobs: Annotated[LaxInt | None, Field(ge=0, le=MAX_LOGPROBS)] = None
     suffix: Refused = None
 
     @property
@@ -243,17 +283,17 @@ class ChatCompletionRequest(GenerationRequest):
 
     kind: ClassVar[str] = "chat"
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: Annotated[int | None, Field(strict=True, ge=1)] = None
+    max_completion_tokens: Annotated[LaxInt | None, Field(ge=1)] = None
     logprobs: StrictBool = False
-    top_logprobs: Annotated[int | None, Field(strict=True, ge=0, le=MAX_LOGPROBS)] = None
-    tools: Annotated[list[Any], Field(max_length=0)] | None = None
-    tool_choice: Literal["none", "auto"] | None = None
+    top_logprobs: Annotated[LaxInt | None, Field(ge=0, le=MAX_LOGPROBS)] = None
+    tools: list[dict[str, Any]] | None = None  # only with tool_choice "none": not shown to the model (vLLM)
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     functions: Refused = None
     add_generation_prompt: StrictBool = True
     echo: Literal[False] = False  # vLLM's chat echo (repeat the last message): not implemented
-    continue_final_message: Literal[False] = False
-    chat_template: Refused = None
-    chat_template_kwargs: Refused = None
+    continue_final_message: StrictBool = False
+    chat_template: NonEmptyStr | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     documents: Refused = None
 
     @model_validator(mode="after")
@@ -262,9 +302,23 @@ class ChatCompletionRequest(GenerationRequest):
             raise ValueError("top_logprobs without logprobs")
         return self
 
+    @model_validator(mode="after")
+    def _tools_only_unused(self):  # no tool parser: vLLM without --enable-auto-tool-choice says the same
+        if self.tool_choice not in (None, "none"):
+            raise ValueError("tool_choice not none")
+        if self.tools and self.tool_choice != "none":
+            raise ValueError("tools without tool_choice none")
+        return self
+
+    @model_validator(mode="after")
+    def _continue_or_generation_prompt(self):  # vLLM's check
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("continue_final_message with add_generation_prompt")
+        return self
+
     @property
     def conversation(self) -> list[dict]:
-        return [{"role": m.template_role, "content": m.text} for m in self.messages]
+        return [m.template_dict for m in self.messages]
 
     @property
     def requested_max_tokens(self) -> int | None:

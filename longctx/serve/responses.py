@@ -6,6 +6,8 @@ chunks, usage, and log-probabilities in both endpoints' formats.
   ``top_logprobs[j]`` maps the ``k`` most likely tokens' text, and the chosen token's, to their
   log-probability.
 - chat: ``choices[i].logprobs = {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}``.
+- ``prompt_logprobs`` (vLLM's field): per prompt token ``{token id: {"logprob", "rank", "decoded_token"}}``,
+  ``None`` for the first; in each choice for completions, at the top of the body for chat.
 
 A token's text is its own decode (special tokens spelled out). ``n`` choices per prompt: choice
 ``prompt_index * n + j``, as vLLM numbers them. ``usage`` counts each prompt once and every generated token.
@@ -77,6 +79,23 @@ class LogprobFormatter:
                 content.append({**entry(token_id, rec.logprob),
                                 "top_logprobs": [entry(t, lp) for t, lp in rec.top]})
         return {"content": content}
+
+
+    def prompt(self, tokens: list[tuple[int, TokenLogprob | None]]) -> list[dict | None]:
+        """vLLM's ``prompt_logprobs``: ``None`` for the first prompt token, then per token a map from token id
+        (a string) to ``{"logprob", "rank", "decoded_token"}`` for the prompt's token and the ``k`` most
+        likely ones."""
+        out: list[dict | None] = []
+        for token_id, rec in tokens:
+            if rec is None:
+                out.append(None)
+                continue
+            entry = {str(t): {"logprob": lp, "rank": r + 1, "decoded_token": self.text(t)}
+                     for r, (t, lp) in enumerate(rec.top)}
+            entry.setdefault(str(token_id), {"logprob": rec.logprob, "rank": rec.rank,
+                                             "decoded_token": self.text(token_id)})
+            out.append(entry)
+        return out
 
 
 def choice_body(kind: str, index: int, text: str, finish_reason: str | None, logprobs: dict | None,

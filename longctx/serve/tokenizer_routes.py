@@ -12,13 +12,15 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated
 
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from longctx.serve.chat import ChatRenderer
 from longctx.serve.protocol import APIError, ChatMessage
-from longctx.serve.validation import parse_body
+from longctx.serve.validation import MAX_BODY_BYTES, parse_body
 
 
 class TokenizeRequest(BaseModel):
@@ -37,31 +39,45 @@ class DetokenizeRequest(BaseModel):
     tokens: list[Annotated[int, Field(strict=True)]]
 
 
-def add_tokenizer_routes(app: FastAPI, tokenizer, max_model_len: int, check_model) -> None:
+def add_tokenizer_routes(app: FastAPI, tokenizer, max_model_len: int, check_model,
+                         body_limit: int = MAX_BODY_BYTES, chat: ChatRenderer | None = None) -> None:
+    """The routes; texts are tokenized in a worker thread (the event loop never waits for a long one)."""
     from longctx import __version__
+
+    renderer = chat or ChatRenderer(tokenizer)
 
     def text_of(token_id: int) -> str:
         return tokenizer.decode([token_id], skip_special_tokens=False)
 
     @app.post("/tokenize")
     async def tokenize(request: Request):
-        req = await parse_body(request, TokenizeRequest)
+        req = await parse_body(request, TokenizeRequest, body_limit)
         if req.model is not None:
             check_model(req.model)
         if (req.prompt is None) == (req.messages is None):
             raise APIError(400, "give exactly one of 'prompt' (a string) and 'messages' (a chat)", "prompt",
                            "invalid_value")
         if req.prompt is not None:
-            ids = tokenizer.encode(req.prompt)
+            text = req.prompt
         else:
-            conversation = [{"role": m.template_role, "content": m.text} for m in req.messages]
-            ids = tokenizer.encode_chat(conversation, req.add_generation_prompt)
-        strs = [text_of(t) for t in ids] if req.return_token_strs else None
+            text = renderer.render([m.template_dict for m in req.messages], req.add_generation_prompt)
+
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise APIError(400, "the text is not valid Unicode: a lone surrogate has no UTF-8 form", "prompt",
+                           "invalid_value") from None
+
+        def encode():
+            ids = tokenizer.encode(text)
+            return ids, [text_of(t) for t in ids] if req.return_token_strs else None
+
+        ids, strs = await asyncio.to_thread(encode)
         return {"count": len(ids), "max_model_len": max_model_len, "tokens": ids, "token_strs": strs}
 
     @app.post("/detokenize")
     async def detokenize(request: Request):
-        req = await parse_body(request, DetokenizeRequest)
+        req = await parse_body(request, DetokenizeRequest, body_limit)
         if req.model is not None:
             check_model(req.model)
         vocab = tokenizer.vocab_size
@@ -69,7 +85,7 @@ def add_tokenizer_routes(app: FastAPI, tokenizer, max_model_len: int, check_mode
         if bad:
             raise APIError(400, f"token id {bad[0]} is outside the vocabulary [0, {vocab})", "tokens",
                            "invalid_value")
-        return {"prompt": tokenizer.decode(req.tokens)}
+        return {"prompt": await asyncio.to_thread(tokenizer.decode, req.tokens)}
 
     @app.get("/tokenizer_info")
     async def tokenizer_info():

@@ -27,9 +27,11 @@ FIELD_ORDER = ("model", "prompt", "messages", "max_tokens", "max_completion_toke
                "seed", "temperature", "top_p", "top_k", "min_p", "min_tokens", "ignore_eos",
                "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "response_format",
                "tools", "tool_choice", "functions", "prompt_logprobs", "include_stop_str_in_output",
+               "continue_final_message", "chat_template", "chat_template_kwargs",
                "skip_special_tokens", "use_beam_search", "user")
 RANGES = {  # the numbers' allowed ranges, as written
-    "temperature": "[0.0, 2.0]", "top_p": "(0.0, 1.0]", "repetition_penalty": "(0.0, inf)",
+    "temperature": "[0.0, 2.0]", "top_p": "(0.0, 1.0]", "min_p": "[0.0, 1.0]",
+    "repetition_penalty": "(0.0, inf)",
     "frequency_penalty": "[-2.0, 2.0]", "presence_penalty": "[-2.0, 2.0]",
 }
 INTEGERS = {  # integer fields: what is allowed
@@ -39,19 +41,22 @@ INTEGERS = {  # integer fields: what is allowed
     "logprobs": f"an integer in [0, {MAX_LOGPROBS}] for /v1/completions, true or false for chat",
     "top_logprobs": f"an integer in [0, {MAX_LOGPROBS}], with logprobs: true",
     "top_k": "an integer >= 1, or -1 or 0 for every token", "min_tokens": "an integer >= 0",
+    "prompt_logprobs": f"an integer in [0, {MAX_LOGPROBS}]",
 }
-BOOLEANS = ("stream", "echo", "ignore_eos")
+BOOLEANS = ("stream", "echo", "ignore_eos", "include_stop_str_in_output", "continue_final_message",
+            "add_generation_prompt")
 REFUSED = {  # fields this server does not implement: what it says instead of ignoring them
     "suffix": "'suffix' is not supported by this server (no fill-in-the-middle)",
-    "min_p": "'min_p' is not supported by this server (only 0)",
-    "prompt_logprobs": "'prompt_logprobs' is not supported by this server: use echo with logprobs",
-    "include_stop_str_in_output": "'include_stop_str_in_output' is not supported by this server (only false)",
     "skip_special_tokens": "'skip_special_tokens' is not supported by this server (only true)",
     "use_beam_search": "'use_beam_search' is not supported by this server (only false)",
-    "tools": "'tools' is not supported by this server: SmolLM2's chat template has no tool calling",
-    "tool_choice": "'tool_choice' must be 'none' or 'auto' (no tools are supported)",
+    "tools": "'tools' must be a list of tool objects",
+    "tool_choice": "'tool_choice' must be \"none\" (or left out without tools): this server has no tool-call "
+                   "parser (SmolLM2's chat template has no tool calling)",
     "functions": "'functions' is not supported by this server: SmolLM2's chat template has no tool calling",
-    "response_format": "'response_format' must be {\"type\": \"text\"}: no guided decoding (JSON) here",
+    "response_format": "'response_format' must be {\"type\": \"text\"}: json_object and json_schema need "
+                       "guided decoding, which this server does not have",
+    "chat_template_kwargs": "'chat_template_kwargs' must be an object (the chat template's variables)",
+    "chat_template": "'chat_template' must be a non-empty string (a Jinja template)",
     "logit_bias": "'logit_bias' must map token ids (strings of digits) to numbers in [-100, 100]",
     "stop": "'stop' must be a non-empty string or a list of non-empty strings",
     "stop_token_ids": "'stop_token_ids' must be a list of token ids",
@@ -59,13 +64,22 @@ REFUSED = {  # fields this server does not implement: what it says instead of ig
     "user": "'user' must be a string",
 }
 LOG = logging.getLogger("longctx.serve")
-MAX_BODY_BYTES = 32 * 2**20  # 32 MiB: a batch of long prompts fits; a larger body is a 413
-NOT_A_NUMBER = ("float_type", "float_parsing", "missing")
+MAX_BODY_BYTES = 32 * 2**20  # without a context to size it from (``longctx.serve.limits`` sizes the server's)
+NOT_A_NUMBER = ("float_type", "float_parsing", "missing", "value_error")
 MODEL_CHECKS = {  # a model validator's message -> (the field it is about, what the 400 says; None: by field)
     "best_of != n": ("best_of", None),
     "top_logprobs without logprobs": ("top_logprobs", None),
     "stream_options without stream": (
         "stream_options", "'stream_options' needs \"stream\": true (as vLLM's server says)"),
+    "prompt_logprobs with stream": (
+        "prompt_logprobs", "'prompt_logprobs' are not available with \"stream\": true (as in vLLM)"),
+    "tool_choice not none": ("tool_choice", None),
+    "tools without tool_choice none": (
+        "tools", "'tools' are accepted only with tool_choice \"none\" (vLLM then leaves them out of the "
+        "prompt): this server has no tool-call parser and SmolLM2's chat template has no tool calling"),
+    "continue_final_message with add_generation_prompt": (
+        "continue_final_message", "'continue_final_message' continues the last message, so it needs "
+        "add_generation_prompt: false (as vLLM says)"),
     "continuous_usage_stats without include_usage": (
         "stream_options", "'stream_options.continuous_usage_stats' reports usage in every chunk, so it needs "
         "include_usage: true"),
@@ -111,7 +125,8 @@ def _messages_message(err: dict, body) -> str:
     i = loc[2]
     message = body["messages"][i] if isinstance(body, dict) else None
     if len(loc) > 3 and loc[3] == "tool_calls":
-        return f"messages[{i}].tool_calls: SmolLM2's chat template has no tool calls (only an empty list)"
+        return (f"messages[{i}].tool_calls must be a list of "
+                "{\"type\": \"function\", \"function\": {...}} objects")
     if len(loc) > 3 and loc[3] == "content":
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, list):
@@ -126,8 +141,8 @@ async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
     so)."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        raise APIError(413, f"the request body is {declared} bytes; the limit is {limit}",
-                       code="body_too_large")
+        raise APIError(413, f"the request body is {declared} bytes; the limit is {limit} (what one context "
+                       "can hold; send a larger batch in several requests)", code="body_too_large")
     chunks, size = [], 0
     async for part in request.stream():
         size += len(part)
@@ -137,10 +152,10 @@ async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
     return b"".join(chunks)
 
 
-async def parse_body(request: Request, model: type[BaseModel]):
-    """The body of ``request`` validated as ``model``; raises ``RequestValidationError`` (or a 400 for a body
-    that is not JSON)."""
-    raw = await read_body(request)
+async def parse_body(request: Request, model: type[BaseModel], limit: int = MAX_BODY_BYTES):
+    """The body of ``request`` (at most ``limit`` bytes, else a 413) validated as ``model``; raises
+    ``RequestValidationError`` (or a 400 for a body that is not JSON)."""
+    raw = await read_body(request, limit)
     try:
         body = json.loads(raw)
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of over 4,300 digits
