@@ -193,3 +193,50 @@ def test_the_planner_counts_a_hybrid_users_blocks_as_the_engine_holds_them():
     assert all(b <= bound for b in peak[1:]) and sum(peak) <= p.per_user_blocks
     with pytest.raises(ValueError, match="prefix"):
         plan(spec, "fp32", users=2, context=context, shared_prefix=64, block_size=bs, pool_bytes=10**8)
+
+
+@pytest.mark.slow
+def test_the_server_serves_gemma_prompt_logprobs_as_transformers_and_refuses_chat():
+    """`serve --model gemma3-270m`: /v1/completions with echo + logprobs gives transformers' prompt
+    log-probabilities (BOS first, from the text), the prompt crossing two chunks of the token budget; chat on
+    a model without a template is a 400 that names it."""
+    import httpx
+
+    from longctx.serve.launch import ServerProcess
+
+    hf, _ = gemma_reference()
+    tok = gemma_tokenizer()
+    text = " ".join(PROMPTS[:3])
+    ids = tok.prompt_ids(text)
+    assert ids[0] == tok.bos_token_id and len(ids) > 2 * 32
+    with ServerProcess(model="gemma3-270m", token_budget=32, threads=2) as s:
+        r = httpx.post(s.base_url + "/v1/completions", timeout=120, json={
+            "model": "gemma3-270m", "prompt": text, "echo": True, "logprobs": 0, "max_tokens": 1,
+            "temperature": 0})
+        assert r.status_code == 200, r.text
+        got = r.json()["choices"][0]["logprobs"]["token_logprobs"]
+        chat = httpx.post(s.base_url + "/v1/chat/completions", timeout=60, json={
+            "model": "gemma3-270m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    with torch.inference_mode():
+        ref = torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), dim=-1)
+    want = [ref[p - 1, ids[p]].item() for p in range(1, len(ids))] + [ref[-1].max().item()]
+    assert got[0] is None and len(got) == len(ids) + 1
+    assert max(abs(a - b) for a, b in zip(got[1:], want, strict=True)) < 2e-3
+    assert chat.status_code == 400 and "no chat template" in chat.json()["error"]["message"]
+
+
+@pytest.mark.slow
+def test_the_servers_token_lower_bound_holds_for_gemmas_sentencepiece():
+    """The server refuses a text untokenized when its bytes alone prove it over the context
+    (``longctx.serve.limits``): the bound must hold for SentencePiece too (spaces spelled U+2581, bytes
+    through fallback tokens)."""
+    from longctx.serve.limits import ContextLimits
+
+    tok = gemma_tokenizer()
+    limits = ContextLimits(tok, 32768)
+    rng = random.Random(1)
+    alphabet = ["a", "the ", " ", "   ", "\n", "\n\n\n", "日本", "é", "<bos>", "1234", "\ufffd", "\U0001f600",
+                "{}", "=" * 16, "\t", "\u00a0", "\u2581"]
+    for _ in range(300):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 60)))
+        assert limits.min_tokens(text) <= len(tok.encode(text)), text
