@@ -65,10 +65,11 @@ def pad_decode_step(ids, chunks, bucket: int, block_size: int, scratch_block: in
 
     Row ``b < B``: its token at position ``first_position`` (or ``num_cached``), written to the slot of
     position ``num_cached`` of its table, attending to ``num_cached + 1`` keys. A padded row: token 0 at
-    position 0 in the scratch slot ``scratch_block * block_size``, attending to that slot only."""
+    position 0 in the scratch slot ``scratch_block * block_size``, attending to that slot only (a step of
+    padded rows alone, ``B = 0``, is how a bucket is captured before any real step)."""
     B = len(chunks)
-    if not 0 < B <= bucket or len(ids) != B:
-        raise ValueError(f"a padded decode step needs 1 <= B <= bucket ids and chunks; got {len(ids)} ids, "
+    if not 0 <= B <= bucket or len(ids) != B:
+        raise ValueError(f"a padded decode step needs B <= bucket ids and chunks; got {len(ids)} ids, "
                          f"{B} chunks, bucket {bucket}")
     positions, slot_mapping, decodes = [], [], []
     for row, chunk in enumerate(chunks):
@@ -171,13 +172,7 @@ class DecodeGraphs:
         if why is not None:
             self.stats.eager_step(why)
             return None
-        rows = batch_bucket(len(chunks))
-        step = pad_decode_step(ids, chunks, rows, self.block_size, self.scratch_block)
-        bucket = self._buckets.get(rows)
-        if bucket is None:
-            bucket = self._buckets[rows] = _Bucket(rows, self.max_blocks, self.block_size, self.cache.device,
-                                                   self._masks.for_rows(rows))
-        bucket.fill(step, paged_decodes(step.decodes, self._masks))
+        bucket = self._filled(ids, chunks, batch_bucket(len(chunks)))
         if not self.capture:
             logits = self._forward(bucket)
         else:
@@ -188,6 +183,29 @@ class DecodeGraphs:
             logits = bucket.logits
         self.stats.replayed += 1
         return logits[: len(chunks)]
+
+    @torch.inference_mode()
+    def warm(self, buckets) -> None:
+        """Capture the graph of each of ``buckets`` (largest first, as nano-vllm does) from a step of padded
+        rows only, so that no capture falls inside a timed run; eagerly (``capture=False``), run them."""
+        for rows in sorted({batch_bucket(b) for b in buckets if b <= self.max_batch}, reverse=True):
+            if self.failure is not None:
+                return
+            bucket = self._filled([], [], rows)
+            if not self.capture:
+                self._forward(bucket)
+            elif bucket.graph is None:
+                self._capture(bucket)
+
+    def _filled(self, ids, chunks, rows: int) -> _Bucket:
+        """The bucket of ``rows`` rows (made on first use), its buffers holding this step."""
+        step = pad_decode_step(ids, chunks, rows, self.block_size, self.scratch_block)
+        bucket = self._buckets.get(rows)
+        if bucket is None:
+            bucket = self._buckets[rows] = _Bucket(rows, self.max_blocks, self.block_size, self.cache.device,
+                                                   self._masks.for_rows(rows))
+        bucket.fill(step, paged_decodes(step.decodes, self._masks))
+        return bucket
 
     def _unfit(self, chunks) -> str | None:
         """Why this step runs eagerly (None: it fits a graph)."""
