@@ -62,8 +62,8 @@ def executor_for(ctx, name: str, num_blocks: int, kv_dtype: str | None = None, b
         backend = "auto"
     executor = TorchExecutor(model, BlockManager(num_blocks, bs), kv_dtype=kv_dtype,
                              attention_backend=backend)
-    executor.graphs_decision = attach_decode_graphs(executor, ctx.config.cuda_graphs,
-                                                    max_batch=max(graph_rows, 1))
+    executor.graphs_decision = attach_decode_graphs(
+        executor, ctx.config.cuda_graphs if graph_rows > 0 else "off", max_batch=max(graph_rows, 1))
     if executor.decode_graphs is not None:
         executor.decode_graphs.warm(graph_buckets(graph_rows))
         if (failure := executor.decode_graphs.failure) is not None:
@@ -338,7 +338,7 @@ def prefill_engine(ctx, name: str) -> None:
     T = c.prefill_prompt_tokens
     cells = [None, *(k for k in c.engine_prefill_chunks if k < T)]
     executor = ctx.point(f"{name} engine prefill executor", timed=False, fn=lambda: executor_for(
-        ctx, name, blocks_for_tokens(T + 1, c.block_size) + 2))
+        ctx, name, blocks_for_tokens(T + 1, c.block_size) + 2, graph_rows=0))  # no decode steps
     if executor is None:
         return
     flops = ctx.cost(ctx.model(name).config, [(T, 0)]).flops
