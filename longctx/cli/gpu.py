@@ -31,7 +31,7 @@ def register(subparsers) -> None:
     p.add_argument("--quick", action="store_true",
                    help="a small card in a few minutes (every section, fewer points; default out: "
                         "longctx/data/gpu/<device>-quick.json)")
-    p.add_argument("--cuda-graphs", choices=("auto", "off"), default=None,
+    p.add_argument("--cuda-graphs", default=None, metavar="{auto,off}",
                    help="replay decode-only steps of the fused backend from CUDA graphs (default auto: on "
                         "CUDA when the fused backend runs)")
     p.add_argument("--out", type=pathlib.Path, default=None,
