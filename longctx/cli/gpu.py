@@ -117,8 +117,15 @@ def summary_lines(record: dict) -> list[str]:
     for backend in dict.fromkeys(row_backend(record, r) for r in record.get("decode", [])):
         rows = [r for r in record["decode"] if row_backend(record, r) == backend]
         best = max(rows, key=lambda r: r["bytes_per_s"])
+        big = [r["bytes_per_s"] for r in rows if r["batch_size"] >= 32 and r["context_tokens"] >= 4096]
+        target = f"; at batch >= 32, context >= 4K up to {max(big) / c['copy']['bytes_per_s']:.0%} of copy" \
+            if big else ""
         lines.append(f"decode {backend}: {len(rows)} points; best {best['bytes_per_s'] / 1e12:.2f} TB/s "
-                     f"at batch {best['batch_size']} context {best['context_tokens']} ({best['model']})")
+                     f"at batch {best['batch_size']} context {best['context_tokens']} ({best['model']})"
+                     + target)
+    if (pre := record.get("preflight")) is not None:
+        asked = record.get("config", {}).get("cuda_graphs", "auto")
+        lines.append(f"cuda graphs ({asked}): {pre['cuda_graphs']}")
     lines += serving_lines(record)
     lines += profile_lines(record)
     lines += [f"layer {r['model']} T={r['context_tokens']:>6}: attention {r['attention_share']:5.1%} of time "

@@ -7,9 +7,9 @@
   and replays.
 - ``decode_profile``: at a few points, per variant, the host's time to enqueue the step (the call returns
   before the GPU is done), the GPU's time (CUDA events, the launches queued behind a ``torch.cuda._sleep``
-  head start so that host gaps do not count) and the wall time to the end of the step: launch-bound when the
-  host's time exceeds the GPU's. Then the FlexAttention decode kernel alone on one layer's pool: its time and
-  the bytes of K and V it must read, against the copy ceiling.
+  head start so that host gaps do not count, up to the depth of the launch queue) and the wall time to the
+  end of the step: launch-bound when the host's time exceeds the GPU's. Then the FlexAttention decode kernel
+  alone on one layer's pool: its time and the bytes of K and V it must read, against the copy ceiling.
 
 On a CPU (``--toy``) the same code runs eagerly: a "graphed" row runs the graph's buffers without a capture
 (``cuda_graphs: "eager-buffers"``), and the profile has host and wall time only (``gpu_s`` None: absent).
@@ -28,7 +28,7 @@ from longctx.engine.cuda_graphs import DecodeGraphs
 from longctx.kv.block_manager import BlockManager
 from longctx.kv.cache import PagedKVCache, build_attention_metadata
 from longctx.memory import blocks_for_tokens
-from longctx.model.paged_flex import DecodeMasks, paged_decodes
+from longctx.model.paged_flex import paged_decodes
 from longctx.specs import dtype_bytes
 
 
@@ -115,10 +115,10 @@ def decode(ctx, name: str) -> None:
     points = _points(ctx, name, [(b, L) for L in c.decode_contexts for b in c.decode_batch_sizes], "decode")
     if not points or (pool := _pool(ctx, name, points)) is None:
         return
-    graphs_failed = False
+    graphs_failed, timed = False, variants(ctx)  # one backend object each: its compiled decode kernels reused
     for b, L in points:
         cost = ctx.cost(pool.model.config, [(1, L)] * b)
-        for label, choice, graphed in variants(ctx):
+        for label, choice, graphed in timed:
             if graphed and graphs_failed:
                 continue
             what = f"{name} decode batch {b} context {L} {label}"
@@ -188,9 +188,9 @@ def flex_decode_alone(ctx, pool: DecodePool, b: int, L: int, backend) -> dict:
     from longctx.model.paged_flex import _EAGER_WARNING, _compiled_flex, batch_bucket
 
     cfg, dev = pool.model.config, pool.dev
-    masks = DecodeMasks(pool.cache.num_blocks, pool.bs, dev)
-    paged = paged_decodes([(i, t, L + 1) for i, (t, _, _) in enumerate(pool.chunks(b, L))], masks)
     k, v = pool.cache.flat(0)
+    masks = backend.backend._state(k, pool.bs, dev)  # the backend's own masks: its compiled kernel's
+    paged = paged_decodes([(i, t, L + 1) for i, (t, _, _) in enumerate(pool.chunks(b, L))], masks)
     keys, values = (x.permute(1, 0, 2).unsqueeze(0) for x in (k, v))  # [1, H_kv, num_slots, d]
     qd = torch.randn(batch_bucket(b), cfg.num_heads, 1, cfg.head_dim, device=dev, dtype=ctx.dtype)
 
@@ -217,9 +217,9 @@ def decode_profile(ctx, name: str) -> None:
     if not points or (pool := _pool(ctx, name, points)) is None:
         return
     cycles = _sleep_cycles_per_s(dev) if dev.type == "cuda" else None
-    rows = ctx.record.setdefault("decode_profile", [])
+    rows, timed = ctx.record.setdefault("decode_profile", []), variants(ctx)
     for b, L in points:
-        for label, choice, graphed in variants(ctx):
+        for label, choice, graphed in timed:
             what = f"{name} decode profile batch {b} context {L} {label}"
 
             def measure(b=b, L=L, k=choice.backend, graphed=graphed):
@@ -235,7 +235,7 @@ def decode_profile(ctx, name: str) -> None:
                          else "absent (no GPU)"})
             gpu = "GPU absent" if p["gpu_s"] is None else f"GPU {p['gpu_s'] * 1e3:.2f} ms ({bound}-bound)"
             ctx.log(f"  {what:<56}: host {p['host_s'] * 1e3:.2f} ms, {gpu}, wall {p['wall_s'] * 1e3:.2f} ms")
-        fused = [ch for _, ch, _ in variants(ctx) if ch.name == "fused"]
+        fused = [ch for _, ch, _ in timed if ch.name == "fused"]
         if fused:
             what = f"{name} flex decode kernel batch {b} context {L}"
             k = ctx.point(what, lambda b=b, L=L, f=fused[0]: flex_decode_alone(ctx, pool, b, L, f))
