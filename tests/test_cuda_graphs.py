@@ -42,7 +42,7 @@ def test_padded_rows_write_and_read_the_scratch_slot_only():
     assert step.decodes == [(0, [7, 3], 6), (1, [2], 1), (2, [4, 9, 1], 9), (3, [6], 1)]
     with pytest.raises(ValueError, match="row 0 has 3 new tokens"):
         pad_decode_step([1], [ChunkSlots([0], 0, 3)], 1, 4, 6)
-    with pytest.raises(ValueError, match="1 <= B <= bucket"):
+    with pytest.raises(ValueError, match="B <= bucket"):
         pad_decode_step([1, 2], chunks[:2], 1, 4, 6)
 
 
@@ -86,6 +86,10 @@ def test_a_step_through_the_graph_buffers_gives_the_normal_logits(seed):
     assert moved.flatten(3).any(-1).any(0).any(0).nonzero().flatten().tolist() == [scratch]
     assert (flat(after_normal) != flat(before)).flatten(3).any(-1).any(0).any(0).sum() == len(chunks)
     assert graphs.stats.replayed == 1 and graphs.describe()["ran"] == "eager-buffers"
+    graphs.warm([8, 3, 1])  # buckets 8, 4 and 1 from padded rows alone: the scratch slot, nothing else
+    assert sorted(graphs._buckets) == [1, 4, 8] and graphs._buckets[1].tokens[2].tolist() == [scratch]
+    moved = ~torch.isclose(flat(cache.data), flat(after_normal), atol=1e-5, rtol=0)
+    assert moved.flatten(3).any(-1).any(0).any(0).nonzero().flatten().tolist() == [scratch]
 
 
 def test_the_buffers_are_refilled_in_place_and_the_table_padded_to_its_fixed_width():
@@ -162,3 +166,22 @@ def test_attach_refuses_what_graphs_cannot_serve():
         attach_decode_graphs(executor, "on")
     with pytest.raises(ValueError, match="need a CUDA device"):
         DecodeGraphs(model, executor.cache, executor.block_manager, FUSED, capture=True)
+
+
+def test_a_failed_capture_is_one_line_and_the_steps_run_eagerly():
+    plain, _, _ = _engine_tokens(None)
+    model = Llama(SPEC, attention_backend="fused").init_random_(seed=5, std=0.3).eval()
+    executor = TorchExecutor(model, BlockManager(60, 4), attention_backend="fused")
+    attach_decode_graphs(executor, "auto", max_batch=4, capture=False)
+    executor.decode_graphs.capture = True  # a CPU has no CUDA stream: the capture fails as a broken one would
+    engine = Engine(executor, ChunkedPrefillScheduler(token_budget=12), max_model_len=64, eos_token_id=-1)
+    g = torch.Generator().manual_seed(2)
+    reqs = [engine.add_request(torch.randint(0, 50, (n,), generator=g).tolist(), 9)
+            for n in (5, 14, 3, 8, 11)]
+    engine.run_until_done()
+    graphs = executor.decode_graphs
+    assert [r.output_token_ids for r in reqs] == plain  # every step ran eagerly instead
+    assert graphs.failure.startswith("capture of bucket ") and "\n" not in graphs.failure
+    assert graphs.stats.eager["capture failed"] == 1
+    assert graphs.stats.eager["graphs off after a failed capture"] > 0
+    assert graphs.stats.replayed == 0 and graphs.describe()["ran"] == "off"

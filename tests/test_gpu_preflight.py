@@ -107,3 +107,23 @@ def test_free_memory_given_to_the_suite_is_planned_and_recorded():
     assert rec["preflight"]["free_bytes"] == H100_FREE and rec["preflight"]["shrunk"] == []
     assert rec["preflight"]["usable_bytes"] == pytest.approx(pf.usable_bytes(H100_FREE))
     assert dict(rec["config"]["capstone_users_by_kv"]) == {"fp32": 4, "fp8": 4}
+
+
+def test_a_failed_graph_capture_in_the_engine_sections_is_a_fallback_line(monkeypatch):
+    from longctx.engine import cuda_graphs
+    from longctx.gpu import serving_sections
+
+    def failing_capture(executor, mode="auto", max_batch=256, capture=None):
+        decided = cuda_graphs.attach_decode_graphs(executor, mode, max_batch, capture=False)
+        if executor.decode_graphs is not None:
+            executor.decode_graphs.capture = True  # no CUDA here: the capture fails
+        return decided
+
+    monkeypatch.setattr(serving_sections, "attach_decode_graphs", failing_capture)
+    rec = run_suite(BenchConfig.toy(sections=("stall",), serving_backend="fused", stall_repeats=1,
+                                    stall_long_prompts=(128,), time_cap_s=600), device="cpu")
+    assert rec["errors"] == [] and len(rec["stall"]) == 3
+    (line,) = rec["fallbacks"]  # warmed largest bucket first: the decoders' 4
+    assert line.startswith("cuda graphs: capture of bucket 4 failed: ")
+    assert line.endswith("; eager decode steps instead") and "\n" not in line
+    assert all(r["cuda_graphs"]["ran"] == "off" and r["attention_backend"] == "fused" for r in rec["stall"])
