@@ -86,7 +86,7 @@ class EnginePrefillRow(_Part):  # one prompt through the engine, whole or chunke
     time_s: PositiveFloat  # median over n runs
     min_s: PositiveFloat
     max_s: PositiveFloat
-    share_of_whole_rate: float | None  # the whole prompt's time / this time (None: the whole prompt itself)
+    share_of_whole_rate: float | None  # the whole prompt's time / this time (1.0 for the whole prompt)
 
 
 class AttentionRow(_Part):  # one layer's prefill of context_tokens: attention against the rest
