@@ -127,3 +127,8 @@ def test_a_failed_graph_capture_in_the_engine_sections_is_a_fallback_line(monkey
     assert line.startswith("cuda graphs: capture of bucket 4 failed: ")
     assert line.endswith("; eager decode steps instead") and "\n" not in line
     assert all(r["cuda_graphs"]["ran"] == "off" and r["attention_backend"] == "fused" for r in rec["stall"])
+
+
+def test_a_card_too_small_for_one_layer_says_so_in_one_line():
+    c, notes = pf.plan_sizes(BenchConfig(), 4 * GIB)
+    assert c.num_layers == 1 and notes[0].startswith("model: even 1 layer's weights (2.4 GiB) take over half")

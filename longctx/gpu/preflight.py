@@ -86,6 +86,10 @@ def plan_sizes(config, free_bytes: float):
     layers = full.num_layers
     while layers > 1 and weights(layers) > WEIGHT_SHARE * usable:
         layers -= 1
+    if weights(layers) > WEIGHT_SHARE * usable:
+        notes.append(f"model: even {layers} layer's weights ({weights(layers) / GIB:.1f} GiB) take over half "
+                     f"of the {usable / GIB:.1f} GiB usable: sections that do not fit are skipped "
+                     "(out of memory)")
     if layers < full.num_layers:
         notes.append(f"model: {layers} of {full.num_layers} layers ({weights(layers) / GIB:.1f} GiB of "
                      f"weights; {usable / GIB:.1f} GiB usable of {free_bytes / GIB:.1f} GiB free)")
