@@ -24,9 +24,10 @@ NO_CUDA = ("no CUDA device: torch sees no GPU here (gpu-bench measures a real GP
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("gpu-bench", help="measure this GPU (ceilings, prefill, decode, attention "
-                                                "share, the stall and the capstone through the engine) and "
-                                                "write longctx/data/gpu/<device>.json")
+    p = subparsers.add_parser("gpu-bench", help="measure this GPU (ceilings, prefill, decode with and "
+                                                "without CUDA graphs, a decode-step profile, attention "
+                                                "share, prefill, the stall and the capstone through the "
+                                                "engine) and write longctx/data/gpu/<device>.json")
     p.add_argument("--toy", action="store_true", help="tiny fp32 models on the CPU (tests the harness)")
     p.add_argument("--quick", action="store_true",
                    help="a small card in a few minutes (every section, fewer points; default out: "
@@ -38,10 +39,12 @@ def register(subparsers) -> None:
                    help="where to write the record (default: longctx/data/gpu/<device>.json; with --toy a "
                         "file in the temporary directory)")
     p.add_argument("--time-cap-s", type=float, default=None,
-                   help="stop starting new measurements after this many seconds (default 400; toy 60)")
+                   help="stop starting new measurements after this many seconds "
+                        "(default 400; toy 60; quick 240)")
     p.add_argument("--sections", default=None,
                    help="comma-separated subset of: "
-                        "ceilings,prefill_chunks,decode,attention_share,stall,capstone")
+                        "ceilings,prefill_chunks,decode,decode_profile,attention_share,prefill_engine,stall,"
+                        "capstone")
     p.add_argument("--attention-backends", default=None,
                    help="backends timed side by side in prefill_chunks and decode (default reference,fused)")
     p.add_argument("--attention-backend", default=None,
