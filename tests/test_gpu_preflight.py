@@ -40,6 +40,7 @@ def test_an_h100_80gb_runs_every_section_the_bf16_capstone_with_fewer_users():
     fitting = [(b, L) for L in c.decode_contexts for b in c.decode_batch_sizes
                if b * L <= c.max_decode_kv_tokens]
     assert {(32, 4096), (64, 4096), (128, 2048), (32, 8192)} <= set(fitting)  # the target's decode points
+    assert all(b * L <= c.max_decode_kv_tokens for b, L in c.decode_profile_points)  # the whole profile
     users = dict(c.capstone_users_by_kv)
     assert users["fp8"] == 64 and 32 <= users["bf16"] < 64  # 64 x 8K resident in fp8, as the course says
     assert c.stall_long_prompts == (8192, 32768) and max(c.attention_contexts) == 131072

@@ -112,7 +112,8 @@ class BenchConfig:
     capstone_repeats: int = 5  # runs per KV dtype, in rounds (a time cap leaves each dtype fewer, never none)
     num_layers: int | None = None  # fewer than the model's when its weights do not fit (preflight)
     cuda_graphs: str = "auto"  # decode-only steps replayed from CUDA graphs (auto: on CUDA with fused)
-    decode_profile_points: tuple[tuple[int, int], ...] = ((1, 4096), (32, 4096), (64, 8192), (128, 2048))
+    decode_profile_points: tuple[tuple[int, int], ...] = (  # (batch, context): all fit an H100 80 GB's KV cap
+        (1, 4096), (32, 4096), (64, 4096), (32, 8192), (128, 2048))
     engine_prefill_chunks: tuple[int, ...] = (512, 2048)  # prefill through the engine, beside the whole
     time_cap_s: float = 400.0
     sections: tuple[str, ...] = tuple(SECTION_WEIGHTS)
