@@ -265,9 +265,13 @@ def capstone(ctx, name: str) -> None:
     ctx.record["capstone"] = list(rows.values())
 
 
+_CAPSTONE_MEDIANS = ("ttft_median_s", "ttft_p90_s", "ttft_max_s", "itl_median_s", "itl_p99_s", "itl_max_s",
+                     "wall_s")
+
+
 def _capstone_point(ctx, name: str, kv: str, backend: str | None, rep: int, rows: dict) -> None:
-    """One capstone run (its own executor, freed after), folded into its row: the first run's numbers, the
-    medians over runs of TTFT and wall time and each run kept under ``runs``."""
+    """One capstone run (its own executor, freed after), folded into its row: the first run's pool and
+    counts, the medians over runs of TTFT, ITL and wall time, the peaks' maxima, each run under ``runs``."""
     users = ctx.config.capstone_users_for(kv)
     what = (f"{name} capstone {users} users kv {kv}" + (f" on {backend}" if backend else "")
             + f" run {rep + 1}")
@@ -287,12 +291,13 @@ def _capstone_point(ctx, name: str, kv: str, backend: str | None, rep: int, rows
         return
     key = (kv, backend)
     row = rows.setdefault(key, {**res, "runs": []})
-    row["runs"].append({k: res[k] for k in ("ttft_median_s", "ttft_max_s", "itl_median_s", "itl_p99_s",
-                                            "wall_s", "peak_resident", "gpu_mem_peak_gib")})
+    row["runs"].append({k: res[k] for k in (*_CAPSTONE_MEDIANS, "peak_resident", "gpu_mem_peak_gib")})
     row["n"] = len(row["runs"])
-    for k in ("ttft_median_s", "ttft_max_s", "itl_median_s", "wall_s"):
+    for k in _CAPSTONE_MEDIANS:  # each a median over runs (a run's P90 <= its max: so are the medians)
         row[k] = statistics.median(r[k] for r in row["runs"])
     row["peak_resident"] = max(r["peak_resident"] for r in row["runs"])
+    if res["gpu_mem_peak_gib"] is not None:
+        row["gpu_mem_peak_gib"] = max(r["gpu_mem_peak_gib"] for r in row["runs"])
     mem = "" if res["gpu_mem_peak_gib"] is None else f", peak {res['gpu_mem_peak_gib']:.1f} GiB"
     ctx.log(f"  {what:<40}: {res['wall_s']:6.1f} s, TTFT median {res['ttft_median_s']:.2f} s, "
             f"peak resident {res['peak_resident']}/{res['users']}{mem} ({res['attention_backend']})")
