@@ -15,7 +15,7 @@ from longctx.__main__ import main
 from longctx.cli.gpu import summary_lines
 from longctx.gpu import sections, serving_sections
 from longctx.gpu.record_schema import GpuRecord
-from longctx.gpu.records import check_record, load_record, stall_cell
+from longctx.gpu.records import check_record, load_record, row_backend, stall_cell
 from longctx.gpu.suite import SECTION_WEIGHTS, BenchConfig, Run, run_suite, time_fn
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -43,9 +43,13 @@ def test_toy_run_writes_a_valid_record_with_every_section(toy_record):
     for backend in ("reference", "fused"):  # side by side: every point with each backend, each row naming it
         sizes = [r["chunk_size"] for r in rec["prefill_chunks"] if r["attention_backend"] == backend]
         assert sizes == list(BenchConfig.toy().chunk_sizes), backend
-        points = [(r["batch_size"], r["context_tokens"]) for r in rec["decode"]
-                  if r["attention_backend"] == backend]
-        assert len(points) == len(rec["decode"]) // 2 and points, backend
+    by_variant = {}
+    for r in rec["decode"]:
+        by_variant.setdefault(row_backend(rec, r), []).append((r["batch_size"], r["context_tokens"]))
+    # the fused backend once more through its decode graphs' buffers (eager on a CPU: no capture)
+    assert set(by_variant) == {"reference", "fused", "fused+buffers"}
+    assert by_variant["reference"] == by_variant["fused"] == by_variant["fused+buffers"] != []
+    assert {r.get("cuda_graphs") for r in rec["decode"]} == {None, "eager-buffers"}
     for r in rec["prefill_chunks"]:  # every token of the prompt prefilled once, each chunk after the previous
         assert sum(n for n, _, _ in r["chunks"]) == r["prompt_tokens"]
         assert [s for _, s, _ in r["chunks"]] == list(range(0, r["prompt_tokens"], r["chunk_size"]))
@@ -54,15 +58,47 @@ def test_toy_run_writes_a_valid_record_with_every_section(toy_record):
 
 def test_summary_mentions_each_part(toy_record):
     text = "\n".join(summary_lines(toy_record[1]))
-    for word in ("ceilings", "prefill", "decode reference", "decode fused", "layer", "toy run", "stall",
-                 "capstone", "commit"):
+    for word in ("ceilings", "prefill", "decode reference", "decode fused", "decode fused+buffers", "layer",
+                 "toy run", "stall", "capstone", "commit", "decode profile", "GPU time absent (no GPU)",
+                 "flex decode kernel", "engine prefill 256 in chunks of 32"):
         assert word in text
 
 
+def test_toy_decode_profile_has_host_and_wall_time_and_no_gpu_time(toy_record):
+    rec, cfg = toy_record[1], BenchConfig.toy()
+    rows = rec["decode_profile"]
+    assert {(r["batch_size"], r["context_tokens"]) for r in rows} == set(cfg.decode_profile_points)
+    assert {(r["attention_backend"], r["cuda_graphs"]) for r in rows} == {
+        ("reference", "off"), ("fused", "off"), ("fused", "eager-buffers")}
+    for r in rows:  # a CPU: the call's own time is the step's (no GPU to wait for), GPU time marked absent
+        assert r["gpu_s"] is None and r["bound"] is None and r["gpu_time"] == "absent (no GPU)"
+        assert 0 < r["host_s"] <= r["wall_s"] and r["repeats"] == cfg.repeats
+    (flex,) = rec["flex_decode"]
+    b, L = cfg.decode_profile_points[0]
+    assert flex["kv_bytes"] == b * (L + 1) * 2 * 16 * 2 * 4 and flex["timer"] == "perf_counter"
+
+
+def test_toy_engine_prefill_is_chunked_over_a_scattered_pool_beside_the_whole_prompt(toy_record):
+    rec, cfg = toy_record[1], BenchConfig.toy()
+    rows = {r["chunk_size"]: r for r in rec["prefill_engine"]}
+    T = cfg.prefill_prompt_tokens
+    assert set(rows) == {T, *cfg.engine_prefill_chunks} and all(r["scattered"] for r in rows.values())
+    assert rows[T]["steps"] == 1 and rows[32]["steps"] == T // 32  # one output token: no decode step
+    assert rows[32]["share_of_whole_rate"] == pytest.approx(rows[T]["time_s"] / rows[32]["time_s"])
+    assert all(r["n"] == cfg.repeats and r["min_s"] <= r["time_s"] <= r["max_s"] for r in rows.values())
+
+
+def test_the_preflight_is_in_the_record(toy_record):
+    pre = toy_record[1]["preflight"]
+    assert pre["kernel_failures"] == [] and pre["cuda_graphs"] == "off: not on CUDA"
+    assert pre["free_bytes"] is None and toy_record[1]["fallbacks"] == []
+
+
 def test_the_schema_names_the_new_sections():
-    assert {"stall", "capstone", "prefill_chunks", "decode"} <= set(GpuRecord.model_fields)
-    assert set(SECTION_WEIGHTS) == {"ceilings", "prefill_chunks", "decode", "attention_share", "stall",
-                                    "capstone"}
+    assert {"stall", "capstone", "prefill_chunks", "decode", "decode_profile", "flex_decode",
+            "prefill_engine", "preflight", "fallbacks"} <= set(GpuRecord.model_fields)
+    assert set(SECTION_WEIGHTS) == {"ceilings", "prefill_chunks", "decode", "decode_profile",
+                                    "attention_share", "prefill_engine", "stall", "capstone"}
 
 
 def test_toy_stall_has_every_cell_with_its_runs(toy_record):
@@ -70,8 +106,8 @@ def test_toy_stall_has_every_cell_with_its_runs(toy_record):
     cells = {(r["long_prompt"], r["token_budget"]) for r in rec["stall"]}
     assert cells == {(L, b) for L in cfg.stall_long_prompts for b in (None, *cfg.stall_budgets)}
     for r in rec["stall"]:
-        # >= 3 runs per cell after a warm-up: n and spread
-        assert r["n"] == len(r["runs"]) == cfg.stall_repeats
+        # >= 5 runs per cell after a warm-up: n and spread
+        assert r["n"] == len(r["runs"]) == cfg.stall_repeats >= 5
         assert r["attention_backend"] == "reference" and r["decoders"] == cfg.stall_decoders  # auto on a CPU
         assert r["scheduler"] == ("monolithic" if r["token_budget"] is None else "chunked")
         for run in r["runs"]:
@@ -91,7 +127,10 @@ def test_toy_capstone_holds_every_user_at_once_per_kv_dtype(toy_record):
     assert set(rows) == set(cfg.capstone_kv_dtypes)
     for r in rows.values():
         assert r["peak_resident"] == r["users"] == cfg.capstone_users and r["full_batch_decode_steps"] >= 1
-        assert r["preemptions"] == 0 and r["n"] == 1 and r["gpu_mem_peak_gib"] is None  # no GPU: not measured
+        assert r["preemptions"] == 0 and r["gpu_mem_peak_gib"] is None  # no GPU: not measured
+        assert r["n"] == len(r["runs"]) == cfg.capstone_repeats  # in rounds over the KV dtypes
+        assert all(run["peak_resident"] == cfg.capstone_users for run in r["runs"])
+        assert r["cuda_graphs"]["decision"] == "off: not on CUDA"
         assert (0 < r["ttft_median_s"] <= r["ttft_p90_s"] <= r["ttft_max_s"]
                 and r["itl_median_s"] <= r["itl_max_s"])
     assert (rows["fp8"]["pool_bytes"] < rows["fp32"]["pool_bytes"]
@@ -157,7 +196,8 @@ def test_gpu_bench_without_cuda_says_so_in_one_line(capsys):
 
 
 @pytest.mark.parametrize("args", [["--time-cap-s", "-1"], ["--sections", "warp"],
-                                  ["--attention-backends", "x"], ["--attention-backend", "flash"]])
+                                  ["--attention-backends", "x"], ["--attention-backend", "flash"],
+                                  ["--cuda-graphs", "on"], ["--quick"]])
 def test_gpu_bench_bad_arguments_exit_2_in_one_line(args, capsys):
     assert main(["gpu-bench", "--toy", *args]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
@@ -230,3 +270,33 @@ def test_gpu_bench_runs_where_pydantic_is_missing(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "pydantic" not in done.stderr
     check_record(json.loads(out.read_text()))  # here, with pydantic: the whole schema
+
+
+def test_cuda_graphs_off_leaves_only_the_eager_rows(tmp_path):
+    out = tmp_path / "toy.json"
+    assert main(["gpu-bench", "--toy", "--quiet", "--cuda-graphs", "off", "--sections", "decode",
+                 "--out", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    assert {row_backend(rec, r) for r in rec["decode"]} == {"reference", "fused"}
+    assert rec["config"]["cuda_graphs"] == "off" and rec["preflight"]["cuda_graphs"] == "off: asked for"
+
+
+def test_quick_is_every_section_at_a_small_cards_sizes():
+    q = BenchConfig.quick()
+    assert q.is_quick and q.sections == BenchConfig().sections and q.time_cap_s <= 300
+    assert q.stall_repeats >= 5 and q.prefill_prompt_tokens <= BenchConfig().prefill_prompt_tokens
+    assert BenchConfig.quick(time_cap_s=100).time_cap_s == 100
+
+
+def test_a_learners_record_draws_in_the_lessons_gpu_cells(toy_record):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from longctx.lessons.gpu_cells import record_line, show_decode_bandwidth, show_prefill_chunk_curve
+
+    path, rec = toy_record
+    ax = show_decode_bandwidth(record=path)
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any("fused+buffers" in t for t in labels) and "toy run" in ax.get_title()
+    show_prefill_chunk_curve(record=path)
+    assert record_line(rec).startswith("recorded: cpu, toy run")

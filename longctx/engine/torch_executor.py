@@ -72,6 +72,7 @@ class TorchExecutor(Executor):
             block_size=block_manager.block_size, head_dim=model.config.head_dim,
             sliding_window=model.config.is_hybrid)
         self.press = press
+        self.decode_graphs = None  # longctx.engine.cuda_graphs.attach_decode_graphs sets it
         self.sampler = Sampler()
         self._pruning = None
         if press is not None:
@@ -117,6 +118,8 @@ class TorchExecutor(Executor):
             rows += range(row, row + n) if every_row else [row + n - 1]
             row += n
             last_rows.append(len(rows) - 1)
+        if self.decode_graphs is not None and (logits := self.decode_graphs.run(ids, chunks)) is not None:
+            return logits, last_rows  # a decode-only step replayed from its CUDA graph
         backend = self.attention_backend_choice.backend  # BackendChoice: .name, .reason
         groups = backend.uses_decode_groups
         if hybrid:

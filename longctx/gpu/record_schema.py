@@ -49,10 +49,44 @@ class PrefillRow(_Part):  # one prompt prefilled in chunks of chunk_size, each a
 class DecodeRow(_Part):  # one decode step of batch_size sequences at context_tokens each
     model: str
     attention_backend: str | None = None
+    cuda_graphs: Literal["on", "eager-buffers"] | None = None  # replayed from a CUDA graph (None: eager)
     batch_size: int
     context_tokens: int
     step_s: PositiveFloat
     bytes_per_s: PositiveFloat
+
+
+class DecodeProfileRow(_Part):  # one decode step's host, GPU and wall time
+    model: str
+    attention_backend: str
+    cuda_graphs: Literal["on", "eager-buffers", "off"]
+    batch_size: int
+    context_tokens: int
+    host_s: PositiveFloat  # the call's own time: enqueueing the step
+    gpu_s: PositiveFloat | None  # CUDA events, the launches queued ahead; None: no GPU (a toy run)
+    wall_s: PositiveFloat  # to the end of the step's GPU work
+    bound: Literal["launch", "GPU"] | None
+
+
+class FlexDecodeRow(_Part):  # the FlexAttention decode kernel alone, one layer
+    batch_size: int
+    context_tokens: int
+    time_s: PositiveFloat
+    kv_bytes: int
+    bytes_per_s: PositiveFloat
+
+
+class EnginePrefillRow(_Part):  # one prompt through the engine, whole or chunked, over a scattered pool
+    model: str
+    attention_backend: str
+    chunk_size: int
+    prompt_tokens: int
+    scattered: bool
+    n: int = Field(ge=1)
+    time_s: PositiveFloat  # median over n runs
+    min_s: PositiveFloat
+    max_s: PositiveFloat
+    share_of_whole_rate: float | None  # the whole prompt's time / this time (1.0 for the whole prompt)
 
 
 class AttentionRow(_Part):  # one layer's prefill of context_tokens: attention against the rest
@@ -105,10 +139,16 @@ class GpuRecord(_Part):
     prefill_chunks: list[PrefillRow] = []
     decode: list[DecodeRow] = []
     attention_share: list[AttentionRow] = []
+    decode_profile: list[DecodeProfileRow] = []
+    flex_decode: list[FlexDecodeRow] = []
+    prefill_engine: list[EnginePrefillRow] = []
     stall: list[StallRow] = []
     capstone: list[CapstoneRow] = []
     attention_backend: str | None = None  # older records: the one backend every row ran with
     complete: bool | None = None  # False in the copy written after each section (a run killed keeps it)
+    quick: bool | None = None  # gpu-bench --quick (None: older records)
+    preflight: dict | None = None  # free memory, kernel failures, what was shrunk (older records: None)
+    fallbacks: list[str] = []  # one line per thing that could not run as asked, and what ran instead
     errors: list[str] = []
     skipped: list[str] = []
 

@@ -91,10 +91,16 @@ def provenance(record: dict) -> str:
     return describe(record) + (f", commit {commit[:7]}" if commit else ", commit not recorded")
 
 
+GRAPH_SUFFIX = {"on": "+graphs", "eager-buffers": "+buffers"}  # a decode row's ``cuda_graphs`` -> its label
+
+
 def row_backend(record: dict, row: dict) -> str:
     """The attention backend a row ran with: its own, else the record's (older records name one), else
-    ``"reference"`` (records made before the backend seam ran today's reference code)."""
-    return row.get("attention_backend") or record.get("attention_backend") or "reference"
+    ``"reference"`` (records made before the backend seam ran today's reference code); ``"fused+graphs"``
+    for a decode row replayed from CUDA graphs (``"fused+buffers"``: the toy run's graph buffers, eager)."""
+    name = row.get("attention_backend") or record.get("attention_backend") or "reference"
+    graphs = row.get("cuda_graphs")
+    return name + (GRAPH_SUFFIX.get(graphs, "") if isinstance(graphs, str) else "")
 
 
 def spread(values) -> dict:

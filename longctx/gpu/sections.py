@@ -1,7 +1,8 @@
 """The GPU suite's sections: ``section(run, model_name)`` appends its results to ``run.record``, each point
 timed by ``run.time`` (``suite.time_fn``) and guarded by ``run.point``; FLOPs and bytes from ``run.cost``.
 ``prefill_chunks`` and ``decode`` time each point with every backend of ``config.attention_backends`` side by
-side (each row names the one that ran); ``stall`` and ``capstone`` run the engine (``serving_sections``)."""
+side (each row names the one that ran); ``decode`` and ``decode_profile`` live in ``decode_sections``;
+``prefill_engine``, ``stall`` and ``capstone`` run the engine (``serving_sections``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from dataclasses import asdict
 import torch
 
 from longctx.flops import chunk_flops
-from longctx.gpu.serving_sections import capstone, stall  # noqa: F401 (sections too: suite finds them here)
+from longctx.gpu.decode_sections import decode, decode_profile  # noqa: F401 (sections: suite finds them here)
+from longctx.gpu.serving_sections import capstone, prefill_engine, stall  # noqa: F401
 from longctx.kv.cache import PagedKVCache, build_attention_metadata
 from longctx.memory import blocks_for_tokens
 from longctx.model.attention import choose_backend, sdpa
@@ -74,49 +76,6 @@ def prefill_chunks(ctx, name: str) -> None:
                  "time_s": sum(times), "flops": flops, "flops_per_s": flops / sum(times),
                  "chunks": [[n, s, t] for (n, s), t in zip(pieces, times, strict=True)]})
             ctx.log(f"  {what:<40}: {sum(times) * 1e3:9.2f} ms, {flops / sum(times) / 1e12:6.2f} TFLOP/s")
-
-
-def decode(ctx, name: str) -> None:
-    """One decode step of ``b`` sequences at context ``L`` (each in its own blocks), per (b, L): the timed
-    call builds the step's attention metadata too (the fused backend's block mask with it), as the engine does
-    every step, so a backend whose per-step host work is dear pays for it here (a reused mask would
-    hide it)."""
-    c, bs, dev = ctx.config, ctx.config.block_size, ctx.device
-    points = [(b, L) for L in c.decode_contexts for b in c.decode_batch_sizes]
-    ctx.record["skipped"] += [f"{name} decode batch {b} context {L} (KV over {c.max_decode_kv_tokens} tokens)"
-                           for b, L in points if b * L > c.max_decode_kv_tokens]
-    points = [(b, L) for b, L in points if b * L <= c.max_decode_kv_tokens]
-    if not points:
-        return
-    model = ctx.model(name)
-    nb = {L: blocks_for_tokens(L + 1, bs) for _, L in points}
-    if (cache := ctx.point(f"{name} decode cache", timed=False, fn=lambda: PagedKVCache.for_model(
-            model.config, max(b * nb[L] for b, L in points), bs, dev, ctx.dtype))) is None:
-        return
-    cache.data.normal_(generator=torch.Generator(device=dev).manual_seed(2))  # real numbers, not zeros
-
-    def step_timing(b: int, L: int, backend):
-        chunks = [(list(range(i * nb[L], (i + 1) * nb[L])), L, 1) for i in range(b)]
-        ids, rows = torch.randint(0, model.config.vocab_size, (b,), device=dev), torch.arange(b, device=dev)
-
-        # the step's metadata (and the fused backend's block mask) built inside, as each engine step
-        def step():
-            meta = build_attention_metadata(chunks, bs, dev, decode_groups=backend.uses_decode_groups)
-            return model(ids, cache, meta, logits_rows=rows, backend=backend)
-
-        return ctx.time(step)
-
-    for b, L in points:
-        cost = ctx.cost(model.config, [(1, L)] * b)
-        for choice in backends(ctx):
-            what = f"{name} decode batch {b} context {L} {choice.name}"
-            if (t := ctx.point(what, lambda b=b, L=L, k=choice.backend: step_timing(b, L, k))) is None:
-                continue
-            ctx.record.setdefault("decode", []).append(
-                {"model": name, "attention_backend": choice.name, "batch_size": b, "context_tokens": L,
-                 "step_s": t.median_s, "bytes": cost.bytes, "bytes_per_s": cost.bytes / t.median_s,
-                 "flops": cost.flops})
-            ctx.log(f"  {what:<48}: {t.median_s * 1e3:7.2f} ms, {cost.bytes / t.median_s / 1e12:5.2f} TB/s")
 
 
 def attention_share(ctx, name: str) -> None:
