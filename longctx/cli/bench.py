@@ -7,6 +7,16 @@ import math
 import sys
 
 
+def _tokenizer_name(args) -> str | None:
+    """``--tokenizer``, else ``--model`` when the registry knows it (a server of Gemma is benchmarked in
+    Gemma's tokens), else the default (SmolLM2)."""
+    from longctx.model.registry import MODELS
+
+    if args.tokenizer is not None:
+        return args.tokenizer
+    return args.model if args.model.lower() in MODELS else None
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "bench", help="streaming benchmark of an OpenAI-compatible server (TTFT/ITL/goodput)"
@@ -20,7 +30,11 @@ def register(subparsers) -> None:
     p.add_argument("--num-prompts", type=int, required=True, help="requests to send")
     p.add_argument("--workload", default="chat",
                    help="needle | chat | long-prefill | shared-prefix (default chat)")
-    p.add_argument("--prompt-tokens", type=int, default=None, help="prompt length in SmolLM2 tokens")
+    p.add_argument("--tokenizer", default=None, metavar="NAME_OR_PATH",
+                   help="the tokenizer that sizes the prompts (vLLM's --tokenizer): smollm2-135m, "
+                   "gemma3-270m "
+                   "or a .gguf path (default: --model when it names one of these, else smollm2-135m)")
+    p.add_argument("--prompt-tokens", type=int, default=None, help="prompt length in the tokenizer's tokens")
     p.add_argument("--prefix-tokens", type=int, default=None,
                    help="shared-prefix: tokens of the common system prompt (default 1024)")
     p.add_argument("--max-tokens", type=int, default=None, help="output tokens per request")
@@ -66,7 +80,7 @@ def run(args) -> int:
         raise ValueError(f"--base-url must start with http:// or https://, got {args.base_url!r}")
     from longctx.model.tokenizer import load_tokenizer
 
-    tokenizer = load_tokenizer()
+    tokenizer = load_tokenizer(_tokenizer_name(args))
     requests = build_workload(
         args.workload, args.num_prompts, tokenizer, args.prompt_tokens, args.max_tokens, args.seed,
         prefix_tokens=args.prefix_tokens,
