@@ -34,39 +34,25 @@ from torch import nn
 
 from longctx.model.attention import REFERENCE, AttentionBackend, choose_backend
 from longctx.model.config import check_runnable
-from longctx.model.llama import apply_rope, rope_cos_sin
+from longctx.model.llama import MLP, Attention, RMSNorm, apply_rope, init_random_, rope_cos_sin
 from longctx.specs import ModelSpec
 
 
-class GemmaRMSNorm(nn.Module):
-    """``x / sqrt(mean(x^2) + eps) * weight``, multiplied in float32 and then cast (weight = 1 + w)."""
-
-    def __init__(self, dim: int, eps: float, device=None, dtype=None):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (x32 * self.weight.float()).to(x.dtype)
+def gemma_norm(dim: int, eps: float, device=None, dtype=None) -> RMSNorm:
+    """Gemma's RMSNorm: the weight (``1 + w``, as the GGUF stores it) multiplies in float32, then the cast."""
+    return RMSNorm(dim, eps, device, dtype, weight_in_float32=True)
 
 
-class GemmaAttention(nn.Module):
-    probe = None  # as llama.Attention.probe (presses and attention readers are refused on Gemma for now)
+class GemmaAttention(Attention):
+    """Llama's projections plus QK-norm, a sliding window on most layers and the query scale
+    (``probe`` stays unused: presses and attention readers are refused on Gemma for now)."""
 
     def __init__(self, config: ModelSpec, layer: int, device=None, dtype=None):
-        super().__init__()
+        super().__init__(config, device, dtype)
         c = config
-        self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
         self.sliding = c.is_sliding_layer(layer)
-        kw = {"bias": False, "device": device, "dtype": dtype}
-        self.q_proj = nn.Linear(c.d_model, c.num_heads * c.head_dim, **kw)
-        self.k_proj = nn.Linear(c.d_model, c.num_kv_heads * c.head_dim, **kw)
-        self.v_proj = nn.Linear(c.d_model, c.num_kv_heads * c.head_dim, **kw)
-        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.d_model, **kw)
-        self.q_norm = GemmaRMSNorm(c.head_dim, c.rms_norm_eps, device, dtype)
-        self.k_norm = GemmaRMSNorm(c.head_dim, c.rms_norm_eps, device, dtype)
+        self.q_norm = gemma_norm(c.head_dim, c.rms_norm_eps, device, dtype)
+        self.k_norm = gemma_norm(c.head_dim, c.rms_norm_eps, device, dtype)
         # the backends scale by 1/sqrt(head_dim); a different query_pre_attn_scalar rescales the queries
         scalar = c.query_pre_attn_scalar or c.head_dim
         self.q_rescale = math.sqrt(c.head_dim / scalar)
@@ -87,30 +73,21 @@ class GemmaAttention(nn.Module):
         return self.o_proj(out.view(T, self.num_heads * self.head_dim))
 
 
-class GemmaMLP(nn.Module):
-    """GeGLU: ``down(gelu_tanh(gate(x)) * up(x))``."""
-
-    def __init__(self, config: ModelSpec, device=None, dtype=None):
-        super().__init__()
-        kw = {"bias": False, "device": device, "dtype": dtype}
-        self.gate_proj = nn.Linear(config.d_model, config.intermediate_size, **kw)
-        self.up_proj = nn.Linear(config.d_model, config.intermediate_size, **kw)
-        self.down_proj = nn.Linear(config.intermediate_size, config.d_model, **kw)
-
-    def forward(self, x):
-        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU with the tanh approximation (transformers' ``gelu_pytorch_tanh``)."""
+    return F.gelu(x, approximate="tanh")
 
 
 class GemmaBlock(nn.Module):
     def __init__(self, config: ModelSpec, layer: int, device=None, dtype=None):
         super().__init__()
         eps, d = config.rms_norm_eps, config.d_model
-        self.attn_norm = GemmaRMSNorm(d, eps, device, dtype)
+        self.attn_norm = gemma_norm(d, eps, device, dtype)
         self.attn = GemmaAttention(config, layer, device, dtype)
-        self.post_attn_norm = GemmaRMSNorm(d, eps, device, dtype)
-        self.mlp_norm = GemmaRMSNorm(d, eps, device, dtype)
-        self.mlp = GemmaMLP(config, device, dtype)
-        self.post_mlp_norm = GemmaRMSNorm(d, eps, device, dtype)
+        self.post_attn_norm = gemma_norm(d, eps, device, dtype)
+        self.mlp_norm = gemma_norm(d, eps, device, dtype)
+        self.mlp = MLP(config, device, dtype, act=gelu_tanh)  # GeGLU
+        self.post_mlp_norm = gemma_norm(d, eps, device, dtype)
 
     def forward(self, h, cos, sin, kv, meta, backend: AttentionBackend = REFERENCE):
         h = h + self.post_attn_norm(self.attn(self.attn_norm(h), cos, sin, kv, meta, backend))
@@ -128,7 +105,7 @@ class Gemma3(nn.Module):
         self.config = check_runnable(config)
         self.embed = nn.Embedding(config.vocab_size, config.d_model, device=device, dtype=dtype)
         self.layers = nn.ModuleList(GemmaBlock(config, i, device, dtype) for i in range(config.num_layers))
-        self.norm = GemmaRMSNorm(config.d_model, config.rms_norm_eps, device, dtype)
+        self.norm = gemma_norm(config.d_model, config.rms_norm_eps, device, dtype)
         self.attention_backend = choose_backend(attention_backend, self.embed.weight.device,
                                                 self.embed.weight.dtype, sliding_window=config.is_hybrid)
 
@@ -166,13 +143,6 @@ class Gemma3(nn.Module):
             h = h[logits_rows]  # [R, d_model]
         return F.linear(self.norm(h), self.output_weight)  # [R, vocab]
 
-    @torch.no_grad()
     def init_random_(self, seed: int = 0, std: float = 0.02) -> Gemma3:
         """Random weights (normal(0, std), norms at 1) for speed/memory experiments at any shape."""
-        gen = torch.Generator(device=self.embed.weight.device).manual_seed(seed)
-        for name, p in self.named_parameters():
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
-            else:
-                p.normal_(0.0, std, generator=gen)
-        return self
+        return init_random_(self, seed, std)

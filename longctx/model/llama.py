@@ -30,16 +30,19 @@ from longctx.specs import ModelSpec
 
 
 class RMSNorm(nn.Module):
-    """``x / sqrt(mean(x^2) + eps) * weight`` (Zhang & Sennrich 2019), computed in float32."""
+    """``x / sqrt(mean(x^2) + eps) * weight`` (Zhang & Sennrich 2019), normalised in float32; Llama casts
+    back before the weight multiplies, Gemma after (``weight_in_float32``)."""
 
-    def __init__(self, dim: int, eps: float, device=None, dtype=None):
+    def __init__(self, dim: int, eps: float, device=None, dtype=None, weight_in_float32: bool = False):
         super().__init__()
-        self.eps = eps
+        self.eps, self.weight_in_float32 = eps, weight_in_float32
         self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.weight_in_float32:
+            return (x32 * self.weight.float()).to(x.dtype)
         return self.weight * x32.to(x.dtype)
 
 
@@ -108,17 +111,19 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU (Shazeer 2020): ``down(silu(gate(x)) * up(x))``."""
+    """A gated MLP: ``down(act(gate(x)) * up(x))``; SwiGLU (Shazeer 2020, ``act`` = SiLU) in Llama, GeGLU
+    with tanh-approximated GELU in Gemma."""
 
-    def __init__(self, config: ModelSpec, device=None, dtype=None):
+    def __init__(self, config: ModelSpec, device=None, dtype=None, act=F.silu):
         super().__init__()
         kw = {"bias": False, "device": device, "dtype": dtype}
+        self.act = act
         self.gate_proj = nn.Linear(config.d_model, config.intermediate_size, **kw)
         self.up_proj = nn.Linear(config.d_model, config.intermediate_size, **kw)
         self.down_proj = nn.Linear(config.intermediate_size, config.d_model, **kw)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Block(nn.Module):
@@ -199,13 +204,18 @@ class Llama(nn.Module):
         inv_freq, factor = rope_parameters(self.config.head_dim, self.config.rope_theta, scaling, seq_len)
         return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype, inv_freq, factor)
 
-    @torch.no_grad()
     def init_random_(self, seed: int = 0, std: float = 0.02) -> Llama:
         """Random weights (normal(0, std), norms at 1) for speed/memory experiments at any shape."""
-        gen = torch.Generator(device=self.embed.weight.device).manual_seed(seed)
-        for name, p in self.named_parameters():
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
-            else:
-                p.normal_(0.0, std, generator=gen)
-        return self
+        return init_random_(self, seed, std)
+
+
+@torch.no_grad()
+def init_random_(model: nn.Module, seed: int = 0, std: float = 0.02) -> nn.Module:
+    """Fill ``model``'s weights with normal(0, std) draws from a seeded generator, its norms with 1."""
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.fill_(1.0)
+        else:
+            p.normal_(0.0, std, generator=gen)
+    return model
