@@ -53,7 +53,7 @@ from checkservice import start_checker_server  # noqa: E402
 from pipeline import Job, Run  # noqa: E402
 from preparation import solution_cells  # noqa: E402
 from reports import log, print_summary, write_reports, write_timings  # noqa: E402
-from staging import clean, discover  # noqa: E402
+from staging import clean, discover, load_aliases, save_aliases  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- main
@@ -128,7 +128,13 @@ def main(argv=None):
     solutions = (sorted(d for d in os.listdir(sol_dir)
                         if os.path.isfile(os.path.join(sol_dir, d, f"{d}.ipynb")))
                  if os.path.isdir(sol_dir) else [])
-    found, skipped, ids = discover(root, set(args.lesson), set(args.student), set(solutions))
+    try:
+        aliases = load_aliases(work)
+    except RuntimeError as exc:
+        log(f"make grade: {exc}")
+        return 1
+    found, skipped, ids = discover(root, set(args.lesson), set(args.student), set(solutions), aliases)
+    save_aliases(work, aliases)
     for student, lesson, why in skipped:
         log(f"skipped {clean(student)}/{clean(lesson)}: {clean(why)}")
     if not found and not skipped:
@@ -139,13 +145,24 @@ def main(argv=None):
                                    sorted({lesson for *_, lesson in found}))
     if lesson_info is None:
         return 1
-    keeper, feedback_keeper = Bookkeeper(root, work), Bookkeeper(root, work)
+    cgroup_host = host if host.kind else None
+    keeper = Bookkeeper(root, work, cgroup_host, "bookkeeper")
+    feedback_keeper = Bookkeeper(root, work, cgroup_host, "feedback")
+    log(f"bookkeeping and feedback workers: {keeper.limits_note()}")
     for k in (keeper, feedback_keeper):  # start both now, while the first sandboxes run
         threading.Thread(target=lambda k=k: k.ask({"op": "noop"}, 120), daemon=True).start()
-    run = Run(root, work, config, ctx, limits_from(args), lesson_info, host if host.kind else None,
-              extra_read_only_paths())
+    run = Run(root, work, config, ctx, limits_from(args), lesson_info, cgroup_host, extra_read_only_paths())
     jobs = [Job(student, lesson, folder=folder, ctl_dir=os.path.join(work, "jobs", student, lesson, "ctl"))
             for student, folder, lesson in found]
+    try:
+        return _finish(root, run, jobs, keeper, feedback_keeper, skipped, ids, args, t_start)
+    finally:
+        keeper.remove()
+        feedback_keeper.remove()
+
+
+def _finish(root, run, jobs, keeper, feedback_keeper, skipped, ids, args, t_start):
+    """Grade the jobs, export grades.csv, write the reports and the summary; 0 when grades.csv is written."""
     run.grade_all(jobs, keeper, feedback_keeper, args.jobs, args.no_feedback)
     feedback_keeper.close()
     graded = {job.student for job in jobs}

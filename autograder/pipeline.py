@@ -136,7 +136,8 @@ class Run:
             return f"no {job.lesson}.ipynb in the submission"
         parent, child = self.ctx.Pipe(duplex=False)
         proc = self.ctx.Process(target=staging.validate_entry, daemon=True, args=(
-            child, path, self.lesson_info[job.lesson].max_cells, self.helper_limits(VALIDATE_TIMEOUT_S)))
+            child, path, self.lesson_info[job.lesson].max_cells, self.helper_limits(VALIDATE_TIMEOUT_S),
+            self.lesson_info[job.lesson].metadata))
         proc.start()
         child.close()
         try:
@@ -163,8 +164,9 @@ class Run:
             t_check = time.monotonic()
             problem = self.validate(job)
             job.timings["validate_s"] = time.monotonic() - t_check
-            with self.lock:  # nbgrader's preprocessors share the gradebook
-                test_cells = prepare(job, self.config, self.work, self.lesson_info[job.lesson], problem)
+            # the lock (nbgrader's preprocessors share the gradebook) is held inside, around the lookups only
+            test_cells = prepare(job, self.config, self.work, self.lesson_info[job.lesson], problem,
+                                 self.lock)
             job.timings["prepare_s"] = time.monotonic() - t0
             job.timings["prepare_cpu_s"] = time.thread_time() - cpu0 + job.timings.get("validate_cpu_s", 0.0)
             self._sandboxed(job, test_cells)
