@@ -36,7 +36,7 @@ def written_size(obj, limit, depth=OUTPUT_DEPTH):
                 total += len(item) + 2
                 continue
             lines = item.count("\n") + 1
-            total += len(json.dumps(item)) + lines * (level + 4) + 4
+            total += len(json.dumps(item)) + lines * (level + 5) + 4
         elif isinstance(item, dict):
             total += 2 + level
             for key, value in item.items():
@@ -45,8 +45,10 @@ def written_size(obj, limit, depth=OUTPUT_DEPTH):
         elif isinstance(item, (list, tuple)):
             total += 2 + level + len(item) * (level + 3)
             stack.extend((x, level + 1) for x in item)
+        elif isinstance(item, int) and not isinstance(item, bool):
+            total += item.bit_length() // 3 + 2   # its decimal digits, at most
         else:
-            total += 24
+            total += 24                           # a float, a boolean, null
     return total
 
 
