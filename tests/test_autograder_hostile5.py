@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import time
 
@@ -169,21 +170,35 @@ def _with_formgrader(root):
                     os.path.join(root, "autograder", "formgrader"))
 
 
-def _formgrader_page(root, path):
-    """The formgrader's page for an autograded notebook, rendered as its request handler does (seconds)."""
-    from nbconvert.exporters import HTMLExporter
-    from nbgrader.server_extensions.formgrader import handlers
-    from traitlets.config.loader import PyFileConfigLoader
+FORMGRADER_PAGE = """
+import json, os, sys, time
+from nbconvert.exporters import HTMLExporter
+from nbgrader.server_extensions.formgrader import handlers
+from traitlets.config.loader import PyFileConfigLoader
+root, path, lesson = sys.argv[1:4]
+folder = os.path.join(root, "autograder", "formgrader")
+config = PyFileConfigLoader("nbgrader_config.py", path=folder).load_config()
+config.HTMLExporter.template_name = "formgrade"
+config.HTMLExporter.extra_template_basedirs = [handlers.template_path]
+resources = {"assignment_id": lesson, "notebook_id": lesson, "submission_id": "s", "index": 0, "total": 1,
+             "base_url": "", "student": "s", "last_name": None, "first_name": None, "notebook_path": "p"}
+t0 = time.monotonic()
+html, _ = HTMLExporter(config=config).from_filename(path, resources=resources)
+print(json.dumps({"s": time.monotonic() - t0, "html": html}))
+"""
 
-    config = PyFileConfigLoader("nbgrader_config.py",
-                                path=os.path.join(root, "autograder", "formgrader")).load_config()
-    config.HTMLExporter.template_name = "formgrade"
-    config.HTMLExporter.extra_template_basedirs = [handlers.template_path]
-    resources = {"assignment_id": LESSON, "notebook_id": LESSON, "submission_id": "s", "index": 0, "total": 1,
-                 "base_url": "", "student": "s", "last_name": None, "first_name": None, "notebook_path": "p"}
-    t0 = time.monotonic()
-    html, _ = HTMLExporter(config=config).from_filename(path, resources=resources)
-    return time.monotonic() - t0, html
+
+def _formgrader_page(root, path, limit_s=60):
+    """The formgrader's page for an autograded notebook, rendered as its request handler does, in a child
+    (seconds, html); the test fails if it takes more than `limit_s` (the old grader's took minutes)."""
+    try:
+        out = subprocess.run([h.PY, "-c", FORMGRADER_PAGE, root, path, LESSON], capture_output=True,
+                             text=True, timeout=limit_s, env=h.env())
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the formgrader's page took more than {limit_s} s")
+    assert out.returncode == 0, out.stderr[-2000:]
+    page = json.loads(out.stdout.strip().split("\n")[-1])
+    return page["s"], page["html"]
 
 
 def test_highlighting_ignores_the_notebooks_language_and_is_bounded(tmp_path):
