@@ -53,7 +53,14 @@ from checkservice import start_checker_server  # noqa: E402
 from pipeline import Job, Run  # noqa: E402
 from preparation import solution_cells  # noqa: E402
 from reports import log, print_summary, write_reports, write_timings  # noqa: E402
-from staging import clean, discover, load_aliases, save_aliases  # noqa: E402
+from staging import (  # noqa: E402
+    ALIASES_FILE,
+    clean,
+    discover,
+    legacy_aliases,
+    load_aliases,
+    save_aliases,
+)
 
 
 # ----------------------------------------------------------------------------- main
@@ -133,6 +140,8 @@ def main(argv=None):
     except RuntimeError as exc:
         log(f"make grade: {exc}")
         return 1
+    if not aliases and not os.path.exists(os.path.join(work, ALIASES_FILE)):
+        aliases = legacy_aliases(root, gradebook_students(root))
     found, skipped, ids = discover(root, set(args.lesson), set(args.student), set(solutions), aliases)
     save_aliases(work, aliases)
     for student, lesson, why in skipped:
@@ -179,6 +188,23 @@ def _finish(root, run, jobs, keeper, feedback_keeper, skipped, ids, args, t_star
     if args.timings:
         write_timings(args.timings, jobs, elapsed, args.jobs)
     return 0 if exported.get("ok") else 1
+
+
+def gradebook_students(root) -> set:
+    """The student ids of an existing gradebook (read-only; an empty set when there is none)."""
+    import sqlite3
+
+    path = os.path.join(root, "autograder", "gradebook.db")
+    if not os.path.isfile(path):
+        return set()
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            return {row[0] for row in db.execute("SELECT id FROM student")}
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return set()
 
 
 def register_lessons(api, root, work, lessons):

@@ -78,18 +78,43 @@ def is_alias_form(name: str) -> bool:
     return ALIAS_RE.fullmatch(name) is not None
 
 
-def safe_alias(name: str, taken) -> str:
-    """A student id for a folder name that cannot be one: ASCII letters of the name, `-alias-`, a hash of
-    it. A folder named in that form is refused (discover), so an alias is never a folder's own id."""
+def _alias_parts(name: str):
     folded = unicodedata.normalize("NFKD", name.encode("utf-8", "replace").decode("utf-8"))
     base = re.sub(r"[^A-Za-z0-9_.@+-]+", "_", folded.encode("ascii", "ignore").decode())
     base = re.sub(r"^[^A-Za-z0-9]+", "", base)[:60].rstrip("_.-@+") or "student"
-    digest = hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()
+    return base, hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def safe_alias(name: str, taken) -> str:
+    """A student id for a folder name that cannot be one: ASCII letters of the name, `-alias-`, a hash of
+    it. A folder named in that form is refused (discover), so an alias is never a folder's own id."""
+    base, digest = _alias_parts(name)
     for n in (8, 16, 64):
         alias = f"{base}-alias-{digest[:n]}"
         if alias not in taken:
             return alias
     raise RuntimeError(f"no free alias for {clean(ascii(name))}")
+
+
+def legacy_aliases(root, known_ids) -> dict:
+    """{folder name: alias} for the folders an older grader aliased as `<letters>-<hash>` (before aliases
+    had a form of their own and were recorded), found among `known_ids` (the gradebook's students): the
+    first run with an alias map keeps those folders' rows and hand-graded scores."""
+    base_dir = os.path.join(root, "autograder", "submitted")
+    try:
+        with os.scandir(base_dir) as it:
+            names = [e.name for e in itertools.islice(it, MAX_SUBMISSION_ENTRIES)]
+    except OSError:
+        return {}
+    found = {}
+    for name in names:
+        if is_student_id(name) or name.startswith("."):
+            continue
+        base, digest = _alias_parts(name)
+        old = [f"{base}-{digest[:n]}" for n in (8, 16, 64) if f"{base}-{digest[:n]}" in known_ids]
+        if old:
+            found[name] = old[0]
+    return found
 
 
 def load_aliases(work) -> dict:

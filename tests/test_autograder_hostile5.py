@@ -255,6 +255,15 @@ def test_aliases_live_where_no_folder_can_and_stay_with_their_folder(tmp_path):
     assert refused == {ascii(bob), ascii(legacy)}, skipped
 
 
+def test_aliases_an_older_grader_gave_are_kept_on_the_first_run_with_a_map(tmp_path):
+    import hashlib
+
+    (tmp_path / "autograder" / "submitted" / "Bob Smith" / LESSON).mkdir(parents=True)
+    old = "Bob_Smith-" + hashlib.sha256(b"Bob Smith").hexdigest()[:8]
+    assert staging.legacy_aliases(str(tmp_path), {old, "alice"}) == {"Bob Smith": old}
+    assert staging.legacy_aliases(str(tmp_path), {"alice"}) == {}
+
+
 def test_a_broken_alias_map_stops_the_run_with_the_reason(tmp_path):
     (tmp_path / staging.ALIASES_FILE).write_text("{not json")
     with pytest.raises(RuntimeError, match="alias map"):
