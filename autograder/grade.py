@@ -13,8 +13,10 @@ sandbox. Steps:
 2. Stage each submission (autograder/pipeline.py, N at a time): copy its notebook (and files the lesson
    ships; a regular file, no link, no hard link, bounded size; every other file is listed as ignored) to
    autograder/.work/staged; a folder whose name is not a whole match of the student-id pattern is graded
-   under a safe alias. Check the notebook in a limited child with a time
-   limit (JSON, nbformat, at most twice the lesson's cells); one that fails is replaced by the blank lesson.
+   under a safe alias (`-alias-` and a hash, kept across runs in autograder/.work/aliases.json; a folder
+   named like an alias is refused). Check the notebook in a limited child with a time limit (JSON,
+   nbformat, at most twice the lesson's cells, 20 MiB as written; only what grading uses is kept); one
+   that fails is replaced by the blank lesson.
 3. Sanitize with nbgrader's own preprocessors, cell roles restored from the lesson first (test cells
    restored, deleted ones added back), then blank every test cell: the sandbox gets the student's cells only.
 4. Execute it in its own sandbox (autograder/sandbox.py). At each test cell the sandbox's executor asks
@@ -23,10 +25,11 @@ sandbox. Steps:
    the student's functions, a scheduler's decisions), relayed by this process. Its verdict is the test's.
 5. As each submission finishes, a bookkeeping worker (autograder/bookkeeper.py; nbgrader's `autograde`
    with the verdicts as the test cells' outputs) records it and a second one renders its feedback, each
-   task with a time limit; then its work folders are removed. Finally grades.csv (`nbgrader export`'s
-   columns), a report per student under autograder/reports/, and a summary table (skipped folders listed
-   with the reason). Every per-submission step is contained: a submission that breaks one is graded 0
-   with the reason, and the others are graded as usual. Written answers (nbgrader's manually graded
+   worker in a cgroup of its own under RLIMIT_AS, each task with a time limit; then its work folders
+   are removed. Finally grades.csv (`nbgrader export`'s columns), a report per student under
+   autograder/reports/, and a summary table (skipped folders listed with the reason, names quoted).
+   Every per-submission step is contained: a submission that breaks one is graded 0 with the reason,
+   and the others are graded as usual. Written answers (nbgrader's manually graded
    cells) stay pending until graded in the formgrader (autograder/formgrade.sh): reports and summary say
    so, and the next run shows the final total.
 """

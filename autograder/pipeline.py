@@ -1,8 +1,9 @@
 """One `make grade` run's pipeline: N sandboxes at a time, then autograde and feedback in two workers.
 
 Per submission (`Run.execute`, in one of N threads): stage its files, check its notebook in a limited
-child process with a time limit (outside any lock), prepare it (nbgrader's preprocessors, under the
-grader-wide lock, now bounded by the lesson's cell cap), run it in its sandbox with a checker service.
+child process with a time limit (outside any lock), prepare it (nbgrader's preprocessors; the
+grader-wide lock only around their two gradebook lookups, whose work is the lesson's), run it in its
+sandbox with a checker service.
 Then (`Run.autograding`, one thread) nbgrader's autograde in the bookkeeping worker, and (`Run.feedback`,
 another thread) the feedback in a second worker, so a slow feedback never holds up the gradebook. After
 its bookkeeping a submission's work folders (.work/jobs/..., .work/staged/...) are removed: what stays

@@ -1,12 +1,13 @@
 """Preparing one staged submission for the sandbox (step 3 of autograder/grade.py).
 
-The notebook was already checked in a child process (staging.validate_entry: size, cell count, JSON,
-nbformat). nbgrader's own preprocessors then sanitize it, with the cells' roles restored from the lesson
-first (cellroles.py: test cells restored from the release, deleted cells added back, kernelspec and
-metadata checked); every test cell is blanked, so the sandbox receives the student's cells only, and
-each test cell's check is planned from the instructor's source in solutions/, found by grade_id. A cell
-whose grade_id has no instructor test is never checked (it scores 0). A notebook that cannot be used is
-replaced by the blank released lesson (graded 0, with the reason).
+The notebook was already checked in a child process (staging.validate_entry: size as written, cell
+count, JSON, nbformat; only what grading uses kept). nbgrader's own preprocessors then sanitize it,
+with the cells' roles restored from the lesson first (cellroles.py: test cells restored from the
+release, deleted cells added back, kernelspec and metadata checked); every test cell is blanked, so the
+sandbox receives the student's cells only, and each test cell's check is planned from the instructor's
+source in solutions/, found by grade_id. A cell whose grade_id has no instructor test is never checked
+(it scores 0). A notebook that cannot be used is replaced by the blank released lesson (graded 0, with
+the reason).
 """
 
 from __future__ import annotations

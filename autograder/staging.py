@@ -6,8 +6,14 @@ links, hard links, counts, sizes, the notebook's JSON
 (lone surrogates, invalid nbformat, more cells than the lesson allows) and `timestamp.txt` are all
 bounded, replaced or dropped, and every problem becomes a note in that student's report instead of an
 exception that stops the run. A student folder whose name cannot be a student id (a leading dash,
-spaces, non-ASCII, over 100 characters) is graded under a safe alias that the report and the summary
-show next to the folder's name; nothing is skipped without a line in the summary.
+spaces, non-ASCII, over 100 characters) is graded under a safe alias (`<letters>-alias-<hash>`, a form
+no folder may take, recorded in .work/aliases.json so that it stays the folder's from run to run) that
+the report and the summary show next to the folder's name, quoted (`shown`); nothing is skipped without
+a line in the summary (20 per student folder, then a count).
+
+The notebook's check (`validate_entry`, in a limited child) keeps only what grading uses (cells' type,
+id, source and nbgrader keys; the lesson's kernelspec and language_info) and writes the notebook in the
+form nbformat writes it, the form its 20 MiB limit was measured in: nothing downstream grows past it.
 """
 
 from __future__ import annotations
