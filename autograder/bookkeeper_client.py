@@ -34,10 +34,13 @@ class Bookkeeper:
         self.root, self.work, self.proc = root, work, None
         self._replies = queue.Queue()
         self._lock = threading.Lock()
-        self.cgroup = None
+        self.cgroup, self.problem = None, "--allow-no-cgroups"
         if cgroup_host is not None and cgroup_host.kind:
-            self.cgroup = cgroups.Cgroup(cgroup_host, f"longctx-grader-{name}", WORKER_MEMORY_BYTES,
-                                         WORKER_PIDS, WORKER_CPUS)
+            try:
+                self.cgroup = cgroups.Cgroup(cgroup_host, f"longctx-grader-{name}", WORKER_MEMORY_BYTES,
+                                             WORKER_PIDS, WORKER_CPUS)
+            except OSError as exc:
+                self.problem = f"its cgroup could not be made: {exc}"
 
     def limits_note(self) -> str:
         """What limits the worker (one line for the grader's log)."""
@@ -45,7 +48,7 @@ class Bookkeeper:
             return (f"cgroup {self.cgroup.host.kind}: {WORKER_MEMORY_BYTES // 2**30} GiB, {WORKER_PIDS} "
                     f"processes, {WORKER_CPUS:g} core; RLIMIT_AS {WORKER_ADDRESS_BYTES // 2**30} GiB")
         return (f"NO CGROUP: only RLIMIT_AS {WORKER_ADDRESS_BYTES // 2**30} GiB per process, no CPU quota "
-                "(--allow-no-cgroups)")
+                f"({self.problem})")
 
     def _limit_child(self):
         """In the worker, before exec (no Python allocations to speak of): its cgroup and address space."""

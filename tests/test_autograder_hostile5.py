@@ -296,22 +296,35 @@ def test_a_padded_folder_name_cannot_forge_a_summary_row(capsys):
 
 
 # ----------------------------------------------------------------------------- 7. helpers' limits
-def test_bookkeeping_workers_join_their_cgroup_under_rlimit_as(tmp_path):
-    from bookkeeper_client import WORKER_ADDRESS_BYTES, Bookkeeper
+def _fake_cgroup_host(tmp_path, kind):
+    """A cgroup v1 or v2 hierarchy in plain folders (the limits are written, not enforced)."""
+    fake, none = tmp_path / "cg", str(tmp_path / "none")
+    if kind == "v1":
+        for controller in ("memory", "pids", "cpu"):
+            (fake / controller).mkdir(parents=True)
+        (fake / "memory" / "memory.kmem.tcp.limit_in_bytes").write_text("0\n")
+        return cgroups.detect(str(fake), none, env={}, cmdline=none), "memory.limit_in_bytes"
+    fake.mkdir()
+    (fake / "cgroup.controllers").write_text("cpu memory pids\n")
+    (tmp_path / "self-cgroup").write_text("0::/\n")
+    return cgroups.detect(str(fake), str(tmp_path / "self-cgroup"), env={}, cmdline=none), "memory.max"
 
-    fake = tmp_path / "cg"
-    for controller in ("memory", "pids", "cpu"):
-        (fake / controller).mkdir(parents=True)
-    (fake / "memory" / "memory.kmem.tcp.limit_in_bytes").write_text("0\n")
-    host = cgroups.detect(str(fake), str(tmp_path / "none"), env={}, cmdline=str(tmp_path / "none"))
+
+@pytest.mark.parametrize("kind", ["v1", "v2"])
+def test_bookkeeping_workers_join_their_cgroup_under_rlimit_as(tmp_path, kind):
+    from bookkeeper_client import WORKER_ADDRESS_BYTES, WORKER_MEMORY_BYTES, Bookkeeper
+
+    host, memory_file = _fake_cgroup_host(tmp_path, kind)
+    assert host.kind == kind, host
     keeper = Bookkeeper(h.REPO, str(tmp_path / "work"), host, "bookkeeper")
     try:
-        assert "cgroup v1" in keeper.limits_note()
+        assert f"cgroup {kind}" in keeper.limits_note()
         memory = keeper.cgroup.paths[0]
-        assert (open(os.path.join(memory, "memory.limit_in_bytes")).read() == str(2 * 2**30))
+        assert open(os.path.join(memory, memory_file)).read() == str(WORKER_MEMORY_BYTES)
         assert keeper.ask({"op": "noop"}, 120)["ok"]
         pid = keeper.proc.pid
-        assert [open(p).read() for p in keeper.cgroup.procs_files()] == [str(pid)] * 3
+        procs = keeper.cgroup.procs_files()
+        assert procs and [open(p).read() for p in procs] == [str(pid)] * len(procs)
         limits = open(f"/proc/{pid}/limits").read()
         assert re.search(rf"Max address space\s+{WORKER_ADDRESS_BYTES}\s", limits), limits
     finally:
