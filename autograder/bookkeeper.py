@@ -37,10 +37,9 @@ from executor_output import (  # noqa: E402
 )
 from nbgrader import utils  # noqa: E402
 from nbgrader.preprocessors import NbGraderPreprocessor  # noqa: E402
-from staging import clean, is_student_id  # noqa: E402
+from staging import MAX_NOTEBOOK_BYTES, clean, is_student_id  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MAX_NOTEBOOK_BYTES = 20 * 2**20
 NOTE_ROOM = 4096   # per cell, beyond the output caps: the executor's note and a cut error's name and message
 MAX_FEEDBACK_BYTES = 32 * 2**20
 DROPPED = "[the grader dropped the rest of this cell's output: it passed the output cap as written]\n"
