@@ -29,13 +29,20 @@ import warnings
 sys.modules.setdefault("rfc3987_syntax", None)
 
 import nbformat  # noqa: E402
-from executor_output import read_outputs  # noqa: E402
+from executor_output import (  # noqa: E402
+    MAX_CELL_OUTPUT_CHARS,
+    MAX_NOTEBOOK_OUTPUT_CHARS,
+    read_outputs,
+    written_size,
+)
 from nbgrader import utils  # noqa: E402
 from nbgrader.preprocessors import NbGraderPreprocessor  # noqa: E402
-from staging import clean, is_student_id  # noqa: E402
+from staging import MAX_NOTEBOOK_BYTES, clean, is_student_id  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MAX_NOTEBOOK_BYTES = 20 * 2**20
+NOTE_ROOM = 4096   # per cell, beyond the output caps: the executor's note and a cut error's name and message
+MAX_FEEDBACK_BYTES = 32 * 2**20
+DROPPED = "[the grader dropped the rest of this cell's output: it passed the output cap as written]\n"
 warnings.filterwarnings("ignore")
 
 
@@ -120,6 +127,7 @@ class ReplayVerdicts(NbGraderPreprocessor):
         ctl_dir = CURRENT["ctl_dir"]
         path = os.path.join(ctl_dir, "outputs.jsonl")
         executed = read_outputs(path, len(nb.cells), 4 * MAX_NOTEBOOK_BYTES)
+        budget = {"left": MAX_NOTEBOOK_OUTPUT_CHARS + NOTE_ROOM * len(nb.cells), "cut": []}
         if executed is None and os.path.exists(path):
             CURRENT["notes"].append(
                 "the executed notebook did not match the submission; its outputs were dropped")
@@ -135,8 +143,28 @@ class ReplayVerdicts(NbGraderPreprocessor):
             if utils.is_grade(cell) and not utils.is_solution(cell):
                 cell.outputs = verdict_outputs(verdicts.get(index), CURRENT["stop_reason"])
             else:
-                cell.outputs = [nbformat.from_dict(o) for o in (executed or {}).get(index, [])]
+                cell.outputs = [nbformat.from_dict(o) for o in capped(executed or {}, index, budget)]
+        if budget["cut"]:
+            CURRENT["notes"].append("outputs of cells " + ", ".join(map(str, budget["cut"])) +
+                                    " were cut in the graded notebook: past the output caps as written")
         return nb, resources
+
+
+def capped(executed, index, budget):
+    """Cell `index`'s outputs within the output caps, measured as they are written (written_size, as the
+    executor measured them): the graded notebook never grows past what was measured."""
+    kept, used = [], 0
+    for out in executed.get(index, []):
+        room = min(MAX_CELL_OUTPUT_CHARS + NOTE_ROOM - used, budget["left"])
+        size = written_size(out, room)
+        if size > room:
+            budget["cut"].append(index)
+            kept.append({"output_type": "stream", "name": "stdout", "text": DROPPED})
+            break
+        kept.append(out)
+        used += size
+        budget["left"] -= size
+    return kept
 
 
 def collect(config, student, lesson, autograded_dir):
@@ -200,6 +228,12 @@ def handle(task, api, config, root):
         return out
     if op == "feedback":
         result = api.generate_feedback(task["lesson"], task["student"], force=True)
+        page = os.path.join(root, "autograder", "feedback", task["student"], task["lesson"],
+                            f"{task['lesson']}.html")
+        size = os.path.getsize(page) if result["success"] and os.path.exists(page) else 0
+        if size > MAX_FEEDBACK_BYTES:  # measured as written; SafeFeedback's caps keep real pages far below
+            return {"ok": False, "error": f"the page would take {size:,} bytes, more than "
+                                          f"{MAX_FEEDBACK_BYTES // 2**20} MiB"}
         return {"ok": bool(result["success"]), "error": (result.get("error") or "")[-300:]}
     if op == "add_student":
         from nbgrader.api import Gradebook

@@ -6,9 +6,10 @@ gradebook, but keeps the student's `grade` and `solution` flags: an unlocked, ma
 answer whose copy claims `solution: false` would pass as a test cell with the student's own source.
 `RestoreCellRoles` runs before OverwriteCells, in the grader's preparation and in nbgrader's autograde
 alike: a cell whose grade_id is the lesson's gets the released lesson's nbgrader metadata (grade,
-solution, locked, task, points), and any other cell loses its nbgrader metadata and is a plain cell of
-the student. The released lesson is the one the grader itself generated from solutions/
-(autograder/.work/release), so the roles come from solutions/ only.
+solution, locked, task, points), a locked one its released source too, and any other cell loses its
+nbgrader metadata and is a plain cell of the student. The released lesson is the one the grader itself
+generated from solutions/ (autograder/.work/release), so the roles come from solutions/ only. Restoring
+a locked cell's source here keeps OverwriteCells' work (under the grader's lock) to the lesson's text.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ def release_roles(release_dir: str, lesson: str) -> dict:
         for cell in nbformat.read(path, as_version=4).cells:
             meta = cell.get("metadata", {}).get("nbgrader")
             if meta and meta.get("grade_id"):
-                roles[meta["grade_id"]] = dict(copy.deepcopy(meta), cell_type=cell.cell_type)
+                roles[meta["grade_id"]] = dict(copy.deepcopy(meta), cell_type=cell.cell_type,
+                                               source=cell.source)
         _CACHE[key] = roles
     return _CACHE[key]
 
@@ -60,7 +62,9 @@ def restore_roles(nb, roles: dict):
             del cell.metadata["nbgrader"]
             continue
         taken.add(gid)
-        restored = {k: v for k, v in role.items() if k != "cell_type"}
+        restored = {k: v for k, v in role.items() if k not in ("cell_type", "source")}
+        if restored.get("locked"):  # the lesson's text, as OverwriteCells would restore it
+            cell.source = role["source"]
         if "checksum" in meta and "checksum" not in restored:
             restored["checksum"] = meta["checksum"]
         cell.metadata["nbgrader"] = restored

@@ -1,9 +1,11 @@
 """What the executor keeps of a cell's outputs, and how it writes them (inside the sandbox).
 
-Every output message is measured whole (`content_size`: its data, MIME keys, metadata, names and texts
-all count; what is kept counts as its ASCII-escaped JSON, an upper bound of its bytes on disk), against
-a cap per cell and a cap for the whole notebook; beyond a cap the output is dropped,
-a note says so once per cell, and an error keeps only its (short) name and message, once per cell.
+Every output message is measured whole (`written_size`: its data, MIME keys, metadata, names and texts
+all count, as nbformat writes them in the graded notebook: indented, text split in lines, non-ASCII
+escaped, an upper bound of its bytes on disk), against a cap per cell and a cap for the whole notebook
+(the bookkeeper measures them again, the same way, before it writes the graded notebook); beyond a cap
+the output is dropped, a note says so once per cell, and an error keeps only its (short) name and
+message, once per cell.
 Output metadata is dropped, and display-id updates are ignored (one small update could otherwise
 rewrite every earlier output that shares its id). The outputs of each executed cell are appended to
 /ctl/outputs.jsonl as one JSON line: no rewrite of the whole notebook after every cell.
@@ -15,25 +17,38 @@ import os
 NOTE = "\n[the grader truncated this cell's output after {cap} characters]\n"
 NOTEBOOK_NOTE = ("\n[the grader dropped this cell's output: the notebook's outputs passed {cap} characters "
                  "in total]\n")
+MAX_CELL_OUTPUT_CHARS = 200_000           # every kind of output of one cell, as written
+MAX_NOTEBOOK_OUTPUT_CHARS = 20 * 2**20     # all cells together
+OUTPUT_DEPTH = 4                           # an output's nesting in the notebook: cells, cell, outputs, output
 OUTPUT_KINDS = ("stream", "display_data", "execute_result", "error", "update_display_data")
 
 
-def content_size(obj, limit):
-    """About how many characters `obj` takes as JSON (every key, string and number counts); stops past
-    `limit`."""
-    total, stack = 0, [obj]
+def written_size(obj, limit, depth=OUTPUT_DEPTH):
+    """An upper bound of the bytes `obj` takes in a notebook file as nbformat writes it (indent 1, one line
+    per list item, dict entry and line of text, non-ASCII escaped at worst), nested `depth` levels deep;
+    stops counting past `limit`. Every key, string and number counts, so deep nesting counts its
+    indentation and a string of blank lines counts a line each."""
+    total, stack = 0, [(obj, depth)]
     while stack and total <= limit:
-        item = stack.pop()
+        item, level = stack.pop()
         if isinstance(item, str):
-            total += len(item) + 2
+            if len(item) > limit - total:  # past the limit already: no need to escape it
+                total += len(item) + 2
+                continue
+            lines = item.count("\n") + 1
+            total += len(json.dumps(item)) + lines * (level + 5) + 4
         elif isinstance(item, dict):
-            total += 2 + sum(len(str(k)) + 4 for k in item)
-            stack.extend(item.values())
+            total += 2 + level
+            for key, value in item.items():
+                total += len(json.dumps(str(key))) + level + 4
+                stack.append((value, level + 1))
         elif isinstance(item, (list, tuple)):
-            total += 2 + len(item)
-            stack.extend(item)
+            total += 2 + level + len(item) * (level + 3)
+            stack.extend((x, level + 1) for x in item)
+        elif isinstance(item, int) and not isinstance(item, bool):
+            total += item.bit_length() // 3 + 2   # its decimal digits, at most
         else:
-            total += 8
+            total += 24                           # a float, a boolean, null
     return total
 
 
@@ -65,13 +80,8 @@ class OutputCaps:
         content = msg.get("content") if isinstance(msg.get("content"), dict) else {}
         used = self.cell_chars.get(cell_index, 0)
         room = min(self.cell_cap - used, self.notebook_cap - self.total_chars)
-        size = content_size(content, max(self.cell_cap, self.notebook_cap))
+        size = written_size(content, room)  # the whole message, as it would be written in the notebook
         msg = dict(msg, content=_kept_content(kind, content))
-        if size <= room:  # what it will take on disk: escapes included (bounded by the caps, so cheap)
-            try:
-                size = max(size, len(json.dumps(msg["content"])))
-            except (TypeError, ValueError):
-                size = room + 1
         over_cell = used + size > self.cell_cap
         over_notebook = self.total_chars + size > self.notebook_cap
         if not over_cell and not over_notebook:

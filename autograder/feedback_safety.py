@@ -11,8 +11,13 @@ links, SVG with scripts, or `Javascript()` outputs into the browser of whoever o
 - Markdown that is not the lesson's own text (answers, added or edited cells: anything whose text is
   not a Markdown cell of solutions/<lesson>/<lesson>.ipynb) is shown as a fenced code block (its text,
   escaped), and cell attachments are dropped;
-- ANSI escape codes are removed from long texts, and every text is capped, so rendering takes linear time;
-- cell and notebook metadata are reduced to what nbgrader's feedback needs; grade ids are made safe.
+- ANSI escape codes are removed from long texts, every text is capped (MAX_TEXT_CHARS) and so is a
+  page's student text in all (MAX_PAGE_TEXT_CHARS: later outputs are replaced by one line that says so),
+  so rendering takes linear time and a bounded page;
+- cell metadata is reduced to what nbgrader's feedback needs, grade ids are made safe, and the notebook's
+  kernelspec and language_info are the lesson's (solutions/), never the student's; code is highlighted
+  with the lessons' lexer, bounded in size and time (autograder/highlighting.py, registered as nbconvert's
+  `highlight_code` filter in autograder/nbgrader_config.py).
 
 The lesson's own Markdown (exactly the instructor's text) is kept as is. A written answer that awaits
 manual grading (`PendingGrades` marks it) says so above the student's text, since nbgrader's feedback
@@ -27,6 +32,7 @@ import json
 import os
 import re
 
+import highlighting
 from nbconvert.preprocessors import Preprocessor
 from nbgrader.preprocessors import GetGrades
 from traitlets import Bool
@@ -36,6 +42,8 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]|[\x00-\x08\x0b\x0c\x0e-\
 BASE64 = re.compile(r"^[A-Za-z0-9+/=\s]*$")
 MAX_TEXT_CHARS = 50_000
 MAX_IMAGE_CHARS = 4_000_000
+MAX_PAGE_TEXT_CHARS = 4_000_000   # the student's text and outputs on one page, images included
+PAGE_FULL_NOTE = "[... this page shows no more output: it reached its size limit ...]\n"
 PENDING_NOTE = "**Not graded yet:** this answer awaits manual grading; the score shown here is not final."
 
 
@@ -81,26 +89,42 @@ def _safe_output(out):
     return None
 
 
+def _page_outputs(outputs, budget):
+    """The safe outputs of a cell while the page's text budget lasts, then one line that says so."""
+    kept = []
+    for out in outputs:
+        if budget[0] <= 0:
+            kept.append({"output_type": "stream", "name": "stdout", "text": PAGE_FULL_NOTE})
+            break
+        safe = _safe_output(out)
+        if safe is not None:
+            budget[0] -= len(json.dumps(safe))
+            kept.append(safe)
+    return kept
+
+
 def _fence(text):
     longest = max([len(m) for m in re.findall(r"`+|~+", text)] + [2])
     fence = "`" * (longest + 1)
     return f"{fence}text\n{text}\n{fence}"
 
 
-def lesson_markdown(root, lesson):
-    """The Markdown texts of the instructor's source notebook (trusted), or an empty set."""
+def lesson_source(root, lesson):
+    """(the Markdown texts, the kernelspec and language_info) of the instructor's source notebook
+    (trusted), or (an empty set, {})."""
     path = os.path.join(root, "solutions", lesson, f"{lesson}.ipynb")
     try:
         with open(path, encoding="utf-8") as fh:
-            cells = json.load(fh).get("cells", [])
-    except (OSError, ValueError):
-        return set()
+            data = json.load(fh)
+        cells, meta = data.get("cells", []), data.get("metadata", {})
+    except (OSError, ValueError, AttributeError):
+        return set(), {}
     texts = set()
     for cell in cells:
         if cell.get("cell_type") == "markdown":
             src = cell.get("source", "")
             texts.add("".join(src) if isinstance(src, list) else src)
-    return texts
+    return texts, {k: meta[k] for k in ("kernelspec", "language_info") if isinstance(meta.get(k), dict)}
 
 
 class SafeFeedback(Preprocessor):
@@ -117,10 +141,11 @@ class SafeFeedback(Preprocessor):
         except AttributeError:
             root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         lesson = str(resources.get("nbgrader", {}).get("assignment") or resources.get("assignment_id") or "")
-        trusted = lesson_markdown(str(root), lesson) if re.fullmatch(r"[A-Za-z0-9_.-]+", lesson) else set()
-
-        keep_meta = {k: nb.metadata[k] for k in ("kernelspec", "language_info") if k in nb.metadata}
-        nb.metadata = from_dict(keep_meta)
+        trusted, lesson_meta = lesson_source(str(root), lesson) if re.fullmatch(r"[A-Za-z0-9_.-]+", lesson) \
+            else (set(), {})
+        highlighting.new_page()
+        nb.metadata = from_dict(lesson_meta)  # the lesson's language, never the student's
+        budget = [MAX_PAGE_TEXT_CHARS]
         for cell in nb.cells:
             nbg = cell.get("metadata", {}).get("nbgrader", {})
             if nbg:
@@ -132,18 +157,21 @@ class SafeFeedback(Preprocessor):
             pending = nbg.get("pending") is True
             if cell.cell_type == "markdown":
                 if cell.source not in trusted:
-                    cell.source = _fence(clean_text(cell.source))
+                    cell.source = _fence(clean_text(cell.source, min(MAX_TEXT_CHARS, max(2_000, budget[0]))))
+                    budget[0] -= len(cell.source)
                 if pending:
                     cell.source = PENDING_NOTE + "\n\n" + cell.source
             elif cell.cell_type == "code":
-                cell.source = clean_text(cell.source)
-                outputs = [_safe_output(o) for o in cell.get("outputs", [])]
+                cell.source = clean_text(cell.source, min(MAX_TEXT_CHARS, max(2_000, budget[0])))
+                budget[0] -= len(cell.source)
+                outputs = _page_outputs(cell.get("outputs", []), budget)
                 if pending:
                     outputs.append({"output_type": "stream", "name": "stdout", "text": PENDING_NOTE + "\n"})
                 cell.outputs = [from_dict(o) for o in outputs if o is not None]
             else:  # raw cells are rendered verbatim by some templates
                 cell.cell_type = "markdown"
-                cell.source = _fence(clean_text(cell.source))
+                cell.source = _fence(clean_text(cell.source, min(MAX_TEXT_CHARS, max(2_000, budget[0]))))
+                budget[0] -= len(cell.source)
         return nb, resources
 
 

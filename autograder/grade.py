@@ -13,8 +13,10 @@ sandbox. Steps:
 2. Stage each submission (autograder/pipeline.py, N at a time): copy its notebook (and files the lesson
    ships; a regular file, no link, no hard link, bounded size; every other file is listed as ignored) to
    autograder/.work/staged; a folder whose name is not a whole match of the student-id pattern is graded
-   under a safe alias. Check the notebook in a limited child with a time
-   limit (JSON, nbformat, at most twice the lesson's cells); one that fails is replaced by the blank lesson.
+   under a safe alias (`-alias-` and a hash, kept across runs in autograder/.work/aliases.json; a folder
+   named like an alias is refused). Check the notebook in a limited child with a time limit (JSON,
+   nbformat, at most twice the lesson's cells, 20 MiB as written; only what grading uses is kept); one
+   that fails is replaced by the blank lesson.
 3. Sanitize with nbgrader's own preprocessors, cell roles restored from the lesson first (test cells
    restored, deleted ones added back), then blank every test cell: the sandbox gets the student's cells only.
 4. Execute it in its own sandbox (autograder/sandbox.py). At each test cell the sandbox's executor asks
@@ -23,10 +25,11 @@ sandbox. Steps:
    the student's functions, a scheduler's decisions), relayed by this process. Its verdict is the test's.
 5. As each submission finishes, a bookkeeping worker (autograder/bookkeeper.py; nbgrader's `autograde`
    with the verdicts as the test cells' outputs) records it and a second one renders its feedback, each
-   task with a time limit; then its work folders are removed. Finally grades.csv (`nbgrader export`'s
-   columns), a report per student under autograder/reports/, and a summary table (skipped folders listed
-   with the reason). Every per-submission step is contained: a submission that breaks one is graded 0
-   with the reason, and the others are graded as usual. Written answers (nbgrader's manually graded
+   worker in a cgroup of its own under RLIMIT_AS, each task with a time limit; then its work folders
+   are removed. Finally grades.csv (`nbgrader export`'s columns), a report per student under
+   autograder/reports/, and a summary table (skipped folders listed with the reason, names quoted).
+   Every per-submission step is contained: a submission that breaks one is graded 0 with the reason,
+   and the others are graded as usual. Written answers (nbgrader's manually graded
    cells) stay pending until graded in the formgrader (autograder/formgrade.sh): reports and summary say
    so, and the next run shows the final total.
 """
@@ -53,7 +56,14 @@ from checkservice import start_checker_server  # noqa: E402
 from pipeline import Job, Run  # noqa: E402
 from preparation import solution_cells  # noqa: E402
 from reports import log, print_summary, write_reports, write_timings  # noqa: E402
-from staging import clean, discover  # noqa: E402
+from staging import (  # noqa: E402
+    ALIASES_FILE,
+    clean,
+    discover,
+    legacy_aliases,
+    load_aliases,
+    save_aliases,
+)
 
 
 # ----------------------------------------------------------------------------- main
@@ -128,7 +138,15 @@ def main(argv=None):
     solutions = (sorted(d for d in os.listdir(sol_dir)
                         if os.path.isfile(os.path.join(sol_dir, d, f"{d}.ipynb")))
                  if os.path.isdir(sol_dir) else [])
-    found, skipped, ids = discover(root, set(args.lesson), set(args.student), set(solutions))
+    try:
+        aliases = load_aliases(work)
+    except RuntimeError as exc:
+        log(f"make grade: {exc}")
+        return 1
+    if not aliases and not os.path.exists(os.path.join(work, ALIASES_FILE)):
+        aliases = legacy_aliases(root, gradebook_students(root))
+    found, skipped, ids = discover(root, set(args.lesson), set(args.student), set(solutions), aliases)
+    save_aliases(work, aliases)
     for student, lesson, why in skipped:
         log(f"skipped {clean(student)}/{clean(lesson)}: {clean(why)}")
     if not found and not skipped:
@@ -139,13 +157,24 @@ def main(argv=None):
                                    sorted({lesson for *_, lesson in found}))
     if lesson_info is None:
         return 1
-    keeper, feedback_keeper = Bookkeeper(root, work), Bookkeeper(root, work)
+    cgroup_host = host if host.kind else None
+    keeper = Bookkeeper(root, work, cgroup_host, "bookkeeper")
+    feedback_keeper = Bookkeeper(root, work, cgroup_host, "feedback")
+    log(f"bookkeeping and feedback workers: {keeper.limits_note()}")
     for k in (keeper, feedback_keeper):  # start both now, while the first sandboxes run
         threading.Thread(target=lambda k=k: k.ask({"op": "noop"}, 120), daemon=True).start()
-    run = Run(root, work, config, ctx, limits_from(args), lesson_info, host if host.kind else None,
-              extra_read_only_paths())
+    run = Run(root, work, config, ctx, limits_from(args), lesson_info, cgroup_host, extra_read_only_paths())
     jobs = [Job(student, lesson, folder=folder, ctl_dir=os.path.join(work, "jobs", student, lesson, "ctl"))
             for student, folder, lesson in found]
+    try:
+        return _finish(root, run, jobs, keeper, feedback_keeper, skipped, ids, args, t_start)
+    finally:
+        keeper.remove()
+        feedback_keeper.remove()
+
+
+def _finish(root, run, jobs, keeper, feedback_keeper, skipped, ids, args, t_start):
+    """Grade the jobs, export grades.csv, write the reports and the summary; 0 when grades.csv is written."""
     run.grade_all(jobs, keeper, feedback_keeper, args.jobs, args.no_feedback)
     feedback_keeper.close()
     graded = {job.student for job in jobs}
@@ -162,6 +191,23 @@ def main(argv=None):
     if args.timings:
         write_timings(args.timings, jobs, elapsed, args.jobs)
     return 0 if exported.get("ok") else 1
+
+
+def gradebook_students(root) -> set:
+    """The student ids of an existing gradebook (read-only; an empty set when there is none)."""
+    import sqlite3
+
+    path = os.path.join(root, "autograder", "gradebook.db")
+    if not os.path.isfile(path):
+        return set()
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            return {row[0] for row in db.execute("SELECT id FROM student")}
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return set()
 
 
 def register_lessons(api, root, work, lessons):

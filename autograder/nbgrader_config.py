@@ -20,6 +20,7 @@ from nbgrader.preprocessors import ClearHiddenTests
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from feedback_safety import PendingGrades, SafeFeedback  # noqa: E402
+from highlighting import BoundedHighlight, course_lexer  # noqa: E402
 
 c = get_config()  # noqa: F821  (provided by traitlets when it loads this file)
 
@@ -49,3 +50,7 @@ c.LimitOutput.max_traceback = 100
 # would run (student HTML, SVG, JavaScript and Markdown are shown as text: autograder/feedback_safety.py).
 # PendingGrades is nbgrader's GetGrades that also marks written answers still awaiting manual grading.
 c.GenerateFeedback.preprocessors = [PendingGrades, ClearHiddenTests, SafeFeedback, CSSHTMLHeaderPreprocessor]
+
+# Code cells are highlighted with the lessons' own lexer (never the notebook's language_info), at most
+# 20,000 characters a cell and 2 s a page, in the feedback and the formgrader (autograder/highlighting.py).
+c.HTMLExporter.filters = {"highlight_code": BoundedHighlight(course_lexer(_ROOT))}

@@ -1,8 +1,9 @@
 """One `make grade` run's pipeline: N sandboxes at a time, then autograde and feedback in two workers.
 
 Per submission (`Run.execute`, in one of N threads): stage its files, check its notebook in a limited
-child process with a time limit (outside any lock), prepare it (nbgrader's preprocessors, under the
-grader-wide lock, now bounded by the lesson's cell cap), run it in its sandbox with a checker service.
+child process with a time limit (outside any lock), prepare it (nbgrader's preprocessors; the
+grader-wide lock only around their two gradebook lookups, whose work is the lesson's), run it in its
+sandbox with a checker service.
 Then (`Run.autograding`, one thread) nbgrader's autograde in the bookkeeping worker, and (`Run.feedback`,
 another thread) the feedback in a second worker, so a slow feedback never holds up the gradebook. After
 its bookkeeping a submission's work folders (.work/jobs/..., .work/staged/...) are removed: what stays
@@ -136,7 +137,8 @@ class Run:
             return f"no {job.lesson}.ipynb in the submission"
         parent, child = self.ctx.Pipe(duplex=False)
         proc = self.ctx.Process(target=staging.validate_entry, daemon=True, args=(
-            child, path, self.lesson_info[job.lesson].max_cells, self.helper_limits(VALIDATE_TIMEOUT_S)))
+            child, path, self.lesson_info[job.lesson].max_cells, self.helper_limits(VALIDATE_TIMEOUT_S),
+            self.lesson_info[job.lesson].metadata))
         proc.start()
         child.close()
         try:
@@ -163,8 +165,9 @@ class Run:
             t_check = time.monotonic()
             problem = self.validate(job)
             job.timings["validate_s"] = time.monotonic() - t_check
-            with self.lock:  # nbgrader's preprocessors share the gradebook
-                test_cells = prepare(job, self.config, self.work, self.lesson_info[job.lesson], problem)
+            # the lock (nbgrader's preprocessors share the gradebook) is held inside, around the lookups only
+            test_cells = prepare(job, self.config, self.work, self.lesson_info[job.lesson], problem,
+                                 self.lock)
             job.timings["prepare_s"] = time.monotonic() - t0
             job.timings["prepare_cpu_s"] = time.thread_time() - cpu0 + job.timings.get("validate_cpu_s", 0.0)
             self._sandboxed(job, test_cells)

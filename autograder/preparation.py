@@ -1,12 +1,13 @@
 """Preparing one staged submission for the sandbox (step 3 of autograder/grade.py).
 
-The notebook was already checked in a child process (staging.validate_entry: size, cell count, JSON,
-nbformat). nbgrader's own preprocessors then sanitize it, with the cells' roles restored from the lesson
-first (cellroles.py: test cells restored from the release, deleted cells added back, kernelspec and
-metadata checked); every test cell is blanked, so the sandbox receives the student's cells only, and
-each test cell's check is planned from the instructor's source in solutions/, found by grade_id. A cell
-whose grade_id has no instructor test is never checked (it scores 0). A notebook that cannot be used is
-replaced by the blank released lesson (graded 0, with the reason).
+The notebook was already checked in a child process (staging.validate_entry: size as written, cell
+count, JSON, nbformat; only what grading uses kept). nbgrader's own preprocessors then sanitize it,
+with the cells' roles restored from the lesson first (cellroles.py: test cells restored from the
+release, deleted cells added back, kernelspec and metadata checked); every test cell is blanked, so the
+sandbox receives the student's cells only, and each test cell's check is planned from the instructor's
+source in solutions/, found by grade_id. A cell whose grade_id has no instructor test is never checked
+(it scores 0). A notebook that cannot be used is replaced by the blank released lesson (graded 0, with
+the reason).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class LessonInfo:
     tests: dict        # grade_id -> the instructor's test-cell source (hidden tests included)
     sources: list      # the lesson's other code cells' sources (what the checker may import)
     max_cells: int     # twice the released lesson's cells: more is a denial of service, not an answer
+    metadata: dict     # the released lesson's kernelspec and language_info (a submission's are replaced)
 
 
 def solution_cells(root, lesson, release_dir=None):
@@ -47,12 +49,18 @@ def solution_cells(root, lesson, release_dir=None):
             tests[meta["grade_id"]] = cell.source
         else:
             others.append(cell.source)
-    released = len(nbformat.read(os.path.join(release_dir, lesson, f"{lesson}.ipynb"), as_version=4).cells) \
-        if release_dir else len(nb.cells)
-    return LessonInfo(tests, others, max(2 * released, 8))
+    release = nbformat.read(os.path.join(release_dir, lesson, f"{lesson}.ipynb"), as_version=4) \
+        if release_dir else nb
+    metadata = {k: release.metadata[k] for k in ("kernelspec", "language_info") if k in release.metadata}
+    return LessonInfo(tests, others, max(2 * len(release.cells), 8), metadata)
 
 
-def sanitize(nb, job, config):
+def sanitize(nb, job, config, lock=None):
+    """nbgrader's sanitizing preprocessors. `lock` (the grader-wide one) is held only around the two that
+    read the gradebook, whose work is the lesson's cells (one cell per grade_id once the roles are
+    restored); the others, whose work grows with the submission, run outside it."""
+    import contextlib
+
     from cellroles import (
         RestoreCellRoles,  # imports nbgrader: not at module level (checker children load this)
     )
@@ -67,15 +75,19 @@ def sanitize(nb, job, config):
     resources = {"unique_key": job.lesson, "nbgrader": {"assignment": job.lesson, "student": job.student,
                                                         "notebook": job.lesson,
                                                         "db_url": config.CourseDirectory.db_url}}
-    for klass in (ClearOutput, DeduplicateIds, RestoreCellRoles, OverwriteKernelspec, OverwriteCells,
-                  CheckCellMetadata):
+    for klass in (ClearOutput, DeduplicateIds, RestoreCellRoles):
         nb, resources = klass(config=config).preprocess(nb, resources)
+    with lock if lock is not None else contextlib.nullcontext():
+        for klass in (OverwriteKernelspec, OverwriteCells):
+            nb, resources = klass(config=config).preprocess(nb, resources)
+    nb, resources = CheckCellMetadata(config=config).preprocess(nb, resources)
     return nb
 
 
-def prepare(job, config, work, lesson: LessonInfo, problem=""):
+def prepare(job, config, work, lesson: LessonInfo, problem="", lock=None):
     """Sanitize, blank the test cells, plan their checks; write ctl/input.ipynb. `problem`: why the
-    validator refused the notebook ("" when it is usable)."""
+    validator refused the notebook ("" when it is usable); `lock`: held only around the gradebook's
+    preprocessors (sanitize)."""
     import nbformat
     from nbgrader import utils
 
@@ -84,13 +96,13 @@ def prepare(job, config, work, lesson: LessonInfo, problem=""):
     try:
         if problem:
             raise ValueError(problem)
-        nb = sanitize(nbformat.read(path, as_version=4), job, config)
+        nb = sanitize(nbformat.read(path, as_version=4), job, config, lock)
         nbformat.writes(nb)  # anything nbformat cannot write is caught here, not later
     except Exception as exc:  # noqa: BLE001
         why = clean(exc)[:300] if problem else f"{type(exc).__name__}: {clean(exc)[:200]}"
         job.notes.append(f"the notebook could not be used ({why}); it was graded as the blank lesson")
         shutil.copyfile(blank, path)  # what nbgrader's autograde reads later
-        nb = sanitize(nbformat.read(path, as_version=4), job, config)
+        nb = sanitize(nbformat.read(path, as_version=4), job, config, lock)
 
     def own_code(notebook):  # every code cell the student can change (test cells are restored anyway)
         return "\n".join(c.source for c in notebook.cells if c.cell_type == "code" and

@@ -6,7 +6,7 @@ import json
 import os
 
 from executor_output import read_outputs
-from staging import MAX_NOTEBOOK_BYTES, clean, is_student_id
+from staging import MAX_NOTEBOOK_BYTES, clean, is_student_id, shown
 
 
 def log(msg):
@@ -128,7 +128,7 @@ def write_reports(root, jobs, skipped, aliases=None):
     for student, js in by_student.items():
         lines = [f"Grading report for {student}", "=" * (21 + len(student)), ""]
         if student in aliases:
-            lines += [f"(the folder autograder/submitted/{clean(aliases[student])[:200]} has a name that "
+            lines += [f"(the folder autograder/submitted/{shown(aliases[student], 200)} has a name that "
                       f"cannot be a student id; it was graded as {student})", ""]
         for job in js:
             try:
@@ -170,7 +170,7 @@ def print_summary(jobs, elapsed, skipped=(), aliases=None):
             + (f"  [+{pending:g} points pending manual grading: {', '.join(n for n, _ in job.pending)}]"
                if job.pending else "")
             + (f"  [review: {clean(', '.join(job.flags))}]" if job.flags else "")
-            + (f"  [folder: {clean(aliases[job.student])[:120]}]" if job.student in aliases else ""))
+            + (f"  [folder: {shown(aliases[job.student], 120)}]" if job.student in aliases else ""))
     for student, lesson, why in skipped:
         log(f"{clean(student):<20} {clean(lesson):<28} {'0':>5}/{'-':<5}  skipped: {clean(why)}")
     log(f"\n{len(jobs)} submission(s) graded in {elapsed:.0f} s. grades.csv, feedback/ and reports/ are in "

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 
 import cgroups
 import seccomp
+from executor_output import MAX_CELL_OUTPUT_CHARS, MAX_NOTEBOOK_OUTPUT_CHARS
 from sandbox_command import build_command, options_fd, write_kernelspec
 
 BASE_UID = 61000
@@ -52,8 +53,8 @@ class Limits:
     max_processes: int = 256         # processes + threads of the sandbox user (RLIMIT_NPROC)
     max_file_bytes: int = 256 * 2**20
     tmpfs_bytes: int = 512 * 2**20   # home and /tmp, each
-    max_cell_output_chars: int = 200_000   # every kind of output (streams, displays, errors), whole messages
-    max_notebook_output_chars: int = 20 * 2**20  # all cells together; beyond it outputs are dropped
+    max_cell_output_chars: int = MAX_CELL_OUTPUT_CHARS  # every kind of output, whole messages, as written
+    max_notebook_output_chars: int = MAX_NOTEBOOK_OUTPUT_CHARS  # all cells together; beyond, dropped
     executor_memory_bytes: int = 2 * 2**30       # the executor's RLIMIT_AS (it holds the notebook's outputs)
     executor_file_bytes: int = 64 * 2**20        # the executor's RLIMIT_FSIZE (its outputs file stays below)
     threads: int = 1                 # OMP / MKL / torch threads, and the CPU quota in cores

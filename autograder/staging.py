@@ -6,8 +6,14 @@ links, hard links, counts, sizes, the notebook's JSON
 (lone surrogates, invalid nbformat, more cells than the lesson allows) and `timestamp.txt` are all
 bounded, replaced or dropped, and every problem becomes a note in that student's report instead of an
 exception that stops the run. A student folder whose name cannot be a student id (a leading dash,
-spaces, non-ASCII, over 100 characters) is graded under a safe alias that the report and the summary
-show next to the folder's name; nothing is skipped without a line in the summary.
+spaces, non-ASCII, over 100 characters) is graded under a safe alias (`<letters>-alias-<hash>`, a form
+no folder may take, recorded in .work/aliases.json so that it stays the folder's from run to run) that
+the report and the summary show next to the folder's name, quoted (`shown`); nothing is skipped without
+a line in the summary (20 per student folder, then a count).
+
+The notebook's check (`validate_entry`, in a limited child) keeps only what grading uses (cells' type,
+id, source and nbgrader keys; the lesson's kernelspec and language_info) and writes the notebook in the
+form nbformat writes it, the form its 20 MiB limit was measured in: nothing downstream grows past it.
 """
 
 from __future__ import annotations
@@ -32,6 +38,12 @@ MAX_SUBMISSION_ENTRIES = 10_000    # entries of a lesson folder read at most
 MAX_NOTES = 20                     # notes about ignored files, then one line with how many more
 # always used with fullmatch: `$` in a `match` would let a final newline through ("alice\n")
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@+-]{0,99}")
+# the grader's aliases for folders whose name cannot be an id; a folder named like this is refused
+ALIAS_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@+-]*-alias-[0-9a-f]{8,64}")
+ALIASES_FILE = "aliases.json"      # {folder name (hex of its bytes): alias}, kept across runs in .work/
+# what a cell's nbgrader metadata may hold before the lesson's roles are restored (cellroles.py)
+NBGRADER_KEYS = ("grade", "grade_id", "locked", "points", "schema_version", "solution", "task", "checksum",
+                 "cell_type")
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@+ -]{0,199}")
 TIMESTAMP_NOTE = ("ignored timestamp.txt: the submission time is never taken from the student's files "
                   "(grades.csv has no submission time for it)")
@@ -58,47 +70,146 @@ def clean(text) -> str:
     return UNSAFE_CHARS.sub(_escape, text)
 
 
-def safe_alias(name: str, taken) -> str:
-    """A student id for a folder name that cannot be one: ASCII letters of the name plus a hash of it."""
+def shown(name, limit=60) -> str:
+    """A student-controlled name for the terminal table and the reports: quoted with ascii() (so no
+    character reads as another: U+2215 is not '/'), runs of spaces collapsed (so it cannot pad itself
+    into a line of its own on a wrapping terminal), cut at `limit` characters."""
+    text = ascii(str(name).encode("utf-8", "surrogateescape").decode("utf-8", "replace"))
+    text = re.sub(r" {2,}", " ", text)
+    return text if len(text) <= limit else text[: limit - 4] + "...'"
+
+
+def is_alias_form(name: str) -> bool:
+    """Whether `name` has the grader's aliases' form (`<letters>-alias-<hex>`): no folder may take it."""
+    return ALIAS_RE.fullmatch(name) is not None
+
+
+def _alias_parts(name: str):
     folded = unicodedata.normalize("NFKD", name.encode("utf-8", "replace").decode("utf-8"))
     base = re.sub(r"[^A-Za-z0-9_.@+-]+", "_", folded.encode("ascii", "ignore").decode())
     base = re.sub(r"^[^A-Za-z0-9]+", "", base)[:60].rstrip("_.-@+") or "student"
-    digest = hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()
+    return base, hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def safe_alias(name: str, taken) -> str:
+    """A student id for a folder name that cannot be one: ASCII letters of the name, `-alias-`, a hash of
+    it. A folder named in that form is refused (discover), so an alias is never a folder's own id."""
+    base, digest = _alias_parts(name)
     for n in (8, 16, 64):
-        alias = f"{base}-{digest[:n]}"
+        alias = f"{base}-alias-{digest[:n]}"
         if alias not in taken:
             return alias
     raise RuntimeError(f"no free alias for {clean(ascii(name))}")
 
 
-def discover(root, lessons_filter, students_filter, solutions):
-    """([(student id, folder name, lesson)], [(shown name, lesson, why)], {folder name: student id})."""
+def legacy_aliases(root, known_ids) -> dict:
+    """{folder name: alias} for the folders an older grader aliased as `<letters>-<hash>` (before aliases
+    had a form of their own and were recorded), found among `known_ids` (the gradebook's students): the
+    first run with an alias map keeps those folders' rows and hand-graded scores."""
+    base_dir = os.path.join(root, "autograder", "submitted")
+    try:
+        with os.scandir(base_dir) as it:
+            names = [e.name for e in itertools.islice(it, MAX_SUBMISSION_ENTRIES)]
+    except OSError:
+        return {}
+    found = {}
+    for name in names:
+        if is_student_id(name) or name.startswith("."):
+            continue
+        base, digest = _alias_parts(name)
+        old = [f"{base}-{digest[:n]}" for n in (8, 16, 64) if f"{base}-{digest[:n]}" in known_ids]
+        if old:
+            found[name] = old[0]
+    return found
+
+
+def load_aliases(work) -> dict:
+    """{folder name: alias} recorded by earlier runs (work/aliases.json; {} when there is none)."""
+    try:
+        with open(os.path.join(work, ALIASES_FILE), encoding="utf-8") as fh:
+            data = json.load(fh)
+        return {os.fsdecode(bytes.fromhex(k)): v for k, v in data.items() if is_student_id(v)}
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        raise RuntimeError(f"cannot read the alias map autograder/.work/{ALIASES_FILE} ({clean(exc)[:200]}): "
+                           "the aliased folders' rows and hand-graded scores depend on it; restore it, or "
+                           "remove it to give those folders new aliases") from exc
+
+
+def save_aliases(work, aliases: dict):
+    """Record {folder name: alias} in the grader's work folder (atomically), for the next runs."""
+    path = os.path.join(work, ALIASES_FILE)
+    with open(path + ".tmp", "w", encoding="utf-8") as fh:
+        json.dump({os.fsencode(k).hex(): v for k, v in sorted(aliases.items())}, fh, indent=0)
+    os.replace(path + ".tmp", path)
+
+
+class _Skipped(list):
+    """Skipped folders: at most MAX_NOTES listed per student folder (or for the hidden and refused ones
+    together), then one line with how many more."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = {}
+
+    def add(self, student, lesson, why, key=None):
+        key = student if key is None else key
+        n = self.counts[key] = self.counts.get(key, 0) + 1
+        if n <= MAX_NOTES:
+            self.append((student, lesson, why))
+
+    def close(self):
+        for key, n in self.counts.items():
+            if n > MAX_NOTES:
+                who = key if key != "." else "(hidden or refused folders)"
+                self.append((who, "*", f"{n - MAX_NOTES:,} more folders skipped (not listed)"))
+        return list(self)
+
+
+def discover(root, lessons_filter, students_filter, solutions, aliases=None):
+    """([(student id, folder name, lesson)], [(shown name, lesson, why)], {folder name: student id}).
+
+    `aliases`: {folder name: alias} recorded by earlier runs, updated in place with the new ones. A folder
+    keeps its alias from run to run; a folder named in the aliases' form (`-alias-` and a hash) or like
+    an alias recorded for another folder is refused, so it never takes over that folder's row and
+    hand-graded scores. Skipped folders are listed MAX_NOTES at a time per student folder, then counted.
+    """
+    aliases = {} if aliases is None else aliases
     base = os.path.join(root, "autograder", "submitted")
-    found, skipped, ids = [], [], {}
+    found, skipped, ids = [], _Skipped(), {}
     if not os.path.isdir(base):
-        return found, skipped, ids
-    names = sorted(os.listdir(base))
-    taken = {n for n in names if is_student_id(n)}
+        return found, [], ids
+    with os.scandir(base) as it:
+        names = sorted(entry.name for entry in itertools.islice(it, MAX_SUBMISSION_ENTRIES))
+    recorded = set(aliases.values())
+    taken = {n for n in names if is_student_id(n)} | recorded
     for folder in names:
         sdir = os.path.join(base, folder)
-        shown = clean(folder)[:120]
         if not os.path.isdir(sdir) and not os.path.islink(sdir):
             continue  # a stray file, not a submission
-        student = folder if is_student_id(folder) else safe_alias(folder, taken)
+        refused = ("a hidden folder (not graded)" if folder.startswith(".") else
+                   "named like the grader's alias of another folder (not graded: rename the folder)"
+                   if is_student_id(folder) and (is_alias_form(folder) or folder in recorded) else "")
+        if refused:
+            if not students_filter or folder in students_filter:
+                skipped.add(shown(folder), "*", refused, key=".")
+            continue
+        student = folder if is_student_id(folder) else aliases.get(folder) or safe_alias(folder, taken)
+        if student != folder:
+            aliases[folder] = student
         taken.add(student)
         if students_filter and student not in students_filter and folder not in students_filter:
             continue
-        if folder.startswith("."):
-            skipped.append((shown, "*", "a hidden folder (not graded)"))
-            continue
         ids[folder] = student
         if os.path.islink(sdir):
-            skipped.append((student, "*", "the student folder is a symbolic link (not followed)"))
+            skipped.add(student, "*", "the student folder is a symbolic link (not followed)")
             continue
         try:
-            lessons = sorted(os.listdir(sdir))
+            with os.scandir(sdir) as it:
+                lessons = sorted(entry.name for entry in itertools.islice(it, MAX_SUBMISSION_ENTRIES))
         except OSError as exc:
-            skipped.append((student, "*", f"cannot list the folder ({exc.strerror})"))
+            skipped.add(student, "*", f"cannot list the folder ({exc.strerror})")
             continue
         for lesson in lessons:
             ldir = os.path.join(sdir, lesson)
@@ -106,13 +217,13 @@ def discover(root, lessons_filter, students_filter, solutions):
                 continue
             if os.path.islink(ldir) or not os.path.isdir(ldir):
                 if os.path.islink(ldir):
-                    skipped.append((student, clean(lesson)[:60], "a symbolic link (not followed)"))
+                    skipped.add(student, shown(lesson), "a symbolic link (not followed)")
                 continue
             if lesson not in solutions:
-                skipped.append((student, clean(lesson)[:60], "no such lesson in solutions/"))
+                skipped.add(student, shown(lesson), "no such lesson in solutions/")
                 continue
             found.append((student, folder, lesson))
-    return found, skipped, ids
+    return found, skipped.close(), ids
 
 
 def lesson_files(root, lesson) -> list[str]:
@@ -187,8 +298,33 @@ def _clean_strings(obj):
     return obj
 
 
-def read_notebook(path, max_cells=None):
-    """nbformat node of a submitted notebook: bounded size and cells, lone surrogates replaced, validated."""
+def _kept_nbgrader(meta):
+    """The nbgrader keys a cell may carry (flat values only); RestoreCellRoles then sets the lesson's."""
+    if not isinstance(meta, dict):
+        return None
+    kept = {k: v for k, v in meta.items() if k in NBGRADER_KEYS and
+            (v is None or isinstance(v, (bool, int, float)) or (isinstance(v, str) and len(v) <= 1000))}
+    return kept or None
+
+
+def _kept_cell(cell):
+    """A cell with only what grading uses: type, id, source, its nbgrader keys. Other metadata,
+    attachments and outputs (the sandbox makes the outputs) are dropped, whatever their size or depth."""
+    if not isinstance(cell, dict):
+        return cell  # nbformat's validation says what is wrong
+    kept = {k: cell[k] for k in ("cell_type", "id", "source") if k in cell}
+    nbg = _kept_nbgrader((cell.get("metadata") or {}).get("nbgrader") if isinstance(cell.get("metadata"),
+                                                                                 dict) else None)
+    kept["metadata"] = {"nbgrader": nbg} if nbg else {}
+    if cell.get("cell_type") == "code":
+        kept.update(execution_count=None, outputs=[])
+    return kept
+
+
+def read_notebook(path, max_cells=None, lesson_metadata=None):
+    """nbformat node of a submitted notebook: bounded size and cells, only the parts grading uses (cells'
+    type, id, source and nbgrader keys; the lesson's kernelspec and language_info), lone surrogates
+    replaced, validated."""
     import nbformat
 
     if os.path.getsize(path) > MAX_NOTEBOOK_BYTES:
@@ -196,26 +332,46 @@ def read_notebook(path, max_cells=None):
     with open(path, "rb") as fh:
         raw = fh.read(MAX_NOTEBOOK_BYTES + 1).decode("utf-8", "replace")
     data = json.loads(raw)
-    cells = data.get("cells") if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        raise ValueError("the notebook is not a JSON object")
+    cells = data.get("cells")
     if max_cells is not None and isinstance(cells, list) and len(cells) > max_cells:
         raise ValueError(f"the notebook has {len(cells):,} cells, more than the {max_cells} this lesson "
                          "allows (twice the released lesson's)")
-    nb = nbformat.reads(json.dumps(_clean_strings(data)), as_version=4)
+    minor = data.get("nbformat_minor")
+    kept = {"nbformat": data.get("nbformat"), "nbformat_minor": minor if isinstance(minor, int) else 5,
+            "metadata": dict(lesson_metadata or {}),
+            "cells": [_kept_cell(c) for c in cells] if isinstance(cells, list) else cells}
+    del data, raw
+    nb = nbformat.reads(json.dumps(_clean_strings(kept)), as_version=4)
     nbformat.validate(nb)
     return nb
 
 
-def validate_entry(conn, path, max_cells, limits):
+def written_form(nb) -> bytes:
+    """The notebook as nbformat writes it (indented, text split in lines): what staging, preparation and
+    nbgrader's autograde write, and what the 20 MiB limit applies to."""
+    import nbformat
+
+    return nbformat.writes(nb).encode("utf-8")
+
+
+def validate_entry(conn, path, max_cells, limits, lesson_metadata=None):
     """A validator child's entry point (limited, with a time limit in the parent): writes the notebook back
-    clean and valid, and sends ("" or the reason it cannot be used, its CPU seconds)."""
+    clean and valid, in the form it was measured in (at most MAX_NOTEBOOK_BYTES as nbformat writes it),
+    and sends ("" or the reason it cannot be used, its CPU seconds)."""
     import time
 
     import cgroups
-    import nbformat
 
     try:
         cgroups.limit_process(limits)
-        nbformat.write(read_notebook(path, max_cells), path)
+        data = written_form(read_notebook(path, max_cells, lesson_metadata))
+        if len(data) > MAX_NOTEBOOK_BYTES:
+            raise ValueError(f"the notebook takes {len(data):,} bytes as the grader writes it (indented, "
+                             "one line per line of text), more than 20 MiB")
+        with open(path, "wb") as fh:
+            fh.write(data)
         reason = ""
     except BaseException as exc:  # noqa: BLE001  (MemoryError included: the reason goes to the report)
         reason = f"{type(exc).__name__}: {clean(exc)[:200]}"

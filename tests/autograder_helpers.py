@@ -48,6 +48,7 @@ def toy_solution_notebook():
     ]
     nb = new_notebook(cells=cells)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}  # as the real lessons: their code's lexer
     return nb
 
 

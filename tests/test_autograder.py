@@ -96,6 +96,7 @@ def test_missing_sandbox_is_reported_clearly(monkeypatch, capsys):
 def test_nbgrader_config_sets_only_options_that_exist():
     """Every `c.Class.option = ...` in nbgrader_config.py names a real trait (0.9.6 has no
     LimitOutput.max_length)."""
+    import nbconvert.exporters
     import nbconvert.preprocessors
     import nbgrader.apps
     import nbgrader.converters
@@ -105,7 +106,7 @@ def test_nbgrader_config_sets_only_options_that_exist():
 
     config = PyFileConfigLoader("nbgrader_config.py", path=os.path.join(h.REPO, "autograder")).load_config()
     modules = [nbgrader.preprocessors, nbgrader.converters, nbgrader.coursedir, nbgrader.apps,
-               nbconvert.preprocessors]
+               nbconvert.preprocessors, nbconvert.exporters]
     for section, options in config.items():
         klass = next((getattr(m, section) for m in modules if hasattr(m, section)), None)
         assert klass is not None, section

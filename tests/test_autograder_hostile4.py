@@ -312,7 +312,7 @@ def test_a_newline_folder_never_forges_a_grade_row(graded):
     assert alice == [FULL], rows
     aliases = [s for s, _ in grades if s.startswith("alice-")]
     assert len(aliases) == 1 and grades[(aliases[0], LESSON)] == 0, grades
-    assert "[folder: alice\\n]" in result.stdout, result.stdout[-3000:]
+    assert "[folder: 'alice\\n']" in result.stdout, result.stdout[-3000:]
 
 
 def test_ids_are_matched_whole_and_the_bookkeeper_refuses_others(tmp_path):

@@ -8,7 +8,10 @@ folder the Jupyter server starts in; autograder/formgrade.sh starts it here, on 
 
 The formgrader renders the autograded notebook as HTML in the instructor's browser: a student's Markdown
 (`<script>`, `<img onerror=...>`) and HTML or JavaScript outputs would run there. SafeFormgrader shows
-them as text, as in the feedback (autograder/feedback_safety.py).
+them as text, as in the feedback (autograder/feedback_safety.py), within the same page caps; code is
+highlighted by the course configuration's bounded filter (autograder/highlighting.py: the lessons' lexer,
+20,000 characters a cell, 2 s a page), since the page is rendered inside the instructor's Jupyter server,
+which answers nothing else meanwhile.
 """
 
 import os
