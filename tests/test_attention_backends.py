@@ -192,5 +192,5 @@ def test_the_compiled_decode_call_compiles_once_per_batch_bucket(monkeypatch):
         decodes = [(b, blocks[2 * b : 2 * b + 2], lens[b]) for b in range(B)]
         paged = paged_flex.paged_decodes(decodes, masks)
         qd = torch.randn(paged_flex.batch_bucket(B), 4, 1, 16)
-        paged_flex._compiled_flex(qd, keys, values, paged.block_mask)
+        paged_flex.compiled_flex(qd, keys, values, paged.block_mask)
     assert counter.frame_count == len({paged_flex.batch_bucket(B) for B in sizes}), counter.frame_count

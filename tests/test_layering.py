@@ -20,8 +20,8 @@ PENDING_CLI: set[str] = set()
 PENDING_PRIVATE: set[tuple[str, str]] = set()
 PENDING_CIRCLES: list[set[str]] = []
 # the standard library's and torch's own public spellings (torch._dynamo: mark_static and config, documented
-# API)
-STDLIB_PRIVATE = {"argparse._SubParsersAction", "sys._getframe", "torch._dynamo"}
+# API; torch.cuda._sleep: the spin kernel torch's own tests queue ahead of launches to time them on the GPU)
+STDLIB_PRIVATE = {"argparse._SubParsersAction", "sys._getframe", "torch._dynamo", "torch.cuda._sleep"}
 
 
 def _sources() -> dict[str, ast.Module]:

@@ -160,7 +160,8 @@ class DecodeGraphs:
         self.max_batch = batch_bucket(max_batch)
         self.max_blocks = max(2, max_blocks or block_manager.num_blocks)
         self.scratch_block = block_manager.allocate(SCRATCH_SEQ_ID, 1)[0]
-        self._masks = backend._state(cache.flat(0)[0], self.block_size, cache.device)  # the backend's own
+        # the backend's own decode masks
+        self._masks = backend.decode_state(cache.flat(0)[0], self.block_size, cache.device)
         self._buckets: dict[int, _Bucket] = {}
         self._pool = None
         self.stats = GraphStats()

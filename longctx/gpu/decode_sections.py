@@ -28,6 +28,7 @@ from longctx.engine.cuda_graphs import DecodeGraphs
 from longctx.kv.block_manager import BlockManager
 from longctx.kv.cache import PagedKVCache, build_attention_metadata
 from longctx.memory import blocks_for_tokens
+from longctx.model.attention import choose_backend
 from longctx.model.paged_flex import paged_decodes
 from longctx.specs import dtype_bytes
 
@@ -85,10 +86,19 @@ class DecodePool:
         return "on" if self.dev.type == "cuda" else "eager-buffers"
 
 
+def backends(ctx) -> list:
+    """The ``BackendChoice`` of each of ``config.attention_backends`` on this device and dtype (pool in the
+    model's dtype); a name twice (``auto`` resolving to one already listed) is measured once."""
+    out = {}
+    for requested in ctx.config.attention_backends:
+        choice = choose_backend(requested, ctx.device, ctx.dtype)
+        out.setdefault(choice.name, choice)
+    return list(out.values())
+
+
 def variants(ctx) -> list[tuple[str, object, bool]]:
     """``(label, BackendChoice, graphed)`` per timed variant: every backend, and the fused one replayed from
     graphs when ``cuda_graphs`` is ``auto`` (on a CPU: the toy run's eager buffers)."""
-    from longctx.gpu.sections import backends
 
     out = []
     for choice in backends(ctx):
@@ -185,22 +195,22 @@ def profile_step(step, dev, warmup: int, repeats: int, cycles_per_s: float | Non
 def flex_decode_alone(ctx, pool: DecodePool, b: int, L: int, backend) -> dict:
     """One layer's FlexAttention decode of ``b`` rows at context ``L`` over the pool (the block mask built
     once, outside the timing): its time and the K and V bytes it reads (``b x L x H_kv x d x 2 x dtype``)."""
-    from longctx.model.paged_flex import _EAGER_WARNING, _compiled_flex, batch_bucket
+    from longctx.model.paged_flex import EAGER_WARNING, batch_bucket, compiled_flex
 
     cfg, dev = pool.model.config, pool.dev
     k, v = pool.cache.flat(0)
-    masks = backend.backend._state(k, pool.bs, dev)  # the backend's own masks: its compiled kernel's
+    masks = backend.backend.decode_state(k, pool.bs, dev)  # the backend's own masks: its compiled kernel's
     paged = paged_decodes([(i, t, L + 1) for i, (t, _, _) in enumerate(pool.chunks(b, L))], masks)
     keys, values = (x.permute(1, 0, 2).unsqueeze(0) for x in (k, v))  # [1, H_kv, num_slots, d]
     qd = torch.randn(batch_bucket(b), cfg.num_heads, 1, cfg.head_dim, device=dev, dtype=ctx.dtype)
 
     def call():
         if dev.type == "cuda":
-            return _compiled_flex(qd, keys, values, paged.block_mask)
+            return compiled_flex(qd, keys, values, paged.block_mask)
         from torch.nn.attention.flex_attention import flex_attention
 
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=_EAGER_WARNING)
+            warnings.filterwarnings("ignore", message=EAGER_WARNING)
             return flex_attention(qd, keys, values, block_mask=paged.block_mask, enable_gqa=True)
 
     t = ctx.time(call)

@@ -11,24 +11,14 @@ from dataclasses import asdict
 import torch
 
 from longctx.flops import chunk_flops
-from longctx.gpu.decode_sections import decode, decode_profile  # noqa: F401 (sections: suite finds them here)
+from longctx.gpu.decode_sections import backends, decode, decode_profile  # noqa: F401 (suite finds sections here)
 from longctx.gpu.serving_sections import capstone, prefill_engine, stall  # noqa: F401
 from longctx.kv.cache import PagedKVCache, build_attention_metadata
 from longctx.memory import blocks_for_tokens
-from longctx.model.attention import choose_backend, sdpa
+from longctx.model.attention import sdpa
 from longctx.model.config import resized
 from longctx.model.llama import apply_rope, rope_cos_sin
 from longctx.specs import dtype_bytes
-
-
-def backends(ctx) -> list:
-    """The ``BackendChoice`` of each of ``config.attention_backends`` on this device and dtype (pool in the
-    model's dtype); a name twice (``auto`` resolving to one already listed) is measured once."""
-    out = {}
-    for requested in ctx.config.attention_backends:
-        choice = choose_backend(requested, ctx.device, ctx.dtype)
-        out.setdefault(choice.name, choice)
-    return list(out.values())
 
 
 def ceilings(ctx, name: str) -> None:

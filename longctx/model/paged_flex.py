@@ -35,7 +35,7 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from longctx.memory import blocks_for_tokens
 from longctx.model.attention_ops import fresh_prompt, prefill_keys, sdpa
 
-_EAGER_WARNING = "flex_attention called without torch.compile"
+EAGER_WARNING = "flex_attention called without torch.compile"
 _compiled = None  # flex_attention compiled for CUDA, made on first use
 
 
@@ -133,7 +133,7 @@ def paged_decodes(decodes, masks: DecodeMasks) -> PagedDecodes:
     return PagedDecodes(rows_d.long(), mask)
 
 
-def _compiled_flex(qd, keys, values, block_mask):
+def compiled_flex(qd, keys, values, block_mask):
     """The CUDA call: compiled once (dynamic widths; the padded batch static so the split-KV decoding kernel
     can run), 16 x 16 tiles to match the 16-token KV blocks, and a loud error instead of a silent eager
     fallback if the compiler ever runs out of recompilations."""
@@ -184,7 +184,7 @@ class FusedBackend:
         if meta.decodes:
             self._decodes(q, k_cache, v_cache, meta, out)
 
-    def _state(self, k_cache, block_size: int, device) -> DecodeMasks:
+    def decode_state(self, k_cache, block_size: int, device) -> DecodeMasks:
         num_slots, num_kv_heads, head_dim = k_cache.shape
         if num_slots * num_kv_heads * head_dim >= 2**31:
             raise ValueError(f"a pool of {num_slots} slots x {num_kv_heads} KV heads x {head_dim} is past "
@@ -198,7 +198,7 @@ class FusedBackend:
     def _decodes(self, q, k_cache, v_cache, meta, out) -> None:
         paged = meta.scratch.get("paged_decodes")
         if paged is None:  # once per step, for every layer
-            state = self._state(k_cache, meta.block_size, q.device)
+            state = self.decode_state(k_cache, meta.block_size, q.device)
             paged = meta.scratch["paged_decodes"] = paged_decodes(meta.decodes, state)
         B, Bp = len(paged.rows), paged.block_mask.kv_num_blocks.shape[0]
         qd = q.new_zeros((Bp, q.shape[1], 1, q.shape[2]))  # [Bp, H, 1, d]; pad rows stay zero
@@ -206,9 +206,9 @@ class FusedBackend:
         keys = k_cache.permute(1, 0, 2).unsqueeze(0)  # [1, H_kv, num_slots, d], a view of the pool
         values = v_cache.permute(1, 0, 2).unsqueeze(0)
         if q.device.type == "cuda":
-            o = _compiled_flex(qd, keys, values, paged.block_mask)
+            o = compiled_flex(qd, keys, values, paged.block_mask)
         else:  # eager: the reference semantics, computed densely over the pool (tests, the curious)
             with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=_EAGER_WARNING)
+                warnings.filterwarnings("ignore", message=EAGER_WARNING)
                 o = flex_attention(qd, keys, values, block_mask=paged.block_mask, enable_gqa=True)
         out[paged.rows] = o[:B, :, 0]  # [B, H, d]
