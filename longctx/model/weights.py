@@ -5,6 +5,7 @@ model's GGUF to float32 and writes, in ``cache_dir()/<cache name>-v2/`` (``smoll
 ``gemma3-270m-v2``; the suffix is ``CACHE_FORMAT``):
 
 - ``model.safetensors`` (our parameter names; Llama's Q/K rows un-permuted back to rotate-half RoPE order),
+  and ``model.bf16.safetensors``, the same in bfloat16 (what a bf16 load reads),
 - ``config.json`` (the ``ModelSpec``), ``tokenizer.json`` (a ``tokenizers`` BPE), ``tokenizer_meta.json``
   (special tokens, BOS rule and the chat template).
 
@@ -31,6 +32,7 @@ __all__ = ["cache_dir", "fetch_model", "find_gguf", "is_cached", "load_config", 
 CACHE_ENV_VAR = "LONGCTX_CACHE_DIR"
 CACHE_FORMAT = 2  # bump when the cached files change meaning (2: config as a ModelSpec)
 CACHE_FILES = ("model.safetensors", "config.json", "tokenizer.json", "tokenizer_meta.json")
+BF16_FILE = "model.bf16.safetensors"  # written by fetch_model since the Gemma release; older caches lack it
 
 
 def cache_dir() -> Path:
@@ -75,6 +77,7 @@ def fetch_model(force: bool = False, model: str | ModelSource | None = None) -> 
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
     try:
         save_file(params, str(tmp / "model.safetensors"))
+        _save_bf16(params, tmp / BF16_FILE)
         build_tokenizer_files(meta, tmp)
         stamp = {"cache_format": CACHE_FORMAT, "source": str(gguf_path), "licence": source.licence,
                  "config": spec_to_dict(config)}
@@ -97,6 +100,15 @@ def fetch_model(force: bool = False, model: str | ModelSource | None = None) -> 
     return target
 
 
+def _save_bf16(params: dict, path: Path) -> None:
+    """A bfloat16 copy beside the float32 one: loading a model in bf16 then reads half the bytes and converts
+    nothing (Gemma 3 at 8K in bf16 stays under Binder's memory; float32 -> bf16 as torch rounds it)."""
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({k: torch.tensor(v, dtype=torch.bfloat16) for k, v in params.items()}, str(path))  # (copies)
+
+
 def load_config(directory: Path | None = None) -> ModelSpec:
     """The cached model's ``ModelSpec`` (fetching the model first if needed)."""
     d = fetch_model() if directory is None else directory
@@ -104,13 +116,21 @@ def load_config(directory: Path | None = None) -> ModelSpec:
 
 
 def load_state_dict(directory: Path | None = None, device="cpu", dtype=None) -> dict:
-    """The cached parameters as torch tensors (fetching the model first if needed)."""
-    from safetensors.torch import load_file
+    """The cached parameters as torch tensors (fetching the model first if needed), each converted to
+    ``dtype`` as it is read: the float32 copy of one tensor at a time, never of the whole model (Gemma's
+    embedding alone is 671 MB in float32)."""
+    import torch
+    from safetensors import safe_open
 
     d = fetch_model() if directory is None else directory
-    sd = load_file(str(d / "model.safetensors"), device=str(device))
-    if dtype is not None:
-        sd = {k: v.to(dtype) for k, v in sd.items()}
+    sd, name = {}, "model.safetensors"
+    if dtype is torch.bfloat16 and (d / BF16_FILE).is_file():
+        name = BF16_FILE  # the same rounding, done once at fetch time
+    with safe_open(str(d / name), framework="pt", device=str(device)) as f:
+        for name in f.keys():  # noqa: SIM118 (safe_open has keys(), not iteration)
+            t = f.get_tensor(name)
+            sd[name] = t if dtype is None else t.to(dtype)
+            del t
     return sd
 
 
