@@ -36,9 +36,10 @@ import model_fixtures  # noqa: E402
 # nbval's items (the repository's conftest.py), one unit per notebook
 SOLUTION_NOTEBOOKS = "solutions/*/*.ipynb"
 START_FIRST = ("test_lessons_graded.py", "test_test_setup.py", "test_browser.py",
-               "test_autograder_hostile.py", SOLUTION_NOTEBOOKS, "test_autograder_security.py",
-               "test_server_model.py", "test_rope.py", "test_model.py", "test_attention_backends.py",
-               "test_chunked_prefill.py", "test_server_clients.py")
+               "test_autograder_hostile.py", "test_autograder_hostile5.py", SOLUTION_NOTEBOOKS,
+               "test_gemma3.py", "test_autograder_security.py", "test_server_model.py", "test_rope.py",
+               "test_model.py", "test_attention_backends.py", "test_chunked_prefill.py",
+               "test_server_clients.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
