@@ -228,6 +228,7 @@ def test_paired_match_joins_rows_on_their_key():
     with pytest.raises(ValueError, match="occurs twice"):
         Paired.match(a + a[:1], b, ("seed", "depth"))
     assert Paired.of([True, False, True], [True, True, False]) == Paired(1, 1, 1, 0)
+    assert table.counts == (4, 0, 4, 0) and Paired(*table.counts) == table
 
 
 @pytest.mark.parametrize("call,match", [

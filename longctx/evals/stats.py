@@ -345,6 +345,12 @@ class Paired:
         return cls.of([sides[0][k] for k in keys], [sides[1][k] for k in keys])
 
     @property
+    def counts(self) -> tuple[int, int, int, int]:
+        """``(both, only_a, only_b, neither)``: plain numbers, e.g. for a function that must receive plain data
+        (``Paired(*counts)`` rebuilds the table)."""
+        return self.both, self.only_a, self.only_b, self.neither
+
+    @property
     def n(self) -> int:
         return self.both + self.only_a + self.only_b + self.neither
 
