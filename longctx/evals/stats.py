@@ -346,8 +346,8 @@ class Paired:
 
     @property
     def counts(self) -> tuple[int, int, int, int]:
-        """``(both, only_a, only_b, neither)``: plain numbers, e.g. for a function that must receive plain data
-        (``Paired(*counts)`` rebuilds the table)."""
+        """``(both, only_a, only_b, neither)``: plain numbers, e.g. for a function that must receive plain
+        data (``Paired(*counts)`` rebuilds the table)."""
         return self.both, self.only_a, self.only_b, self.neither
 
     @property
