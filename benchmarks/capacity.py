@@ -53,7 +53,7 @@ def main() -> None:
     ap.add_argument("--plot", default=None, help="save a bar chart (png/pdf)")
     ap.add_argument("--record", action="store_true", help=f"write {RECORD.name} for the lessons")
     ap.add_argument("--slos", type=float, nargs="+", default=[0.04, 0.1, 0.5], help="P99 ITL SLOs (s)")
-    ap.add_argument("--seeds", type=int, default=5, help="workload seeds (0 ... seeds-1): each row's "
+    ap.add_argument("--seeds", type=int, default=20, help="workload seeds (0 ... seeds-1): each row's "
                     "capacity_qps is seed 0's, with every seed's beside it")
     args = ap.parse_args()
     if args.seeds < 1:

@@ -258,6 +258,24 @@ def test_messages_name_the_likely_mistake(got, expected, needle, answer_kind):
         check_number("KV cache", got, expected, answer_kind=answer_kind, unit="bytes")
 
 
+@pytest.mark.parametrize("answer_kind, got, generic_words", [
+    ("function", 4, "query heads vs KV heads"),   # 8 tokens short of 12: a ratio of 3, read as GQA
+    ("value", 12_000, "unit slip"),                # 1000x: the coarse message's unit slip
+])
+def test_the_exercises_own_hint_comes_before_a_generic_slip(answer_kind, got, generic_words):
+    # the test's own hint knows the exercise and is shown first; the generic guess follows as a second one
+    with pytest.raises(AssertionError) as info:
+        check_integer("token budget", got, 12, answer_kind=answer_kind,
+                      hint="the chunk is the budget less the decodes")
+    text = str(info.value)
+    own, generic = text.find("the chunk is the budget less the decodes"), text.find(generic_words)
+    assert 0 <= own < generic, text
+    assert "If that is not it, a common slip of this size" in text
+    with pytest.raises(AssertionError) as info:   # without a hint of its own, the generic one is the hint
+        check_integer("token budget", got, 12, answer_kind=answer_kind)
+    assert "Hint: " in str(info.value) and "If that is not it" not in str(info.value)
+
+
 def test_function_message_has_name_values_units_ratio_and_hint():
     with pytest.raises(AssertionError) as info:
         check_number("TTFT", 0.5, 0.25, answer_kind="function", unit="s", hint="prefill is the whole prompt")

@@ -104,3 +104,30 @@ def test_release_command_runs_from_the_makefile_entry_point(tmp_path):
                              LESSONS[0]], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / LESSONS[0] / f"{LESSONS[0]}.ipynb").exists()
+
+
+def _nbgrader_timeout(path: Path) -> tuple[int, bool]:
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = PyFileConfigLoader(path.name, path=str(path.parent)).load_config()
+    return config.Execute.timeout, config.Execute.interrupt_on_timeout
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_learner_validate_uses_the_graders_cell_timeout(lesson):
+    """`nbgrader validate` run in a lesson folder reads that folder's nbgrader_config.py (nbgrader loads the
+    working directory's config): each cell gets the grader's limit, not nbgrader's 30 s default, which
+    interrupted lessons 04, 05 and 07 before their longer cells finished."""
+    sys.path.insert(0, str(ROOT / "autograder"))
+    from sandbox import Limits
+
+    grader = _nbgrader_timeout(ROOT / "autograder" / "nbgrader_config.py")
+    assert grader == (Limits().cell_timeout_s, True), "the grader's two configurations disagree"
+    learner_lab = ROOT / "binder" / "learner" / "nbgrader_config.py"   # the Validate button reads it
+    assert _nbgrader_timeout(learner_lab) == grader, "binder/learner/nbgrader_config.py: another limit"
+    for side in ("solutions", "lessons"):
+        config = ROOT / side / lesson / "nbgrader_config.py"
+        assert config.is_file(), f"{side}/{lesson} has no nbgrader_config.py for `nbgrader validate`"
+        assert _nbgrader_timeout(config) == grader, f"{side}/{lesson}/nbgrader_config.py: another limit"
+    assert (ROOT / "lessons" / lesson / "nbgrader_config.py").read_bytes() == (
+        ROOT / "solutions" / lesson / "nbgrader_config.py").read_bytes(), "run `make release`"

@@ -1,5 +1,6 @@
-"""Wilson intervals, Fisher's exact test, the bootstrap and the t-interval of a mean (longctx.evals.stats):
-hand-checked values and invariants."""
+"""Wilson intervals, Fisher's exact test, the bootstrap, the t-interval of a mean and the paired tools (exact
+McNemar, Newcombe's paired interval, paired non-inferiority) of longctx.evals.stats: reference values (scipy,
+published tables, hand-worked) and invariants."""
 
 from __future__ import annotations
 
@@ -11,13 +12,17 @@ from hypothesis import strategies as st
 
 from longctx.evals.stats import (
     NonInferiority,
+    Paired,
     Rate,
     bootstrap_diff,
     compare_rates,
     fisher_exact,
     holm_adjusted,
+    mcnemar_exact,
     mean_interval,
     noninferiority,
+    paired_difference_interval,
+    paired_noninferiority,
     wilson_interval,
 )
 
@@ -161,7 +166,79 @@ def test_noninferiority_bound_lies_below_the_difference_and_within_range(n1, n2,
     assert ni.noninferior == (ni.lower_bound > -0.1)
 
 
+@pytest.mark.parametrize("only_a,only_b", [(0, 10), (10, 0), (3, 7), (5, 5), (1, 11), (11, 0), (0, 1),
+                                           (17, 31), (40, 2), (0, 0)])
+def test_mcnemar_exact_matches_scipy_binomtest(only_a, only_b):
+    scipy_stats = pytest.importorskip("scipy.stats")
+    want = 1.0 if only_a + only_b == 0 else scipy_stats.binomtest(only_a, only_a + only_b, 0.5).pvalue
+    assert mcnemar_exact(only_a, only_b) == pytest.approx(want, rel=1e-12)
+    # lesson 05's 10/10 against 0/10 on the same prompts: 10 discordant pairs, all one way: 2 / 2^10
+    assert mcnemar_exact(10, 0) == pytest.approx(0.001953125)
+
+
+def test_paired_interval_matches_published_values():
+    # Fagerland, Lydersen & Laake (2017), "Statistical Analysis of Contingency Tables", ch. 8, the Cavo et al.
+    # (2012) table [[59, 6], [16, 80]]: Newcombe's square-and-add interval -0.0621 [-0.1186, -0.0046]
+    low, high = paired_difference_interval(59, 6, 16, 80)
+    assert Paired(59, 6, 16, 80).difference == pytest.approx(-10 / 161)
+    assert low == pytest.approx(-0.1186, abs=1e-4) and high == pytest.approx(-0.0046, abs=1e-4)
+    # hand-worked: 0 <= ad - bc <= n/2 sets phi* to 0 (here ad - bc = 5 = n/2), and the interval is then the
+    # unpaired method-10 interval of the two margins, 5/10 against 5/10: Wilson [0.2366, 0.7634] each, so
+    # -sqrt(2) * 0.2634 = -0.3725
+    assert paired_difference_interval(3, 2, 2, 3)[0] == pytest.approx(-0.3725, abs=1e-4)
+    unpaired = noninferiority(5, 10, 5, 10, 0.1).lower_bound
+    assert paired_difference_interval(3, 2, 2, 3)[0] == pytest.approx(unpaired)
+
+
+def test_paired_interval_is_narrow_when_the_trials_agree():
+    # 10/30 against 10/30 on the same 30 trials, no pair differing: the paired bound is far tighter than the
+    # unpaired one, which treats the two 10/30 as independent samples
+    paired = paired_noninferiority(Paired(10, 0, 0, 20), margin=0.10)
+    unpaired = noninferiority(10, 30, 10, 30, margin=0.10)
+    assert paired.noninferior and paired.lower_bound > -0.10 > unpaired.lower_bound
+    assert paired.design == "paired" and "paired" in paired.describe()
+    assert "one-sided 97.5%" in paired.describe()
+    assert "independent" in unpaired.describe()
+    # a loss on every discordant pair is not hidden by the pairing: 0 gained, 11 lost of 30
+    lost = Paired(10, 0, 11, 9)
+    assert lost.p_value == pytest.approx(2 / 2**11) and lost.interval[1] < 0
+    assert not paired_noninferiority(lost, 0.10).noninferior
+
+
+@settings(max_examples=200, deadline=None)
+@given(counts=st.tuples(*[st.integers(0, 40)] * 4).filter(lambda c: sum(c) > 0))
+def test_paired_interval_contains_the_difference_and_stays_in_range(counts):
+    table = Paired(*counts)
+    low, high = table.interval
+    assert -1.0 <= low <= table.difference + 1e-12 and table.difference - 1e-12 <= high <= 1.0
+    assert table.rate_a - table.rate_b == pytest.approx(table.difference)
+    flipped = Paired(counts[0], counts[2], counts[1], counts[3])
+    assert flipped.interval == (pytest.approx(-high), pytest.approx(-low)), "swapping a and b mirrors it"
+    assert table.p_value == flipped.p_value
+
+
+def test_paired_match_joins_rows_on_their_key():
+    a = [{"seed": s, "depth": d, "correct": s % 2 == 0} for s in range(4) for d in (0.1, 0.5)]
+    b = [{"seed": s, "depth": d, "correct": True} for d in (0.5, 0.1) for s in reversed(range(4))]
+    table = Paired.match(a, b, ("seed", "depth"))
+    assert (table.both, table.only_a, table.only_b, table.neither) == (4, 0, 4, 0)
+    assert Paired.match(a, b, lambda r: (r["seed"], r["depth"])) == table
+    with pytest.raises(ValueError, match="same trials"):
+        Paired.match(a, b[:-1], ("seed", "depth"))
+    with pytest.raises(ValueError, match="occurs twice"):
+        Paired.match(a + a[:1], b, ("seed", "depth"))
+    assert Paired.of([True, False, True], [True, True, False]) == Paired(1, 1, 1, 0)
+    assert table.counts == (4, 0, 4, 0) and Paired(*table.counts) == table
+
+
 @pytest.mark.parametrize("call,match", [
+    (lambda: mcnemar_exact(-1, 3), ">= 0"),
+    (lambda: mcnemar_exact(1.5, 3), "whole count"),
+    (lambda: paired_difference_interval(0, 0, 0, 0), "no trials"),
+    (lambda: Paired(0, 0, 0, 0), "no trials"),
+    (lambda: Paired.of([True], [True, False]), "same length"),
+    (lambda: paired_noninferiority(Paired(1, 0, 0, 1), margin=1.5), "margin"),
+    (lambda: paired_noninferiority((1, 0, 0, 1), margin=0.1), "Paired table"),
     (lambda: holm_adjusted([]), "at least one"),
     (lambda: holm_adjusted([0.1, 1.2]), r"\[0, 1\]"),
     (lambda: holm_adjusted([float("nan")]), r"\[0, 1\]"),

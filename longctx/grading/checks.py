@@ -29,9 +29,20 @@ def _kind(check, answer_kind):
 
 
 def _fail(name, lines, hint=""):
-    text = f"{name}: " + "\n  ".join(lines)
+    """Raise the message: what was compared, then the exercise's own hint, then a generic slip's hint.
+
+    A test's `hint` knows its exercise; the generic hints (a factor of 2, of 1000, of 3 ...) only match a
+    ratio and are often about something else, so when both are there the test's comes first and the generic
+    one is offered as a second guess."""
+    generic = [line for line in lines if line.startswith("Hint: ")]
+    text = f"{name}: " + "\n  ".join(line for line in lines if not line.startswith("Hint: "))
     if hint:
         text += f"\n  Hint: {hint}"
+        for line in generic:
+            text += "\n  If that is not it, a common slip of this size: " + line[len("Hint: "):]
+    else:
+        for line in generic:
+            text += "\n  " + line
     raise AssertionError(text)
 
 
