@@ -63,10 +63,11 @@ class ChatTokenizer:
         return self._tok.encode_batch([text], add_special_tokens=False)[0].ids
 
     def prompt_ids(self, text: str) -> list[int]:
-        """Token ids of a whole prompt: ``encode(text)`` after BOS when the model expects one (Gemma 3: as
-        transformers' tokenizer and llama.cpp do; SmolLM2: no BOS)."""
+        """Token ids of a whole prompt: ``encode(text)`` after BOS when the model expects one (Gemma 3:
+        always, as transformers' tokenizer and llama.cpp do, even before a ``<bos>`` the text spells;
+        SmolLM2: no BOS)."""
         ids = self.encode(text)
-        return [self.bos_token_id, *ids] if self.add_bos_token and ids[:1] != [self.bos_token_id] else ids
+        return [self.bos_token_id, *ids] if self.add_bos_token else ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)

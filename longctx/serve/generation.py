@@ -67,15 +67,17 @@ class Generation:
         self._seeds = itertools.count(base_seed)
 
     # ---- before the engine ----
-    def token_ids(self, prompt: str | list[int]) -> list[int]:
-        """A prompt's token ids (token ids are checked against the vocabulary)."""
+    def token_ids(self, prompt: str | list[int], chat: bool = False) -> list[int]:
+        """A prompt's token ids (token ids are checked against the vocabulary). A completion's text gets the
+        model's BOS first where it wants one (Gemma); a rendered chat does not (its template writes what it
+        needs: vLLM tokenizes chats with ``add_special_tokens=False``)."""
         if isinstance(prompt, list):
             vocab = self.tokenizer.vocab_size
             bad = [t for t in prompt if not 0 <= t < vocab]
             if bad:
                 raise APIError(400, f"token id {bad[0]} is outside the vocabulary [0, {vocab})", "prompt")
             return list(prompt)
-        ids = self.tokenizer.prompt_ids(prompt)  # (BOS first where the model expects one: Gemma)
+        ids = self.tokenizer.encode(prompt) if chat else self.tokenizer.prompt_ids(prompt)
         if not ids:
             raise APIError(400, "the prompt is empty after tokenization", "prompt")
         return ids
@@ -103,7 +105,7 @@ class Generation:
                     raise APIError(400, f"'{field}' is not valid Unicode: a lone surrogate "
                                    f"({p[exc.start]!r}) has no UTF-8 form", field, "invalid_value") from None
                 self.refuse_over_context(least_prompt, least, req, at_least=True)
-        return [(text, self.token_ids(p)) for text, p in prompts]
+        return [(text, self.token_ids(p, chat=req.kind == "chat")) for text, p in prompts]
 
     async def tokenize(self, req: GenerationRequest) -> list[tuple[str | None, list[int]]]:
         """``prepare`` in a worker thread (the tokenizer releases the GIL while it encodes), so neither the
