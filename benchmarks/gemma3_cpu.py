@@ -99,13 +99,13 @@ def _hf_prefill_and_decode(hf, ids, batch: int) -> tuple[float, float]:
         t0 = time.perf_counter()
         out = hf(x, use_cache=True)
         prefill_s = time.perf_counter() - t0
-        cache, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        cache, nxt = out.cache, out.logits[:, -1:].argmax(-1)
         times = []
         for _ in range(8):
             t0 = time.perf_counter()
-            out = hf(nxt, past_key_values=cache, use_cache=True)
+            out = hf(nxt, cache=cache, use_cache=True)
             times.append(time.perf_counter() - t0)
-            cache, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+            cache, nxt = out.cache, out.logits[:, -1:].argmax(-1)
     return prefill_s, 1000 * statistics.median(times)
 
 
