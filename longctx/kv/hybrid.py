@@ -113,6 +113,9 @@ class HybridBlockManager:
         if not groups or len({len(g.layers) for g in groups}) != 1:
             raise ValueError("HybridBlockManager needs KV-cache groups of one size (kv_cache_groups)")
         self.groups = list(groups)
+        where = {layer: (g, j) for g, group in enumerate(self.groups) for j, layer in enumerate(group.layers)}
+        self._group_of_layer = [where[i][0] for i in range(len(where))]
+        self._layer_slot = [where[i][1] for i in range(len(where))]
         self._free: list[int] = list(range(self.num_blocks - 1, -1, -1))
         self._tables: dict[int, list[_Table]] = {}
 
@@ -136,20 +139,12 @@ class HybridBlockManager:
         return self.num_blocks * self.block_size // len(self.groups)
 
     def group_of_layer(self) -> list[int]:
-        """``[num_layers]``: the group each layer reads."""
-        out = {}
-        for g, group in enumerate(self.groups):
-            for layer in group.layers:
-                out[layer] = g
-        return [out[i] for i in range(len(out))]
+        """``[num_layers]``: the group each layer reads (fixed by the groups: computed once)."""
+        return self._group_of_layer
 
     def layer_slot(self) -> list[int]:
         """``[num_layers]``: each layer's index inside its group (its place on the pool's layer axis)."""
-        out = {}
-        for group in self.groups:
-            for j, layer in enumerate(group.layers):
-                out[layer] = j
-        return [out[i] for i in range(len(out))]
+        return self._layer_slot
 
     def tables(self, seq_id: int) -> list[tuple[int, list[int]]]:
         """Per group, ``(offset, held blocks)`` of ``seq_id`` (the manager's own lists: read only)."""
